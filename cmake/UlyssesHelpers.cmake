@@ -1,0 +1,50 @@
+# Helpers every CMakeLists below uses, so that all targets get the same flags and precompiled header.
+
+# ulysses_library(NAME SOURCES a.cpp b.cpp DEPS other_lib ...)
+#   A static library of one area of src/ or tuner/, includable as "area/file.h" from src/.
+function(ulysses_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} ${TORCH_LIBRARIES} Threads::Threads)
+  ulysses_common_flags(${name})
+endfunction()
+
+# ulysses_test(NAME SOURCES a_test.cpp ... DEPS lib ... [LABELS l] [TIMEOUT s])
+#   One GoogleTest executable, registered with ctest as one test per gtest case.
+function(ulysses_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} ulysses_test_support GTest::gtest GTest::gtest_main)
+  ulysses_common_flags(${name})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  include(GoogleTest)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
+    PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}"
+    ENVIRONMENT "ULYSSES_HOME=${PROJECT_SOURCE_DIR};ULYSSES_BIN_DIR=${PROJECT_BINARY_DIR}/bin;OMP_NUM_THREADS=1")
+endfunction()
+
+function(ulysses_common_flags target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_compile_definitions(${target} PRIVATE ULYSSES_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  if(ULYSSES_WITH_CUDA)
+    target_compile_definitions(${target} PUBLIC ULYSSES_WITH_CUDA=1)
+  endif()
+  if(ULYSSES_USE_PCH AND NOT target STREQUAL "ulysses_pch")
+    # One precompiled LibTorch header for the whole tree (building one costs about a minute).
+    target_precompile_headers(${target} REUSE_FROM ulysses_pch)
+  endif()
+endfunction()
+
+# The shared precompiled header: an object library every target reuses (same flags for all).
+function(ulysses_pch_target)
+  add_library(ulysses_pch OBJECT ${PROJECT_SOURCE_DIR}/src/common/pch.cpp)
+  target_include_directories(ulysses_pch PUBLIC ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR})
+  target_link_libraries(ulysses_pch PUBLIC ${TORCH_LIBRARIES})
+  ulysses_common_flags(ulysses_pch)
+  if(ULYSSES_USE_PCH)
+    target_precompile_headers(ulysses_pch PRIVATE ${PROJECT_SOURCE_DIR}/src/common/pch.h)
+  endif()
+endfunction()

@@ -1,0 +1,141 @@
+// The run config of ulysses-train as plain structs, one per top-level YAML section (SPEC 2, "Run
+// config"). Defaults are written on the fields. Only src/config/ parses YAML into these; the rest
+// of the code sees structs. Field names equal the YAML keys.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace ulysses::config {
+
+// Shapes of a Llama-family decoder (SPEC 5.1).
+struct ModelOptions {
+  std::string preset;               // name of profiles/models/<preset>.yaml, "" = inline fields
+  int64_t hidden_size = 256;        // h
+  int64_t num_layers = 2;           // L
+  int64_t num_heads = 8;            // hq
+  int64_t num_kv_heads = 2;         // hkv; hq % hkv == 0
+  int64_t head_dim = 0;             // hd; 0 = hidden_size / num_heads (resolved by validation)
+  int64_t intermediate_size = 512;  // ffn
+  int64_t vocab_size = 1024;        // V
+  double rope_theta = 10000.0;
+  // llama3 RoPE scaling; rope_scaling_type "" = none, "llama3" = Llama 3.1 frequency scaling.
+  std::string rope_scaling_type;
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position = 8192;
+  double rms_norm_eps = 1.0e-5;
+  bool tie_embeddings = false;
+  uint64_t init_seed = 1234;
+  double init_std = 0.02;           // normal(0, init_std) for every weight matrix
+  std::string load;                 // HF model dir (config.json + *.safetensors), "" = random init
+};
+
+// world = dp * sp. SP groups are contiguous ranks [i*sp, (i+1)*sp); DP groups are strided.
+struct MeshOptions {
+  int64_t sp = 1;
+  int64_t dp = 1;
+};
+
+struct SequenceOptions {
+  int64_t length = 4096;     // sl before padding to a multiple of sp
+  int64_t micro_batch = 1;   // bs
+  int64_t grad_accum = 1;
+};
+
+struct DataOptions {
+  std::string source = "synthetic";  // synthetic | tokens:PATH | megatron:PREFIX
+  uint64_t seed = 0;
+  std::string token_dtype = "uint16";  // uint16 | uint32 (tokens:PATH only)
+  bool pack = false;                   // pack documents with per-document position ids
+  int64_t eod_token = -1;              // document separator for packing; -1 = none
+};
+
+// A tile count: N >= 1, or auto (= 0 here) resolved at run time (SPEC 5.5).
+struct TileCount {
+  int64_t value = 1;  // 0 means auto
+  bool is_auto() const { return value == 0; }
+};
+
+struct MemoryOptions {
+  TileCount tiled_mlp;
+  TileCount tiled_loss;
+  bool checkpointing = false;
+  bool offload_activations = false;
+  bool offload_optimizer = false;
+  std::string precision = "fp32";  // fp32 | bf16
+  double limit_gib = 0.0;          // per-rank cap; 0 = none
+};
+
+struct AttentionOptions {
+  std::string backend = "auto";     // auto | math | flash | efficient | cudnn
+  bool skip_all_but_last = false;   // debug: core attention only in the last layer (SPEC 5.2)
+  bool disable_in_eval = false;     // evaluation bypasses SP
+};
+
+struct OptimOptions {
+  double lr = 1.0e-3;
+  std::array<double, 2> betas = {0.9, 0.95};
+  double eps = 1.0e-8;
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;           // global L2 norm; 0 = off
+  int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // constant | linear | cosine
+  double min_lr = 0.0;
+};
+
+struct TrainOptions {
+  int64_t steps = 10;
+  uint64_t seed = 0;
+  std::string device = "cpu";  // cpu | cuda
+};
+
+struct CheckpointOptions {
+  std::string dir;          // "" = no checkpoints
+  int64_t every = 0;        // save every N steps (and at the end when dir is set); 0 = only at end
+  bool save_initial = false;
+  std::string resume;       // a step-<N> directory, or "latest" under dir
+};
+
+struct ProfileOptions {
+  int64_t warmup_steps = 1;  // steps excluded from summary medians
+  bool nvtx = true;
+};
+
+struct OutputOptions {
+  std::string dir = "runs/example";  // metrics.jsonl, summary.json
+};
+
+// Held-out evaluation (SPEC 5.6).
+struct EvalOptions {
+  std::string source;  // "" = no evaluation; else a data source string like DataOptions::source
+  uint64_t seed = 1;   // for synthetic eval data
+  int64_t every = 0;   // evaluate every N steps (and after the last); 0 = only after the last
+  int64_t steps = 1;   // eval batches per evaluation
+};
+
+// Distributed runtime (not in SPEC's list; documented in README).
+struct CommOptions {
+  double timeout_s = 300.0;     // collective timeout: a dead peer fails the others after this
+  std::string store = "tcp";    // tcp (MASTER_ADDR:MASTER_PORT) | file:PATH
+  std::string backend = "auto";  // auto (gloo on cpu, nccl on cuda) | gloo | nccl
+};
+
+struct RunConfig {
+  ModelOptions model;
+  MeshOptions mesh;
+  SequenceOptions sequence;
+  DataOptions data;
+  MemoryOptions memory;
+  AttentionOptions attention;
+  OptimOptions optim;
+  TrainOptions train;
+  CheckpointOptions checkpoint;
+  ProfileOptions profile;
+  OutputOptions output;
+  EvalOptions eval;
+  CommOptions comm;
+};
+
+}  // namespace ulysses::config

@@ -1,0 +1,29 @@
+// Runs a test body on N real processes ("ranks"), for multi-process Gloo tests.
+//
+// run_ranks(world, body) in the parent re-executes this test binary `world` times with
+// --gtest_filter=<the current test> and ULYSSES_TEST_RANK/WORLD/STORE in the environment, waits for
+// all children (killing the rest when one fails or the deadline passes) and EXPECTs that every
+// child exited 0. In a child it runs body(ctx) for that rank only and exits: 0 when the body
+// raised no gtest failure and no exception, 1 otherwise. Children share a fresh FileStore path in
+// a temp dir, so tests never clash on ports.
+#pragma once
+#include <functional>
+#include <string>
+
+namespace ulysses::testing {
+
+struct RankContext {
+  int rank = 0;
+  int world = 1;
+  std::string store_path;  // FileStore file shared by all ranks of this run
+  std::string temp_dir;    // per-run temp dir, shared by all ranks (removed by the parent)
+};
+
+// REQUIRES: called from inside a TEST body; world >= 1. timeout_s bounds the whole run.
+void run_ranks(int world, const std::function<void(const RankContext&)>& body,
+               double timeout_s = 240.0);
+
+// True in a child process started by run_ranks.
+bool in_rank_child();
+
+}  // namespace ulysses::testing
