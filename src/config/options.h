@@ -29,6 +29,10 @@ struct ModelOptions {
   bool tie_embeddings = false;
   uint64_t init_seed = 1234;
   double init_std = 0.02;           // normal(0, init_std) for every weight matrix
+  // Written to a checkpoint's HF config.json (and read from one); not used by training itself.
+  int64_t max_position_embeddings = 131072;
+  int64_t bos_token_id = 1;         // 0 <= id < vocab_size
+  int64_t eos_token_id = 2;         // 0 <= id < vocab_size
   std::string load;                 // HF model dir (config.json + *.safetensors), "" = random init
 };
 

@@ -1,0 +1,187 @@
+// HF Llama config.json reading and writing (nlohmann-json).
+#include "config/hf_config.h"
+
+#include <c10/util/Exception.h>
+
+#include <fstream>
+
+#include "common/error.h"
+
+using nlohmann::json;
+
+namespace ulysses::config {
+namespace {
+
+// Typed access to one object's keys, with errors "<source>: <key>: <what>".
+class JsonFields {
+ public:
+  JsonFields(const json& object, std::string source, std::string prefix = "")
+      : object_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  bool has(const char* key) const { return object_.contains(key) && !object_[key].is_null(); }
+
+  [[noreturn]] void fail(const char* key, const std::string& what) const {
+    throw UserError(source_ + ": " + prefix_ + key + ": " + what);
+  }
+
+  const json& require(const char* key) const {
+    if (!has(key)) fail(key, "missing (required for a Llama model)");
+    return object_[key];
+  }
+
+  // Reads object[key] into out when present; REQUIRED keys must be present.
+  void read(const char* key, int64_t& out, bool required = false) const {
+    if (!required && !has(key)) return;
+    const json& value = required ? require(key) : object_[key];
+    if (!value.is_number_integer()) fail(key, "expected an integer, got " + value.dump());
+    out = value.get<int64_t>();
+  }
+  void read(const char* key, double& out, bool required = false) const {
+    if (!required && !has(key)) return;
+    const json& value = required ? require(key) : object_[key];
+    if (!value.is_number()) fail(key, "expected a number, got " + value.dump());
+    out = value.get<double>();
+  }
+  void read(const char* key, bool& out) const {
+    if (!has(key)) return;
+    if (!object_[key].is_boolean()) fail(key, "expected true or false, got " + object_[key].dump());
+    out = object_[key].get<bool>();
+  }
+  void read(const char* key, std::string& out) const {
+    if (!has(key)) return;
+    if (!object_[key].is_string()) fail(key, "expected a string, got " + object_[key].dump());
+    out = object_[key].get<std::string>();
+  }
+
+ private:
+  const json& object_;
+  std::string source_;
+  std::string prefix_;
+};
+
+void read_rope_scaling(const json& scaling, const std::string& source, ModelOptions& model) {
+  if (!scaling.is_object()) {
+    throw UserError(source + ": rope_scaling: expected an object or null, got " + scaling.dump());
+  }
+  const JsonFields fields(scaling, source, "rope_scaling.");
+  std::string type;
+  fields.read("type", type);  // older configs
+  fields.read("rope_type", type);
+  if (type != "llama3") {
+    fields.fail("rope_type", "'" + type + "' is not supported (llama3 or no rope_scaling)");
+  }
+  model.rope_scaling_type = type;
+  fields.read("factor", model.rope_scaling_factor, true);
+  fields.read("low_freq_factor", model.rope_low_freq_factor, true);
+  fields.read("high_freq_factor", model.rope_high_freq_factor, true);
+  fields.read("original_max_position_embeddings", model.rope_original_max_position, true);
+}
+
+}  // namespace
+
+ModelOptions model_options_from_hf_config(const json& config, const std::string& source) {
+  if (!config.is_object()) throw UserError(source + ": expected a JSON object");
+  const JsonFields fields(config, source);
+  std::string text;
+  fields.read("model_type", text);
+  if (!text.empty() && text != "llama") {
+    fields.fail("model_type", "'" + text + "' is not supported (llama only)");
+  }
+  text.clear();
+  fields.read("hidden_act", text);
+  if (!text.empty() && text != "silu") {
+    fields.fail("hidden_act", "'" + text + "' is not supported (silu only)");
+  }
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    bool has_bias = false;
+    fields.read(bias, has_bias);
+    if (has_bias) fields.fail(bias, "true is not supported (the model has no biases)");
+  }
+
+  ModelOptions model;
+  model.rms_norm_eps = 1.0e-6;  // HF LlamaConfig's defaults where they differ from ours
+  model.max_position_embeddings = 2048;
+  fields.read("hidden_size", model.hidden_size, true);
+  fields.read("num_hidden_layers", model.num_layers, true);
+  fields.read("num_attention_heads", model.num_heads, true);
+  model.num_kv_heads = model.num_heads;
+  fields.read("num_key_value_heads", model.num_kv_heads);
+  model.head_dim = 0;
+  fields.read("head_dim", model.head_dim);
+  fields.read("intermediate_size", model.intermediate_size, true);
+  fields.read("vocab_size", model.vocab_size, true);
+  fields.read("rope_theta", model.rope_theta);
+  fields.read("rms_norm_eps", model.rms_norm_eps);
+  fields.read("tie_word_embeddings", model.tie_embeddings);
+  fields.read("initializer_range", model.init_std);
+  fields.read("max_position_embeddings", model.max_position_embeddings);
+  fields.read("bos_token_id", model.bos_token_id);
+  if (fields.has("eos_token_id") && config["eos_token_id"].is_array()) {
+    const json& ids = config["eos_token_id"];
+    if (ids.empty() || !ids[0].is_number_integer()) {
+      fields.fail("eos_token_id", "expected an integer or a list of integers, got " + ids.dump());
+    }
+    model.eos_token_id = ids[0].get<int64_t>();
+  } else {
+    fields.read("eos_token_id", model.eos_token_id);
+  }
+  if (fields.has("rope_scaling")) read_rope_scaling(config["rope_scaling"], source, model);
+  return model;
+}
+
+ModelOptions read_hf_config(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) throw UserError(path + ": cannot read file");
+  json config;
+  try {
+    config = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw UserError(path + ": invalid JSON (" + e.what() + ")");
+  }
+  ModelOptions model = model_options_from_hf_config(config, path);
+  model.load = model_dir;
+  return model;
+}
+
+json to_hf_config_json(const ModelOptions& model, const std::string& torch_dtype) {
+  TORCH_CHECK(model.num_heads >= 1, "to_hf_config_json: num_heads must be >= 1");
+  const int64_t head_dim =
+      model.head_dim > 0 ? model.head_dim : model.hidden_size / model.num_heads;
+  json rope_scaling = nullptr;
+  if (!model.rope_scaling_type.empty()) {
+    rope_scaling = {{"rope_type", model.rope_scaling_type},
+                    {"factor", model.rope_scaling_factor},
+                    {"low_freq_factor", model.rope_low_freq_factor},
+                    {"high_freq_factor", model.rope_high_freq_factor},
+                    {"original_max_position_embeddings", model.rope_original_max_position}};
+  }
+  return json{
+      {"architectures", json::array({"LlamaForCausalLM"})},
+      {"model_type", "llama"},
+      {"hidden_size", model.hidden_size},
+      {"intermediate_size", model.intermediate_size},
+      {"num_hidden_layers", model.num_layers},
+      {"num_attention_heads", model.num_heads},
+      {"num_key_value_heads", model.num_kv_heads},
+      {"head_dim", head_dim},
+      {"vocab_size", model.vocab_size},
+      {"max_position_embeddings", model.max_position_embeddings},
+      {"rope_theta", model.rope_theta},
+      {"rope_scaling", rope_scaling},
+      {"rms_norm_eps", model.rms_norm_eps},
+      {"tie_word_embeddings", model.tie_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"initializer_range", model.init_std},
+      {"pretraining_tp", 1},
+      {"bos_token_id", model.bos_token_id},
+      {"eos_token_id", model.eos_token_id},
+      {"torch_dtype", torch_dtype},
+      {"use_cache", true},
+  };
+}
+
+}  // namespace ulysses::config

@@ -1,0 +1,197 @@
+// Validation of a RunConfig: one list of checks per section, each naming its key. The first
+// failing check throws; checks are ordered so that later ones may rely on earlier ones.
+#include <c10/util/Exception.h>
+
+#include <initializer_list>
+#include <string>
+
+#include "common/error.h"
+#include "config/run_config.h"
+#include "config/yaml_values.h"
+
+namespace ulysses::config {
+namespace {
+
+std::string show(int64_t value) { return std::to_string(value); }
+std::string show(double value) { return format_double(value); }
+
+void require(bool ok, const std::string& key, const std::string& what) {
+  if (!ok) throw UserError(key + ": " + what);
+}
+
+void at_least(const std::string& key, int64_t value, int64_t min) {
+  require(value >= min, key, "must be >= " + show(min) + ", got " + show(value));
+}
+
+// NaN fails these comparisons, so NaN is rejected too.
+void positive(const std::string& key, double value) {
+  require(value > 0, key, "must be > 0, got " + show(value));
+}
+
+void non_negative(const std::string& key, double value) {
+  require(value >= 0, key, "must be >= 0, got " + show(value));
+}
+
+void one_of(const std::string& key, const std::string& value,
+            std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* option : allowed) {
+    if (value == option) return;
+    list += (list.empty() ? "" : "|") + std::string(option);
+  }
+  require(false, key, "must be one of " + list + ", got '" + value + "'");
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.rfind(prefix, 0) == 0;
+}
+
+// synthetic | tokens:PATH | megatron:PREFIX
+void data_source(const std::string& key, const std::string& source) {
+  if (source == "synthetic") return;
+  for (const char* kind : {"tokens:", "megatron:"}) {
+    if (starts_with(source, kind)) {
+      require(source.size() > std::string(kind).size(), key,
+              std::string(kind) + " needs a path after the colon, got '" + source + "'");
+      return;
+    }
+  }
+  require(false, key, "must be synthetic, tokens:PATH or megatron:PREFIX, got '" + source + "'");
+}
+
+void validate_model(ModelOptions& m) {
+  at_least("model.hidden_size", m.hidden_size, 1);
+  at_least("model.num_layers", m.num_layers, 1);
+  at_least("model.num_heads", m.num_heads, 1);
+  at_least("model.num_kv_heads", m.num_kv_heads, 1);
+  at_least("model.head_dim", m.head_dim, 0);
+  at_least("model.intermediate_size", m.intermediate_size, 1);
+  at_least("model.vocab_size", m.vocab_size, 2);
+  if (m.head_dim == 0) {
+    require(m.hidden_size % m.num_heads == 0, "model.head_dim",
+            "not set, and hidden_size " + show(m.hidden_size) + " is not divisible by num_heads " +
+                show(m.num_heads));
+    m.head_dim = m.hidden_size / m.num_heads;
+  }
+  require(m.head_dim % 2 == 0, "model.head_dim",
+          "must be even (RoPE rotates half-splits), got " + show(m.head_dim));
+  require(m.num_heads * m.head_dim == m.hidden_size, "model.head_dim",
+          "num_heads " + show(m.num_heads) + " * head_dim " + show(m.head_dim) + " = " +
+              show(m.num_heads * m.head_dim) + " does not match hidden_size " +
+              show(m.hidden_size));
+  require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+          show(m.num_kv_heads) + " does not divide num_heads " + show(m.num_heads));
+  positive("model.rope_theta", m.rope_theta);
+  require(m.rope_scaling_type.empty() || m.rope_scaling_type == "llama3", "model.rope_scaling_type",
+          "must be llama3 or empty (no scaling), got '" + m.rope_scaling_type + "'");
+  if (!m.rope_scaling_type.empty()) {
+    positive("model.rope_scaling_factor", m.rope_scaling_factor);
+    positive("model.rope_low_freq_factor", m.rope_low_freq_factor);
+    require(m.rope_high_freq_factor > m.rope_low_freq_factor, "model.rope_high_freq_factor",
+            "must be > rope_low_freq_factor " + show(m.rope_low_freq_factor) + ", got " +
+                show(m.rope_high_freq_factor));
+    at_least("model.rope_original_max_position", m.rope_original_max_position, 1);
+  }
+  positive("model.rms_norm_eps", m.rms_norm_eps);
+  positive("model.init_std", m.init_std);
+  at_least("model.max_position_embeddings", m.max_position_embeddings, 1);
+  for (auto [key, id] : {std::pair{"model.bos_token_id", m.bos_token_id},
+                         std::pair{"model.eos_token_id", m.eos_token_id}}) {
+    require(id >= 0 && id < m.vocab_size, key,
+            "must be in [0, vocab_size " + show(m.vocab_size) + "), got " + show(id));
+  }
+}
+
+// Mesh vs world and vs the model's head counts (SPEC 5.2).
+void validate_mesh(const RunConfig& c, int world_size) {
+  const int64_t sp = c.mesh.sp, hq = c.model.num_heads, hkv = c.model.num_kv_heads;
+  at_least("mesh.sp", sp, 1);
+  at_least("mesh.dp", c.mesh.dp, 1);
+  if (world_size != -1) {
+    require(c.mesh.dp * sp == world_size, "mesh",
+            "dp*sp = " + show(c.mesh.dp * sp) + " does not match the world size " +
+                show(int64_t{world_size}));
+  }
+  require(hq % sp == 0, "mesh.sp",
+          show(sp) + " does not divide model.num_heads " + show(hq) +
+              " (Ulysses gives each rank num_heads/sp query heads)");
+  require(hkv % sp == 0 || sp % hkv == 0, "mesh.sp",
+          show(sp) + " and model.num_kv_heads " + show(hkv) +
+              " do not fit: need num_kv_heads % sp == 0 or sp % num_kv_heads == 0");
+}
+
+void validate_run(const RunConfig& c) {
+  const bool cpu = c.train.device == "cpu";
+  one_of("train.device", c.train.device, {"cpu", "cuda"});
+  at_least("train.steps", c.train.steps, 0);
+
+  at_least("sequence.length", c.sequence.length, 1);  // padded to a multiple of sp at run time
+  at_least("sequence.micro_batch", c.sequence.micro_batch, 1);
+  at_least("sequence.grad_accum", c.sequence.grad_accum, 1);
+
+  data_source("data.source", c.data.source);
+  one_of("data.token_dtype", c.data.token_dtype, {"uint16", "uint32"});
+  require(!(starts_with(c.data.source, "tokens:") && c.data.token_dtype == "uint16" &&
+            c.model.vocab_size > 65536),
+          "data.token_dtype",
+          "uint16 cannot hold the ids of vocab_size " + show(c.model.vocab_size) + "; use uint32");
+  require(c.data.eod_token >= -1 && c.data.eod_token < c.model.vocab_size, "data.eod_token",
+          "must be -1 (none) or a token id below vocab_size " + show(c.model.vocab_size) +
+              ", got " + show(c.data.eod_token));
+
+  require(c.memory.tiled_mlp.value >= 0, "memory.tiled_mlp", "must be >= 1 or auto");
+  require(c.memory.tiled_loss.value >= 0, "memory.tiled_loss", "must be >= 1 or auto");
+  one_of("memory.precision", c.memory.precision, {"fp32", "bf16"});
+  require(!(cpu && c.memory.precision == "bf16"), "memory.precision",
+          "bf16 needs train.device cuda (bf16 is a CUDA feature here)");
+  non_negative("memory.limit_gib", c.memory.limit_gib);
+
+  one_of("attention.backend", c.attention.backend, {"auto", "math", "flash", "efficient", "cudnn"});
+  require(!cpu || c.attention.backend == "auto" || c.attention.backend == "math",
+          "attention.backend", c.attention.backend + " needs train.device cuda (use auto or math)");
+
+  positive("optim.lr", c.optim.lr);
+  for (double beta : c.optim.betas) {
+    require(beta >= 0 && beta < 1, "optim.betas",
+            "each must be in [0, 1), got [" + show(c.optim.betas[0]) + ", " +
+                show(c.optim.betas[1]) + "]");
+  }
+  positive("optim.eps", c.optim.eps);
+  non_negative("optim.weight_decay", c.optim.weight_decay);
+  non_negative("optim.grad_clip", c.optim.grad_clip);
+  at_least("optim.warmup_steps", c.optim.warmup_steps, 0);
+  one_of("optim.schedule", c.optim.schedule, {"constant", "linear", "cosine"});
+  require(c.optim.min_lr >= 0 && c.optim.min_lr <= c.optim.lr, "optim.min_lr",
+          "must be in [0, lr " + show(c.optim.lr) + "], got " + show(c.optim.min_lr));
+
+  at_least("checkpoint.every", c.checkpoint.every, 0);
+  require(!c.checkpoint.save_initial || !c.checkpoint.dir.empty(), "checkpoint.save_initial",
+          "needs checkpoint.dir");
+  require(c.checkpoint.resume != "latest" || !c.checkpoint.dir.empty(), "checkpoint.resume",
+          "latest needs checkpoint.dir");
+
+  at_least("profile.warmup_steps", c.profile.warmup_steps, 0);
+  require(!c.output.dir.empty(), "output.dir", "must not be empty");
+
+  if (!c.eval.source.empty()) data_source("eval.source", c.eval.source);
+  at_least("eval.every", c.eval.every, 0);
+  at_least("eval.steps", c.eval.steps, 1);
+
+  positive("comm.timeout_s", c.comm.timeout_s);
+  require(c.comm.store == "tcp" || (starts_with(c.comm.store, "file:") && c.comm.store.size() > 5),
+          "comm.store", "must be tcp or file:PATH, got '" + c.comm.store + "'");
+  one_of("comm.backend", c.comm.backend, {"auto", "gloo", "nccl"});
+  require(!(cpu && c.comm.backend == "nccl"), "comm.backend", "nccl needs train.device cuda");
+}
+
+}  // namespace
+
+void validate(RunConfig& config, int world_size) {
+  TORCH_CHECK(world_size == -1 || world_size >= 1, "validate: world_size must be -1 or >= 1, got ",
+              world_size);
+  validate_model(config.model);
+  validate_mesh(config, world_size);
+  validate_run(config);
+}
+
+}  // namespace ulysses::config

@@ -1,0 +1,240 @@
+// Bad run configs: one test per class of error, each asserting the exact one-line message that
+// names the key path (or the file).
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "config/run_config.h"
+#include "config_test_util.h"
+
+namespace ulysses::config {
+namespace {
+
+using testing::expect_user_error;
+using testing::expect_user_error_prefix;
+
+struct Case {
+  std::string yaml;
+  std::vector<std::string> overrides;
+  std::string message;
+};
+
+void expect_errors(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml + " --set " + (c.overrides.empty() ? "" : c.overrides[0]));
+    expect_user_error([&] { parse_run_config_yaml(c.yaml, c.overrides); }, c.message);
+  }
+}
+
+TEST(ConfigErrors, UnknownKeyAtAnyLevel) {
+  expect_errors({
+      {"memory: {tiled_mpl: 4}\n",
+       {},
+       "memory.tiled_mpl: unknown key (did you mean memory.tiled_mlp?)"},
+      {"memroy: {tiled_mlp: 4}\n", {}, "memroy: unknown key (did you mean memory?)"},
+      {"train: {wibble: 1}\n", {}, "train.wibble: unknown key"},
+      {"model: {preset: tiny, hiden_size: 64}\n",
+       {},
+       "model.hiden_size: unknown key (did you mean model.hidden_size?)"},
+      {"",
+       {"memory.tiled_mpl=4"},
+       "memory.tiled_mpl: unknown key (did you mean memory.tiled_mlp?)"},
+      {"", {"optim.betas.0=0.9"}, "--set optim.betas.0=0.9: expected key.path=value"},
+      {"", {"memory.tiled_mlp"}, "--set memory.tiled_mlp: expected key.path=value"},
+      {"", {"steps=4"}, "--set steps=4: expected key.path=value"},
+      {"", {"trian.steps=4"}, "trian: unknown key (did you mean train?)"},
+  });
+}
+
+TEST(ConfigErrors, DuplicateKey) {
+  expect_errors({{"mesh:\n  sp: 2\n  sp: 4\n", {}, "mesh.sp: duplicate key"}});
+}
+
+TEST(ConfigErrors, WrongType) {
+  expect_errors({
+      {"sequence: {length: abc}\n", {}, "sequence.length: expected an integer, got 'abc'"},
+      {"sequence: {length: 4096.5}\n", {}, "sequence.length: expected an integer, got '4096.5'"},
+      {"sequence:\n  length:\n", {}, "sequence.length: expected an integer, got nothing"},
+      {"", {"sequence.length=abc"}, "sequence.length: expected an integer, got 'abc'"},
+      {"optim: {lr: fast}\n", {}, "optim.lr: expected a number, got 'fast'"},
+      {"optim: {lr: .inf}\n", {}, "optim.lr: expected a number, got '.inf'"},
+      {"optim: {betas: 0.9}\n", {}, "optim.betas: expected a list of 2 numbers, got '0.9'"},
+      {"optim: {betas: [0.9, x]}\n", {}, "optim.betas[1]: expected a number, got 'x'"},
+      {"memory: {checkpointing: maybe}\n",
+       {},
+       "memory.checkpointing: expected true or false, got 'maybe'"},
+      {"memory: {tiled_mlp: 0}\n",
+       {},
+       "memory.tiled_mlp: expected an integer >= 1 or 'auto', got '0'"},
+      {"memory: {tiled_loss: many}\n",
+       {},
+       "memory.tiled_loss: expected an integer >= 1 or 'auto', got 'many'"},
+      {"train: {seed: -1}\n", {}, "train.seed: expected a non-negative integer, got '-1'"},
+      {"output: {dir: [a, b]}\n", {}, "output.dir: expected a string, got a list"},
+      {"mesh: 2\n", {}, "mesh: expected a mapping of keys, got '2'"},
+      {"- a\n- b\n", {}, "document: expected a mapping of keys, got a list"},
+  });
+}
+
+TEST(ConfigErrors, OutOfRangeOrNotAllowed) {
+  expect_errors({
+      {"sequence: {length: 0}\n", {}, "sequence.length: must be >= 1, got 0"},
+      {"sequence: {micro_batch: 0}\n", {}, "sequence.micro_batch: must be >= 1, got 0"},
+      {"model: {num_heads: 0}\n", {}, "model.num_heads: must be >= 1, got 0"},
+      {"optim: {lr: 0}\n", {}, "optim.lr: must be > 0, got 0.0"},
+      {"optim: {lr: -1.0e-3}\n", {}, "optim.lr: must be > 0, got -0.001"},
+      {"optim: {betas: [0.9, 1.0]}\n", {}, "optim.betas: each must be in [0, 1), got [0.9, 1.0]"},
+      {"optim: {betas: [-0.1, 0.9]}\n", {}, "optim.betas: each must be in [0, 1), got [-0.1, 0.9]"},
+      {"optim: {schedule: step}\n",
+       {},
+       "optim.schedule: must be one of constant|linear|cosine, got 'step'"},
+      {"optim: {min_lr: 1}\n", {}, "optim.min_lr: must be in [0, lr 0.001], got 1.0"},
+      {"mesh: {sp: 0}\n", {}, "mesh.sp: must be >= 1, got 0"},
+      {"mesh: {dp: 0}\n", {}, "mesh.dp: must be >= 1, got 0"},
+      {"train: {steps: -1}\n", {}, "train.steps: must be >= 0, got -1"},
+      {"train: {device: tpu}\n", {}, "train.device: must be one of cpu|cuda, got 'tpu'"},
+      {"memory: {precision: fp16}\n", {}, "memory.precision: must be one of fp32|bf16, got 'fp16'"},
+      {"memory: {limit_gib: -1}\n", {}, "memory.limit_gib: must be >= 0, got -1.0"},
+      {"attention: {backend: sdpa}\n",
+       {},
+       "attention.backend: must be one of auto|math|flash|efficient|cudnn, got 'sdpa'"},
+      {"attention: {backend: flash}\n",
+       {},
+       "attention.backend: flash needs train.device cuda (use auto or math)"},
+      {"data: {source: random}\n",
+       {},
+       "data.source: must be synthetic, tokens:PATH or megatron:PREFIX, got 'random'"},
+      {"data: {source: 'tokens:'}\n",
+       {},
+       "data.source: tokens: needs a path after the colon, got 'tokens:'"},
+      {"data: {token_dtype: int8}\n",
+       {},
+       "data.token_dtype: must be one of uint16|uint32, got 'int8'"},
+      {"model: {preset: llama-3.2-1b}\ndata: {source: 'tokens:t.bin'}\n",
+       {},
+       "data.token_dtype: uint16 cannot hold the ids of vocab_size 128256; use uint32"},
+      {"checkpoint: {every: -1}\n", {}, "checkpoint.every: must be >= 0, got -1"},
+      {"checkpoint: {save_initial: true}\n", {}, "checkpoint.save_initial: needs checkpoint.dir"},
+      {"eval: {source: bogus}\n",
+       {},
+       "eval.source: must be synthetic, tokens:PATH or megatron:PREFIX, got 'bogus'"},
+      {"comm: {store: etcd}\n", {}, "comm.store: must be tcp or file:PATH, got 'etcd'"},
+      {"comm: {backend: nccl}\n", {}, "comm.backend: nccl needs train.device cuda"},
+      {"output: {dir: ''}\n", {}, "output.dir: must not be empty"},
+      {"model: {rope_scaling_type: yarn}\n",
+       {},
+       "model.rope_scaling_type: must be llama3 or empty (no scaling), got 'yarn'"},
+      {"model: {eos_token_id: 1024}\n",
+       {},
+       "model.eos_token_id: must be in [0, vocab_size 1024), got 1024"},
+  });
+}
+
+TEST(ConfigErrors, Bf16NeedsCuda) {
+  expect_errors({{"memory: {precision: bf16}\n",
+                  {},
+                  "memory.precision: bf16 needs train.device cuda (bf16 is a CUDA feature here)"}});
+  const RunConfig c = parse_run_config_yaml("memory: {precision: bf16}\ntrain: {device: cuda}\n");
+  EXPECT_EQ(c.memory.precision, "bf16");
+}
+
+TEST(ConfigErrors, MeshDoesNotMatchWorld) {
+  RunConfig c = parse_run_config_yaml("mesh: {sp: 2, dp: 2}\n");
+  expect_user_error([&] { validate(c, 2); }, "mesh: dp*sp = 4 does not match the world size 2");
+  expect_user_error([&] { validate(c, 8); }, "mesh: dp*sp = 4 does not match the world size 8");
+  validate(c, 4);
+  validate(c, -1);
+}
+
+TEST(ConfigErrors, HeadCountsIncompatibleWithSp) {
+  // 12 query heads, 3 KV heads (h 384, hd 32).
+  const std::string model = "model: {hidden_size: 384, num_heads: 12, num_kv_heads: 3}\n";
+  expect_errors({
+      {"mesh: {sp: 3}\n",
+       {},
+       "mesh.sp: 3 does not divide model.num_heads 8 (Ulysses gives each rank num_heads/sp query "
+       "heads)"},
+      {model + "mesh: {sp: 4}\n",
+       {},
+       "mesh.sp: 4 and model.num_kv_heads 3 do not fit: need num_kv_heads % sp == 0 or sp % "
+       "num_kv_heads == 0"},
+      {"model: {num_kv_heads: 3}\n", {}, "model.num_kv_heads: 3 does not divide num_heads 8"},
+  });
+  // 12 % 3 == 0, 3 % 3 == 0 and 12 % 6 == 0, 6 % 3 == 0: fine.
+  for (int sp : {3, 6, 12}) {
+    parse_run_config_yaml(model + "mesh: {sp: " + std::to_string(sp) + "}\n");
+  }
+}
+
+TEST(ConfigErrors, HiddenSizeAndHeadDimInconsistent) {
+  expect_errors({
+      {"model: {num_heads: 8, head_dim: 64}\n",
+       {},
+       "model.head_dim: num_heads 8 * head_dim 64 = 512 does not match hidden_size 256"},
+      {"model: {preset: tiny}\n",
+       {"model.hidden_size=512"},
+       "model.head_dim: num_heads 8 * head_dim 32 = 256 does not match hidden_size 512"},
+      {"model: {hidden_size: 250}\n",
+       {},
+       "model.head_dim: not set, and hidden_size 250 is not divisible by num_heads 8"},
+      {"model: {hidden_size: 264, num_heads: 8, head_dim: 33}\n",
+       {},
+       "model.head_dim: must be even (RoPE rotates half-splits), got 33"},
+  });
+}
+
+TEST(ConfigErrors, UnknownPreset) {
+  expect_user_error_prefix([] { parse_run_config_yaml("model: {preset: llama-9b}\n"); },
+                           "model.preset: unknown preset 'llama-9b' (available: ");
+  try {
+    parse_run_config_yaml("model: {preset: llama-9b}\n");
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("llama-3.1-8b, llama-3.2-1b, llama-3.2-3b"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("tiny"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigErrors, BadPresetFileNamesTheFile) {
+  testing::TempDir dir;
+  const std::string bad_type = dir.write("bad-type.yaml", "model:\n  hidden_size: big\n");
+  expect_user_error([&] { parse_run_config_yaml("model: {preset: " + bad_type + "}\n"); },
+                    bad_type + ": model.hidden_size: expected an integer, got 'big'");
+  const std::string chained = dir.write("chained.yaml", "model:\n  preset: tiny\n");
+  expect_user_error([&] { parse_run_config_yaml("model: {preset: " + chained + "}\n"); },
+                    chained + ": model.preset: unknown key");
+  const std::string missing = dir.path() + "/missing.yaml";
+  expect_user_error([&] { parse_run_config_yaml("model: {preset: " + missing + "}\n"); },
+                    "model.preset: file '" + missing + "' does not exist");
+}
+
+TEST(ConfigErrors, PresetAndLoadTogether) {
+  expect_errors({{"model: {preset: tiny, load: /models/x}\n",
+                  {},
+                  "model.load: cannot be combined with model.preset 'tiny' (shapes come from "
+                  "/models/x/config.json)"}});
+}
+
+TEST(ConfigErrors, MissingOrUnparsableFile) {
+  expect_user_error([] { load_run_config("/nonexistent/run.yaml", {}); },
+                    "/nonexistent/run.yaml: cannot read file");
+  testing::TempDir dir;
+  const std::string path = dir.write("broken.yaml", "mesh:\n  sp: 2\n dp: [1\n");
+  expect_user_error_prefix([&] { load_run_config(path, {}); }, path + ": line ");
+  expect_user_error_prefix([] { parse_run_config_yaml("mesh: {sp: 2\n"); }, "run config: line ");
+}
+
+TEST(ConfigErrors, ValidateRejectsProgrammaticMistakesToo) {
+  RunConfig c;  // as the tuner would build one
+  c.memory.tiled_mlp.value = -1;
+  expect_user_error([&] { validate(c); }, "memory.tiled_mlp: must be >= 1 or auto");
+  c = RunConfig();
+  c.optim.lr = std::numeric_limits<double>::quiet_NaN();
+  expect_user_error([&] { validate(c); }, "optim.lr: must be > 0, got nan");
+}
+
+}  // namespace
+}  // namespace ulysses::config

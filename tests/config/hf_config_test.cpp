@@ -1,0 +1,198 @@
+// HF Llama config.json: reading real HF files, writing checkpoint configs, the write/read round
+// trip, `model.load: DIR` in a run config, and errors naming the file.
+#include "config/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "config/presets.h"
+#include "config/run_config.h"
+#include "config_test_util.h"
+
+namespace ulysses::config {
+namespace {
+
+using nlohmann::json;
+using testing::expect_same_shapes;
+using testing::expect_user_error;
+
+// meta-llama/Llama-3.2-1B config.json as published on the Hugging Face Hub.
+const char* kLlama32_1B = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// meta-llama/Llama-3.1-8B-Instruct config.json (no head_dim key, eos as a list).
+const char* kLlama31_8B_Instruct = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009],
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.3",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+TEST(HfConfig, ReadsLlama32_1BLikeThePreset) {
+  const ModelOptions from_hf = model_options_from_hf_config(json::parse(kLlama32_1B), "1b");
+  EXPECT_EQ(from_hf.hidden_size, 2048);
+  EXPECT_EQ(from_hf.num_layers, 16);
+  EXPECT_EQ(from_hf.num_kv_heads, 8);
+  EXPECT_EQ(from_hf.rope_scaling_type, "llama3");
+  EXPECT_EQ(from_hf.rope_scaling_factor, 32.0);
+  EXPECT_TRUE(from_hf.tie_embeddings);
+  expect_same_shapes(from_hf, load_model_preset("llama-3.2-1b"));
+}
+
+TEST(HfConfig, ReadsLlama31_8BInstructLikeThePreset) {
+  ModelOptions from_hf = model_options_from_hf_config(json::parse(kLlama31_8B_Instruct), "8b");
+  EXPECT_EQ(from_hf.head_dim, 0);           // absent: resolved by validation
+  EXPECT_EQ(from_hf.eos_token_id, 128001);  // first of the list
+  RunConfig config;
+  config.model = from_hf;
+  validate(config);
+  EXPECT_EQ(config.model.head_dim, 128);
+  expect_same_shapes(config.model, load_model_preset("llama-3.1-8b"));
+}
+
+TEST(HfConfig, WritesWhatTransformersExpects) {
+  ModelOptions tiny = load_model_preset("tiny");
+  tiny.head_dim = 0;  // written resolved
+  const json written = to_hf_config_json(tiny);
+  EXPECT_EQ(written["architectures"], json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(written["model_type"], "llama");
+  EXPECT_EQ(written["hidden_act"], "silu");
+  EXPECT_EQ(written["attention_bias"], false);
+  EXPECT_EQ(written["mlp_bias"], false);
+  EXPECT_EQ(written["torch_dtype"], "float32");
+  EXPECT_EQ(written["head_dim"], 32);
+  EXPECT_EQ(written["num_hidden_layers"], 2);
+  EXPECT_EQ(written["num_key_value_heads"], 2);
+  EXPECT_EQ(written["tie_word_embeddings"], false);
+  EXPECT_TRUE(written["rope_scaling"].is_null());
+  EXPECT_EQ(to_hf_config_json(tiny, "bfloat16")["torch_dtype"], "bfloat16");
+
+  const json llama = to_hf_config_json(load_model_preset("llama-3.1-8b"));
+  EXPECT_EQ(llama["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(llama["rope_scaling"]["factor"], 8.0);
+  EXPECT_EQ(llama["rope_scaling"]["original_max_position_embeddings"], 8192);
+}
+
+TEST(HfConfig, WriteThenReadRoundTripsEveryPreset) {
+  for (const std::string& name : available_presets()) {
+    SCOPED_TRACE(name);
+    const ModelOptions preset = load_model_preset(name);
+    const json text = json::parse(to_hf_config_json(preset).dump(2));
+    expect_same_shapes(model_options_from_hf_config(text, name), preset);
+  }
+}
+
+TEST(HfConfig, RunConfigLoadTakesShapesFromTheDirectory) {
+  testing::TempDir dir;
+  dir.write("config.json", kLlama32_1B);
+  const RunConfig c = parse_run_config_yaml(
+      "model: {load: " + dir.path() + ", init_seed: 7, rope_theta: 1000000}\n", {});
+  EXPECT_EQ(c.model.load, dir.path());
+  EXPECT_EQ(c.model.hidden_size, 2048);
+  EXPECT_EQ(c.model.num_layers, 16);
+  EXPECT_EQ(c.model.init_seed, 7u);
+  EXPECT_EQ(c.model.rope_theta, 1.0e6);  // inline fields win over config.json
+  testing::expect_same_config(parse_run_config_yaml(to_yaml(c), {}), c);
+}
+
+TEST(HfConfig, ErrorsNameTheFileAndKey) {
+  testing::TempDir dir;
+  const std::string file = dir.path() + "/config.json";
+  expect_user_error([&] { read_hf_config(dir.path()); }, file + ": cannot read file");
+
+  auto with = [](const std::string& key, const json& value) {
+    json config = json::parse(kLlama32_1B);
+    if (value.is_discarded()) {
+      config.erase(key);
+    } else {
+      config[key] = value;
+    }
+    return config;
+  };
+  const json drop = json(json::value_t::discarded);
+  const struct {
+    json config;
+    std::string message;
+  } cases[] = {
+      {with("hidden_size", drop), "hidden_size: missing (required for a Llama model)"},
+      {with("hidden_size", "big"), "hidden_size: expected an integer, got \"big\""},
+      {with("rope_theta", true), "rope_theta: expected a number, got true"},
+      {with("model_type", "qwen2"), "model_type: 'qwen2' is not supported (llama only)"},
+      {with("attention_bias", true),
+       "attention_bias: true is not supported (the model has no biases)"},
+      {with("hidden_act", "gelu"), "hidden_act: 'gelu' is not supported (silu only)"},
+      {with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}),
+       "rope_scaling.rope_type: 'yarn' is not supported (llama3 or no rope_scaling)"},
+  };
+  for (const auto& c : cases) {
+    dir.write("config.json", c.config.dump());
+    expect_user_error([&] { read_hf_config(dir.path()); }, file + ": " + c.message);
+  }
+
+  dir.write("config.json", "{\"hidden_size\": 2048,");
+  testing::expect_user_error_prefix([&] { read_hf_config(dir.path()); }, file + ": invalid JSON (");
+  testing::expect_user_error_prefix(
+      [&] { parse_run_config_yaml("model: {load: " + dir.path() + "}\n"); },
+      file + ": invalid JSON (");
+}
+
+}  // namespace
+}  // namespace ulysses::config
