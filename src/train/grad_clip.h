@@ -1,0 +1,23 @@
+// Global-norm gradient clipping (optim.grad_clip), torch.nn.utils.clip_grad_norm_ semantics.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace ulysses::train {
+
+// Returns the global L2 norm of the gradients of `params` before clipping:
+//   norm = sqrt(sum over params with a defined grad of ||grad||_2^2)
+// Each grad's norm is accumulated in fp64 when the grad is fp64, else in fp32 (bf16/fp16 grads
+// too); the per-parameter norms are combined in fp64. Parameters whose grad is undefined are
+// skipped; with none left the result is 0.
+// Then, when max_norm > 0, the norm is finite and coef = max_norm / (norm + 1e-6) is < 1, every
+// grad is multiplied in place by coef. max_norm <= 0 never clips. A non-finite norm (inf or NaN
+// grads) is returned as is and no grad is touched: the caller decides whether to skip the step
+// (torch would scale every grad by NaN).
+// The norm is read back to the host (one device sync), as in LibTorch's clip_grad_norm_.
+// REQUIRES: all grads dense and on one device; grads already reduced over DP and SP ranks (the
+// same on every rank of a group), so every rank computes the same norm and coefficient.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace ulysses::train

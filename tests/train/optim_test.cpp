@@ -1,0 +1,463 @@
+// AdamW vs LibTorch's torch::optim::AdamW, state save/load, lr_at against hand-computed values,
+// clip_grad_norm vs torch::nn::utils::clip_grad_norm_ and an fp64 reference.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "train/adamw.h"
+#include "train/grad_clip.h"
+#include "train/lr_schedule.h"
+
+namespace ulysses::train {
+namespace {
+
+// ||actual - expected||_inf / ||expected||_inf, computed in fp64.
+double max_rel_diff(const at::Tensor& actual, const at::Tensor& expected) {
+  const at::Tensor a = actual.to(at::kDouble);
+  const at::Tensor e = expected.to(at::kDouble);
+  const double scale = e.abs().max().item<double>();
+  return (a - e).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
+}
+
+// sqrt(sum of squares of every defined grad), accumulated in fp64: the norm clipping must return.
+double reference_norm(const std::vector<at::Tensor>& params) {
+  double sum_sq = 0.0;
+  for (const at::Tensor& p : params) {
+    if (p.grad().defined()) sum_sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(sum_sq);
+}
+
+config::OptimOptions adamw_options() {
+  config::OptimOptions options;
+  options.lr = 2e-3;
+  options.betas = {0.9, 0.95};
+  options.eps = 1e-8;
+  options.weight_decay = 0.1;
+  return options;
+}
+
+// Three fp32 leaf parameters with a fixed random init: [16, 8], [8], [3, 4, 5].
+NamedTensors make_params(uint64_t seed = 7) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  NamedTensors params;
+  params.emplace_back("w1", at::randn({16, 8}, gen).set_requires_grad(true));
+  params.emplace_back("b1", at::randn({8}, gen).set_requires_grad(true));
+  params.emplace_back("w2", at::randn({3, 4, 5}, gen).set_requires_grad(true));
+  return params;
+}
+
+std::vector<at::Tensor> tensors_of(const NamedTensors& named) {
+  std::vector<at::Tensor> out;
+  for (const auto& entry : named) out.push_back(entry.second);
+  return out;
+}
+
+// Gives every parameter the gradient of 1-based step `step` (same values on every call). "b1"
+// gets no gradient on even steps, so per-parameter step counting and skipping are exercised.
+void set_grads(const std::vector<at::Tensor>& params, int64_t step) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor grad = at::randn(params[i].sizes(), gen) * (0.5 + static_cast<double>(i));
+    if (i == 1 && step % 2 == 0) grad = at::Tensor();
+    params[i].mutable_grad() = grad;
+  }
+}
+
+NamedTensors clone_state(const NamedTensors& state) {
+  NamedTensors out;
+  for (const auto& [name, tensor] : state) out.emplace_back(name, tensor.clone());
+  return out;
+}
+
+double lr_of_step(int64_t step) { return 2e-3 * (1.0 + 0.1 * static_cast<double>(step)); }
+
+// ---------------------------------------------------------------------------------------------
+// AdamW
+
+TEST(AdamW, MatchesTorchAdamWOverTenSteps) {
+  const config::OptimOptions options = adamw_options();
+  const NamedTensors ours_named = make_params();
+  const std::vector<at::Tensor> ours = tensors_of(ours_named);
+  const std::vector<at::Tensor> theirs = tensors_of(make_params());
+  AdamW adamw(ours_named, options);
+  torch::optim::AdamW reference(theirs,
+                                torch::optim::AdamWOptions(options.lr)
+                                    .betas(std::make_tuple(options.betas[0], options.betas[1]))
+                                    .eps(options.eps)
+                                    .weight_decay(options.weight_decay)
+                                    .amsgrad(false));
+  // A different lr per step, as a schedule gives.
+  for (int64_t step = 1; step <= 10; ++step) {
+    set_grads(ours, step);
+    set_grads(theirs, step);
+    adamw.step(lr_of_step(step));
+    static_cast<torch::optim::AdamWOptions&>(reference.param_groups()[0].options())
+        .lr(lr_of_step(step));
+    reference.step();
+    for (size_t i = 0; i < ours.size(); ++i) {
+      EXPECT_LE(max_rel_diff(ours[i], theirs[i]), 1e-6) << "param " << i << " step " << step;
+    }
+  }
+  EXPECT_EQ(adamw.step_count(), 10);
+  // The comparison is sensitive: Adam with coupled (L2) weight decay ends far from it.
+  const std::vector<at::Tensor> coupled = tensors_of(make_params());
+  torch::optim::Adam adam(coupled, torch::optim::AdamOptions(options.lr)
+                                       .betas(std::make_tuple(options.betas[0], options.betas[1]))
+                                       .weight_decay(options.weight_decay));
+  for (int64_t step = 1; step <= 10; ++step) {
+    set_grads(coupled, step);
+    static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options()).lr(lr_of_step(step));
+    adam.step();
+  }
+  EXPECT_GT(max_rel_diff(coupled[0], ours[0]), 1e-5);
+}
+
+TEST(AdamW, TwoStepsMatchHandComputedFp64) {
+  config::OptimOptions options;
+  options.betas = {0.9, 0.95};
+  options.eps = 1e-8;
+  options.weight_decay = 0.1;
+  const double lr = 0.1;
+  at::Tensor p = at::ones({1}, at::kDouble).set_requires_grad(true);
+  AdamW adamw({{"p", p}}, options);
+
+  p.mutable_grad() = at::full({1}, 0.5, at::kDouble);
+  adamw.step(lr);
+  // m = 0.05, v = 0.0125, bc1 = 0.1, bc2 = 0.05: update = (0.1 / 0.1) * 0.05 / (0.5 + 1e-8).
+  const double p1 = 1.0 * (1 - 0.01) - 1.0 * 0.05 / (std::sqrt(0.0125) / std::sqrt(0.05) + 1e-8);
+  EXPECT_NEAR(p.item<double>(), p1, 1e-12);
+
+  p.mutable_grad() = at::full({1}, -0.25, at::kDouble);
+  adamw.step(lr);
+  // m = 0.9*0.05 - 0.1*0.25 = 0.02, v = 0.95*0.0125 + 0.05*0.0625 = 0.015,
+  // bc1 = 1 - 0.81 = 0.19, bc2 = 1 - 0.9025 = 0.0975.
+  const double p2 =
+      p1 * (1 - 0.01) - (0.1 / 0.19) * 0.02 / (std::sqrt(0.015) / std::sqrt(0.0975) + 1e-8);
+  EXPECT_NEAR(p.item<double>(), p2, 1e-12);
+}
+
+TEST(AdamW, SkipsParametersWithoutGradient) {
+  const NamedTensors named = make_params();
+  const at::Tensor before = named[1].second.detach().clone();
+  AdamW adamw(named, adamw_options());
+  set_grads(tensors_of(named), 2);  // step 2: "b1" has no grad
+  adamw.step(1e-2);
+  EXPECT_TRUE(torch::equal(named[1].second, before));  // not even weight decay
+  const NamedTensors state = adamw.state_tensors();
+  ASSERT_EQ(state.size(), 9u);
+  EXPECT_EQ(state[5].first, "b1.step");
+  EXPECT_EQ(state[5].second.item<int64_t>(), 0);
+  EXPECT_EQ(state[2].first, "w1.step");
+  EXPECT_EQ(state[2].second.item<int64_t>(), 1);
+}
+
+TEST(AdamW, SaveLoadContinuesBitForBit) {
+  const config::OptimOptions options = adamw_options();
+  // Run A: ten uninterrupted steps.
+  const NamedTensors run_a = make_params();
+  AdamW adamw_a(run_a, options);
+  for (int64_t step = 1; step <= 10; ++step) {
+    set_grads(tensors_of(run_a), step);
+    adamw_a.step(lr_of_step(step));
+  }
+  // Run B: five steps, then "checkpoint" parameters, optimizer state and step count.
+  const NamedTensors run_b = make_params();
+  AdamW adamw_b(run_b, options);
+  for (int64_t step = 1; step <= 5; ++step) {
+    set_grads(tensors_of(run_b), step);
+    adamw_b.step(lr_of_step(step));
+  }
+  const NamedTensors saved_params = clone_state(run_b);
+  const NamedTensors saved_state = clone_state(adamw_b.state_tensors());
+  const int64_t saved_count = adamw_b.step_count();
+
+  // Run C: a fresh optimizer on the restored parameters, steps 6..10.
+  NamedTensors run_c;
+  for (const auto& [name, tensor] : saved_params) {
+    run_c.emplace_back(name, tensor.detach().clone().set_requires_grad(true));
+  }
+  AdamW adamw_c(run_c, options);
+  adamw_c.load_state(saved_state, saved_count);
+  EXPECT_EQ(adamw_c.step_count(), 5);
+  for (int64_t step = 6; step <= 10; ++step) {
+    set_grads(tensors_of(run_c), step);
+    adamw_c.step(lr_of_step(step));
+  }
+  EXPECT_EQ(adamw_c.step_count(), 10);
+  for (size_t i = 0; i < run_a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(run_c[i].second, run_a[i].second)) << run_a[i].first;
+  }
+  const NamedTensors state_a = adamw_a.state_tensors();
+  const NamedTensors state_c = adamw_c.state_tensors();
+  ASSERT_EQ(state_a.size(), state_c.size());
+  for (size_t i = 0; i < state_a.size(); ++i) {
+    EXPECT_EQ(state_c[i].first, state_a[i].first);
+    EXPECT_TRUE(torch::equal(state_c[i].second, state_a[i].second)) << state_a[i].first;
+  }
+}
+
+// Expects load_state(state) to throw a UserError whose message contains `needle`, and to leave
+// the optimizer's state as it was.
+void expect_load_error(const NamedTensors& state, const std::string& needle) {
+  const NamedTensors named = make_params();
+  AdamW adamw(named, adamw_options());
+  set_grads(tensors_of(named), 1);
+  adamw.step(1e-3);
+  const NamedTensors before = clone_state(adamw.state_tensors());
+  try {
+    adamw.load_state(state, 3, "ckpt/step-3/optimizer.safetensors");
+    ADD_FAILURE() << "no error; expected one containing: " << needle;
+  } catch (const UserError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(needle), std::string::npos) << message;
+    EXPECT_EQ(message.rfind("ckpt/step-3/optimizer.safetensors: ", 0), 0u) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  EXPECT_EQ(adamw.step_count(), 1);
+  const NamedTensors after = adamw.state_tensors();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after[i].second, before[i].second)) << before[i].first;
+  }
+}
+
+TEST(AdamW, LoadStateRejectsMismatchedStateAndChangesNothing) {
+  const NamedTensors named = make_params();
+  AdamW source(named, adamw_options());
+  set_grads(tensors_of(named), 1);
+  source.step(1e-3);
+  source.step(1e-3);
+  const NamedTensors good = clone_state(source.state_tensors());
+  // The entries are valid for the first parameters and bad for a later one: nothing may be copied.
+
+  NamedTensors missing = good;
+  missing.erase(missing.begin() + 7);  // w2.exp_avg_sq
+  expect_load_error(missing, "missing entry 'w2.exp_avg_sq'");
+
+  NamedTensors extra = good;
+  extra.emplace_back("w3.exp_avg", at::zeros({2}));
+  expect_load_error(extra, "unexpected entry 'w3.exp_avg'");
+
+  NamedTensors duplicate = good;
+  duplicate.push_back(good[0]);
+  expect_load_error(duplicate, "entry 'w1.exp_avg' appears twice");
+
+  NamedTensors wrong_shape = good;
+  wrong_shape[6].second = at::zeros({4, 3, 5});  // w2.exp_avg
+  expect_load_error(wrong_shape,
+                    "'w2.exp_avg' has shape [4, 3, 5], the parameter has shape [3, 4, 5]");
+
+  NamedTensors wrong_dtype = good;
+  wrong_dtype[7].second = good[7].second.to(at::kDouble);  // w2.exp_avg_sq
+  expect_load_error(wrong_dtype, "'w2.exp_avg_sq' has dtype Double");
+
+  NamedTensors negative_step = good;
+  negative_step[8].second = at::scalar_tensor(-1, at::kLong);  // w2.step
+  expect_load_error(negative_step, "'w2.step' is negative");
+
+  NamedTensors float_step = good;
+  float_step[8].second = at::scalar_tensor(2.0);
+  expect_load_error(float_step, "'w2.step' must be a one-element integer tensor");
+}
+
+TEST(AdamW, RejectsBadOptionsNamingTheKey) {
+  config::OptimOptions bad_beta = adamw_options();
+  bad_beta.betas = {1.0, 0.95};
+  EXPECT_THROW(
+      {
+        try {
+          AdamW adamw(make_params(), bad_beta);
+        } catch (const UserError& error) {
+          EXPECT_EQ(std::string(error.what()).rfind("optim.betas: ", 0), 0u) << error.what();
+          throw;
+        }
+      },
+      UserError);
+  config::OptimOptions bad_decay = adamw_options();
+  bad_decay.weight_decay = -0.1;
+  EXPECT_THROW(AdamW(make_params(), bad_decay), UserError);
+  config::OptimOptions bad_eps = adamw_options();
+  bad_eps.eps = -1.0;
+  EXPECT_THROW(AdamW(make_params(), bad_eps), UserError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// lr_at: lr 1e-3, min_lr 1e-4, warmup 10, total 110 (so decay progress = (step - 10) / 100).
+
+config::OptimOptions schedule_options(const std::string& schedule) {
+  config::OptimOptions options;
+  options.lr = 1e-3;
+  options.min_lr = 1e-4;
+  options.warmup_steps = 10;
+  options.schedule = schedule;
+  return options;
+}
+
+constexpr double kLrTolerance = 1e-15;  // absolute, about 1e-12 relative
+
+TEST(LrSchedule, WarmupIsLinearFromLrOverWarmupToLr) {
+  for (const char* schedule : {"constant", "linear", "cosine"}) {
+    const config::OptimOptions options = schedule_options(schedule);
+    EXPECT_NEAR(lr_at(options, 1, 110), 1e-4, kLrTolerance) << schedule;
+    EXPECT_NEAR(lr_at(options, 5, 110), 5e-4, kLrTolerance) << schedule;
+    EXPECT_NEAR(lr_at(options, 10, 110), 1e-3, kLrTolerance) << schedule;
+  }
+}
+
+TEST(LrSchedule, Constant) {
+  const config::OptimOptions options = schedule_options("constant");
+  EXPECT_DOUBLE_EQ(lr_at(options, 11, 110), 1e-3);
+  EXPECT_DOUBLE_EQ(lr_at(options, 110, 110), 1e-3);
+  EXPECT_DOUBLE_EQ(lr_at(options, 500, 110), 1e-3);
+}
+
+TEST(LrSchedule, LinearDecaysToMinLrAtTotalSteps) {
+  const config::OptimOptions options = schedule_options("linear");
+  EXPECT_NEAR(lr_at(options, 11, 110), 1e-4 + 9e-4 * 0.99, kLrTolerance);
+  EXPECT_NEAR(lr_at(options, 35, 110), 7.75e-4, kLrTolerance);  // progress 0.25
+  EXPECT_NEAR(lr_at(options, 60, 110), 5.5e-4, kLrTolerance);   // progress 0.5
+  EXPECT_NEAR(lr_at(options, 110, 110), 1e-4, kLrTolerance);
+  EXPECT_NEAR(lr_at(options, 200, 110), 1e-4, kLrTolerance);  // past the end: min_lr
+}
+
+TEST(LrSchedule, CosineDecaysToMinLrAtTotalSteps) {
+  const config::OptimOptions options = schedule_options("cosine");
+  // 1e-4 + 9e-4 * 0.5 * (1 + cos(pi * p)), with cos(pi/4) = 0.70710678118654752.
+  EXPECT_NEAR(lr_at(options, 35, 110), 8.6819805153394638e-4, kLrTolerance);  // p = 0.25
+  EXPECT_NEAR(lr_at(options, 60, 110), 5.5e-4, kLrTolerance);                 // p = 0.5
+  EXPECT_NEAR(lr_at(options, 85, 110), 2.3180194846605362e-4, kLrTolerance);  // p = 0.75
+  EXPECT_NEAR(lr_at(options, 110, 110), 1e-4, kLrTolerance);
+  EXPECT_NEAR(lr_at(options, 111, 110), 1e-4, kLrTolerance);
+}
+
+TEST(LrSchedule, NoWarmupAndWarmupLongerThanRun) {
+  config::OptimOptions options = schedule_options("linear");
+  options.warmup_steps = 0;
+  options.min_lr = 0.0;
+  EXPECT_NEAR(lr_at(options, 1, 10), 9e-4, kLrTolerance);  // step 1 already has progress 1/10
+  EXPECT_NEAR(lr_at(options, 10, 10), 0.0, kLrTolerance);
+  options.schedule = "constant";
+  EXPECT_DOUBLE_EQ(lr_at(options, 1, 10), 1e-3);
+  options.schedule = "cosine";
+  options.warmup_steps = 20;
+  options.min_lr = 1e-4;
+  EXPECT_NEAR(lr_at(options, 10, 10), 5e-4, kLrTolerance);  // still warming up
+  EXPECT_NEAR(lr_at(options, 21, 10), 1e-4, kLrTolerance);  // after warmup, past total: min_lr
+}
+
+TEST(LrSchedule, RejectsBadOptionsNamingTheKey) {
+  config::OptimOptions options = schedule_options("step");
+  try {
+    lr_at(options, 1, 10);
+    ADD_FAILURE() << "unknown schedule accepted";
+  } catch (const UserError& error) {
+    EXPECT_EQ(std::string(error.what()).rfind("optim.schedule: unknown schedule 'step'", 0), 0u)
+        << error.what();
+  }
+  options = schedule_options("cosine");
+  options.warmup_steps = -1;
+  EXPECT_THROW(lr_at(options, 1, 10), UserError);
+  options = schedule_options("cosine");
+  options.min_lr = 2e-3;
+  EXPECT_THROW(lr_at(options, 1, 10), UserError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// clip_grad_norm
+
+// Four fp32 parameters with random grads of global norm about 10; the third has no grad.
+std::vector<at::Tensor> params_with_grads(uint64_t seed = 3) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<at::Tensor> params;
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{32, 16}, {16}, {8, 8}, {5, 7, 3}}) {
+    params.push_back(at::zeros(shape).set_requires_grad(true));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i != 2) params[i].mutable_grad() = at::randn(params[i].sizes(), gen) * 0.4;
+  }
+  return params;
+}
+
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params) {
+    grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+  }
+  return grads;
+}
+
+TEST(ClipGradNorm, MatchesTorchClipGradNorm) {
+  const std::vector<at::Tensor> ours = params_with_grads();
+  const std::vector<at::Tensor> theirs = params_with_grads();
+  const double expected_norm = reference_norm(ours);
+  ASSERT_GT(expected_norm, 5.0);  // so that max_norm 1 clips
+
+  const double our_norm = clip_grad_norm(ours, 1.0);
+  const double their_norm = torch::nn::utils::clip_grad_norm_(theirs, 1.0);
+  EXPECT_NEAR(our_norm, their_norm, 1e-6 * their_norm);
+  EXPECT_NEAR(our_norm, expected_norm, 1e-6 * expected_norm);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    if (i == 2) {
+      EXPECT_FALSE(ours[i].grad().defined());
+      continue;
+    }
+    EXPECT_LE(max_rel_diff(ours[i].grad(), theirs[i].grad()), 1e-6) << "param " << i;
+  }
+  EXPECT_NEAR(reference_norm(ours), 1.0, 1e-5);  // 1 / (1 + 1e-6 / norm)
+}
+
+TEST(ClipGradNorm, LeavesGradsAloneWhenBelowMaxNormOrDisabled) {
+  const std::vector<at::Tensor> params = params_with_grads();
+  const std::vector<at::Tensor> before = grads_of(params);
+  const double expected_norm = reference_norm(params);
+  for (double max_norm : {2.0 * expected_norm, 0.0, -1.0}) {
+    EXPECT_NEAR(clip_grad_norm(params, max_norm), expected_norm, 1e-6 * expected_norm) << max_norm;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (i != 2) {
+        EXPECT_TRUE(torch::equal(params[i].grad(), before[i])) << max_norm << " " << i;
+      }
+    }
+  }
+}
+
+TEST(ClipGradNorm, NonFiniteNormIsReturnedAndNothingIsScaled) {
+  std::vector<at::Tensor> params = params_with_grads();
+  params[0].grad()[3][4] = std::numeric_limits<float>::infinity();
+  const std::vector<at::Tensor> before = grads_of(params);
+  EXPECT_TRUE(std::isinf(clip_grad_norm(params, 1.0)));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i != 2) {
+      EXPECT_TRUE(torch::equal(params[i].grad(), before[i])) << i;
+    }
+  }
+  params[1].grad()[0] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor last_before = params[3].grad().clone();
+  EXPECT_TRUE(std::isnan(clip_grad_norm(params, 1.0)));
+  EXPECT_TRUE(torch::equal(params[3].grad(), last_before));
+}
+
+TEST(ClipGradNorm, AccumulatesLowPrecisionInFp32AndFp64InFp64) {
+  std::vector<at::Tensor> bf16 = params_with_grads();
+  for (at::Tensor& p : bf16) {
+    if (p.grad().defined()) p.mutable_grad() = p.grad().to(at::kBFloat16);
+  }
+  const double bf16_norm = reference_norm(bf16);
+  EXPECT_NEAR(clip_grad_norm(bf16, 0.0), bf16_norm, 1e-5 * bf16_norm);
+
+  std::vector<at::Tensor> fp64 = params_with_grads();
+  for (at::Tensor& p : fp64) {
+    if (p.grad().defined()) p.mutable_grad() = p.grad().to(at::kDouble);
+  }
+  const double fp64_norm = reference_norm(fp64);
+  EXPECT_NEAR(clip_grad_norm(fp64, 0.0), fp64_norm, 1e-12 * fp64_norm);
+  EXPECT_EQ(clip_grad_norm({at::zeros({3})}, 1.0), 0.0);  // no grads at all
+}
+
+}  // namespace
+}  // namespace ulysses::train
