@@ -1,0 +1,98 @@
+// Sample selection, labeling and SP sharding of micro-batches (see data_loader.h).
+#include "data/data_loader.h"
+
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "common/error.h"
+#include "data/labeled_sample.h"
+
+namespace ulysses::data {
+namespace {
+
+void require_positive(int64_t value, const char* key) {
+  if (value < 1) {
+    throw UserError(std::string(key) + ": must be >= 1, got " + std::to_string(value));
+  }
+}
+
+}  // namespace
+
+DataLoader::DataLoader(const config::DataOptions& data, const config::SequenceOptions& seq,
+                       int64_t vocab_size, int64_t dp_size, int64_t dp_rank, int64_t sp_size,
+                       int64_t sp_rank, const std::string& source_key)
+    : pack_(data.pack),
+      length_(seq.length),
+      micro_batch_(seq.micro_batch),
+      grad_accum_(seq.grad_accum),
+      dp_rank_(dp_rank),
+      sp_size_(sp_size),
+      sp_rank_(sp_rank) {
+  require_positive(seq.length, "sequence.length");
+  require_positive(seq.micro_batch, "sequence.micro_batch");
+  require_positive(seq.grad_accum, "sequence.grad_accum");
+  require_positive(vocab_size, "model.vocab_size");
+  TORCH_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "DataLoader: dp rank ", dp_rank,
+              " of ", dp_size);
+  TORCH_CHECK(sp_size >= 1 && sp_rank >= 0 && sp_rank < sp_size, "DataLoader: sp rank ", sp_rank,
+              " of ", sp_size);
+  padded_length_ = data::padded_length(length_, sp_size);
+  global_batch_ = dp_size * micro_batch_ * grad_accum_;
+  source_ = open_token_source(data, length_, vocab_size, source_key);
+}
+
+int64_t DataLoader::sample_index(int64_t step, int64_t micro, int64_t row) const {
+  TORCH_CHECK(step >= 1, "DataLoader: steps count from 1, got ", step);
+  TORCH_CHECK(micro >= 0 && micro < grad_accum_, "DataLoader: micro-step ", micro, " of ",
+              grad_accum_);
+  TORCH_CHECK(row >= 0 && row < micro_batch_, "DataLoader: row ", row, " of ", micro_batch_);
+  return (step - 1) * global_batch_ + dp_rank_ * micro_batch_ * grad_accum_ + micro * micro_batch_ +
+         row;
+}
+
+Batch DataLoader::micro_batch(int64_t step, int64_t micro) const {
+  const int64_t local = local_length();  // sl/sp
+  const int64_t begin = sp_rank_ * local;
+  const auto options = at::TensorOptions().dtype(at::kLong);
+  Batch batch;
+  batch.input_ids = at::empty({micro_batch_, local}, options);                    // [bs, sl/sp]
+  batch.labels = at::empty({micro_batch_, local}, options);                       // [bs, sl/sp]
+  batch.position_ids = at::empty({micro_batch_, local}, options);                 // [bs, sl/sp]
+  if (pack_) batch.doc_ids = at::empty({micro_batch_, padded_length_}, options);  // [bs, sl]
+
+  const std::vector<int64_t> no_documents;
+  for (int64_t row = 0; row < micro_batch_; ++row) {
+    const int64_t index = sample_index(step, micro, row);
+    const LabeledSample sample =
+        label_sample(source_->tokens(index), pack_ ? source_->document_starts(index) : no_documents,
+                     padded_length_);
+    batch.input_ids[row].copy_(sample.input_ids.narrow(0, begin, local));
+    batch.labels[row].copy_(sample.labels.narrow(0, begin, local));
+    batch.position_ids[row].copy_(sample.position_ids.narrow(0, begin, local));
+    if (pack_) batch.doc_ids[row].copy_(sample.doc_ids);
+  }
+  batch.valid_tokens = batch.labels.ne(kIgnoreIndex).sum().item<int64_t>();
+  return batch;
+}
+
+int64_t DataLoader::global_valid_tokens(int64_t step) const {
+  TORCH_CHECK(step >= 1, "DataLoader: steps count from 1, got ", step);
+  if (!pack_) return global_batch_ * (length_ - 1);
+  int64_t total = 0;
+  const int64_t first = (step - 1) * global_batch_;
+  for (int64_t index = first; index < first + global_batch_; ++index) {
+    total += count_valid_labels(length_, source_->document_starts(index));
+  }
+  return total;
+}
+
+config::DataOptions eval_data_options(const config::DataOptions& train,
+                                      const config::EvalOptions& eval) {
+  config::DataOptions options = train;
+  options.source = eval.source;
+  options.seed = eval.seed;
+  return options;
+}
+
+}  // namespace ulysses::data

@@ -1,0 +1,66 @@
+// The training (and evaluation) data of one rank (SPEC 5.3). Step s (1-based) uses global samples
+// [(s-1)*G, s*G), G = dp * micro_batch * grad_accum. DP rank d takes the d-th block of mb*ga of
+// them, micro-step m the m-th block of mb within that; SP rank r takes positions
+// [r*P/sp, (r+1)*P/sp) of each sample, P = ceil(L/sp)*sp. Labels are shifted before sharding, so
+// every shard but the last keeps its true last label. Batches are a pure function of
+// (config, step, micro, ranks): no state to save for resume.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config/options.h"
+#include "data/batch.h"
+#include "data/token_source.h"
+
+namespace ulysses::data {
+
+class DataLoader {
+ public:
+  // Opens the source `data.source` names (see open_token_source). For an evaluation loader pass
+  // eval_data_options(...) and source_key "eval.source". Throws UserError naming the field or file
+  // on bad input: unknown source, missing/short/corrupt file, sequence.length, micro_batch or
+  // grad_accum < 1, vocab_size < 1, bad token_dtype or eod_token.
+  // REQUIRES: 1 <= dp_size, 0 <= dp_rank < dp_size, 1 <= sp_size, 0 <= sp_rank < sp_size.
+  DataLoader(const config::DataOptions& data, const config::SequenceOptions& seq,
+             int64_t vocab_size, int64_t dp_size, int64_t dp_rank, int64_t sp_size, int64_t sp_rank,
+             const std::string& source_key = "data.source");
+
+  // This rank's micro-batch `micro` of step `step`: bs = micro_batch samples, each cut to this SP
+  // rank's sl/sp positions; doc_ids (full [bs, sl]) only when data.pack. Tensors on CPU. Throws
+  // UserError naming the file when a file token is outside the vocabulary.
+  // REQUIRES: step >= 1, 0 <= micro < grad_accum.
+  Batch micro_batch(int64_t step /*1-based*/, int64_t micro /*0..grad_accum-1*/) const;
+
+  // P: the sequence length padded to a multiple of sp (sl in the shape vocabulary).
+  int64_t padded_length() const { return padded_length_; }
+  int64_t sequence_length() const { return length_; }                 // L, before padding
+  int64_t global_batch_size() const { return global_batch_; }         // G samples per step
+  int64_t local_length() const { return padded_length_ / sp_size_; }  // sl/sp
+
+  // Count of valid labels over the whole global batch of `step` (all dp ranks, micro-steps,
+  // shards): the loss denominator of SPEC 5.4. Equal on every rank. REQUIRES: step >= 1.
+  int64_t global_valid_tokens(int64_t step) const;
+
+  // Index of the global sample that row `row` of micro_batch(step, micro) holds on this rank.
+  int64_t sample_index(int64_t step, int64_t micro, int64_t row) const;
+
+ private:
+  std::shared_ptr<const TokenSource> source_;  // immutable, shared by copies of the loader
+  bool pack_;
+  int64_t length_;         // L
+  int64_t padded_length_;  // P
+  int64_t micro_batch_;    // bs
+  int64_t grad_accum_;
+  int64_t global_batch_;  // G = dp * bs * grad_accum
+  int64_t dp_rank_;
+  int64_t sp_size_;
+  int64_t sp_rank_;
+};
+
+// The data options of the evaluation loader: `train` with source and seed taken from `eval`
+// (packing, token_dtype and eod_token are shared with training).
+config::DataOptions eval_data_options(const config::DataOptions& train,
+                                      const config::EvalOptions& eval);
+
+}  // namespace ulysses::data

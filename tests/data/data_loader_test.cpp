@@ -1,0 +1,383 @@
+// DataLoader against single-process references: for several (dp, sp, micro_batch, grad_accum) and
+// L not divisible by sp, the shards of all ranks and micro-steps reassemble exactly the dp=1, sp=1,
+// mb=G batch of the same step; labels are shifted before sharding; packing, padding and the global
+// valid-token count follow SPEC 5.3. All comparisons are exact (integer tensors).
+#include "data/data_loader.h"
+
+#include <gtest/gtest.h>
+
+#include "data/dataset_writer.h"
+#include "data/token_source.h"
+#include "data_test_util.h"
+
+namespace ulysses::data {
+namespace {
+
+using test::expect_user_error;
+using test::TempDir;
+
+constexpr int64_t kVocab = 97;
+constexpr int64_t kEod = 3;
+
+struct Layout {
+  int64_t dp, sp, micro_batch, grad_accum;
+};
+
+// One step's global batch put back together from every rank's shards.
+struct Assembled {
+  at::Tensor inputs;                  // [G, sl]
+  at::Tensor labels;                  // [G, sl]
+  at::Tensor positions;               // [G, sl]
+  at::Tensor doc_ids;                 // [G, sl], packed only
+  int64_t valid_sum = 0;              // sum of every shard's valid_tokens
+  std::vector<int64_t> global_valid;  // global_valid_tokens(step) of every rank's loader
+};
+
+Assembled assemble(const config::DataOptions& data, int64_t length, const Layout& layout,
+                   int64_t step) {
+  const config::SequenceOptions seq{length, layout.micro_batch, layout.grad_accum};
+  const int64_t padded = (length + layout.sp - 1) / layout.sp * layout.sp;  // P
+  const int64_t local = padded / layout.sp;
+  const int64_t global = layout.dp * layout.micro_batch * layout.grad_accum;  // G
+  Assembled out;
+  const auto options = at::TensorOptions().dtype(at::kLong);
+  out.inputs = at::full({global, padded}, -7, options);
+  out.labels = at::full({global, padded}, -7, options);
+  out.positions = at::full({global, padded}, -7, options);
+  if (data.pack) out.doc_ids = at::full({global, padded}, -7, options);
+  for (int64_t d = 0; d < layout.dp; ++d) {
+    for (int64_t r = 0; r < layout.sp; ++r) {
+      DataLoader loader(data, seq, kVocab, layout.dp, d, layout.sp, r);
+      EXPECT_EQ(loader.padded_length(), padded);
+      EXPECT_EQ(loader.global_batch_size(), global);
+      out.global_valid.push_back(loader.global_valid_tokens(step));
+      for (int64_t m = 0; m < layout.grad_accum; ++m) {
+        const Batch batch = loader.micro_batch(step, m);
+        EXPECT_EQ(batch.input_ids.sizes(), (at::IntArrayRef{layout.micro_batch, local}));
+        EXPECT_EQ(batch.labels.sizes(), (at::IntArrayRef{layout.micro_batch, local}));
+        EXPECT_EQ(batch.position_ids.sizes(), (at::IntArrayRef{layout.micro_batch, local}));
+        EXPECT_EQ(batch.input_ids.scalar_type(), at::kLong);
+        EXPECT_EQ(batch.valid_tokens, batch.labels.ne(-100).sum().item<int64_t>());
+        EXPECT_EQ(batch.doc_ids.defined(), data.pack);
+        out.valid_sum += batch.valid_tokens;
+        for (int64_t b = 0; b < layout.micro_batch; ++b) {
+          // Row b of micro-step m on dp rank d is sample d*mb*ga + m*mb + b of the step.
+          const int64_t g = d * layout.micro_batch * layout.grad_accum + m * layout.micro_batch + b;
+          out.inputs[g].narrow(0, r * local, local).copy_(batch.input_ids[b]);
+          out.labels[g].narrow(0, r * local, local).copy_(batch.labels[b]);
+          out.positions[g].narrow(0, r * local, local).copy_(batch.position_ids[b]);
+          if (data.pack) {
+            EXPECT_EQ(batch.doc_ids.sizes(), (at::IntArrayRef{layout.micro_batch, padded}));
+            if (r == 0) out.doc_ids[g].copy_(batch.doc_ids[b]);
+            EXPECT_TRUE(out.doc_ids[g].equal(batch.doc_ids[b])) << "sp ranks disagree on doc_ids";
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The rules of SPEC 5.3 checked on a reference batch [G, L] from its own inputs, independently of
+// how the loader computes them: a label is the next input unless the position is the last or the
+// next one restarts its position count; positions restart exactly where doc ids change.
+void expect_consistent_rows(const Batch& reference, bool packed) {
+  const auto inputs = reference.input_ids.accessor<int64_t, 2>();
+  const auto labels = reference.labels.accessor<int64_t, 2>();
+  const auto positions = reference.position_ids.accessor<int64_t, 2>();
+  const int64_t length = reference.input_ids.size(1);
+  for (int64_t g = 0; g < reference.input_ids.size(0); ++g) {
+    for (int64_t j = 0; j < length; ++j) {
+      ASSERT_GE(inputs[g][j], 0);
+      ASSERT_LT(inputs[g][j], kVocab);
+      const bool next_restarts = j + 1 < length && positions[g][j + 1] == 0;
+      if (j + 1 == length || next_restarts) {
+        ASSERT_EQ(labels[g][j], -100) << "row " << g << " pos " << j;
+      } else {
+        ASSERT_EQ(labels[g][j], inputs[g][j + 1]) << "row " << g << " pos " << j;
+      }
+      if (!packed) {
+        ASSERT_EQ(positions[g][j], j);
+      }
+      if (packed && j > 0) {
+        const bool new_document =
+            reference.doc_ids[g][j].item<int64_t>() != reference.doc_ids[g][j - 1].item<int64_t>();
+        ASSERT_EQ(positions[g][j] == 0, new_document) << "row " << g << " pos " << j;
+        ASSERT_EQ(positions[g][j], new_document ? 0 : positions[g][j - 1] + 1);
+      }
+    }
+  }
+}
+
+// Checks every layout and steps 1 and 3 against the single-process batch.
+void check_reassembly(const config::DataOptions& data, int64_t length) {
+  const std::vector<Layout> layouts = {{1, 2, 1, 1}, {2, 2, 2, 3}, {3, 4, 1, 2},
+                                       {1, 3, 2, 2}, {4, 1, 1, 1}, {2, 5, 1, 2}};
+  for (const Layout& layout : layouts) {
+    for (int64_t step : {1, 3}) {
+      SCOPED_TRACE("dp=" + std::to_string(layout.dp) + " sp=" + std::to_string(layout.sp) +
+                   " mb=" + std::to_string(layout.micro_batch) +
+                   " ga=" + std::to_string(layout.grad_accum) + " step=" + std::to_string(step));
+      const int64_t global = layout.dp * layout.micro_batch * layout.grad_accum;
+      DataLoader single(data, {length, global, 1}, kVocab, 1, 0, 1, 0);
+      ASSERT_EQ(single.padded_length(), length);
+      const Batch reference = single.micro_batch(step, 0);  // [G, L]
+      expect_consistent_rows(reference, data.pack);
+      const Assembled all = assemble(data, length, layout, step);
+      const int64_t padded = all.inputs.size(1);
+      if (layout.sp > 1) {
+        ASSERT_GT(padded, length) << "L is chosen to need padding";
+      }
+
+      EXPECT_TRUE(all.inputs.narrow(1, 0, length).equal(reference.input_ids));
+      EXPECT_TRUE(all.labels.narrow(1, 0, length).equal(reference.labels));
+      EXPECT_TRUE(all.positions.narrow(1, 0, length).equal(reference.position_ids));
+      // Padding: input 0, label -100, positions continue from the last real one.
+      const int64_t pad = padded - length;
+      EXPECT_TRUE(all.inputs.narrow(1, length, pad).eq(0).all().item<bool>());
+      EXPECT_TRUE(all.labels.narrow(1, length, pad).eq(-100).all().item<bool>());
+      const at::Tensor continued = reference.position_ids.narrow(1, length - 1, 1) +
+                                   at::arange(1, pad + 1, at::kLong).unsqueeze(0);
+      EXPECT_TRUE(all.positions.narrow(1, length, pad).equal(continued));
+      if (data.pack) {
+        EXPECT_TRUE(all.doc_ids.narrow(1, 0, length).equal(reference.doc_ids));
+        const at::Tensor pad_doc = reference.doc_ids.narrow(1, length - 1, 1) + 1;
+        EXPECT_TRUE(all.doc_ids.narrow(1, length, pad).equal(pad_doc.expand({global, pad})));
+      }
+      // The loss denominator: every shard's count sums to it, and every rank knows it.
+      const int64_t expected_valid = reference.labels.ne(-100).sum().item<int64_t>();
+      EXPECT_EQ(reference.valid_tokens, expected_valid);
+      EXPECT_EQ(all.valid_sum, expected_valid);
+      EXPECT_EQ(single.global_valid_tokens(step), expected_valid);
+      for (int64_t count : all.global_valid) EXPECT_EQ(count, expected_valid);
+      if (!data.pack) {
+        EXPECT_EQ(expected_valid, global * (length - 1));
+      }
+    }
+  }
+}
+
+// A flat token stream with eod tokens every few positions; `stream` receives it.
+std::string write_eod_stream(const TempDir& dir, TokenDType dtype, int64_t n,
+                             std::vector<int64_t>* stream) {
+  stream->clear();
+  for (int64_t i = 0; i < n; ++i) {
+    stream->push_back((i * 7919) % 11 == 0 ? kEod : 4 + (i * 31) % (kVocab - 4));
+  }
+  const std::string path = dir.file(dtype == TokenDType::kUInt16 ? "u16.bin" : "u32.bin");
+  write_token_file(path, *stream, dtype);
+  return path;
+}
+
+TEST(DataLoaderSharding, SyntheticUnpacked) {
+  config::DataOptions data;
+  data.seed = 5;
+  check_reassembly(data, 13);
+}
+
+TEST(DataLoaderSharding, SyntheticPacked) {
+  config::DataOptions data;
+  data.seed = 6;
+  data.pack = true;
+  check_reassembly(data, 13);
+}
+
+TEST(DataLoaderSharding, FlatUint32UnpackedMatchesTheFile) {
+  TempDir dir;
+  std::vector<int64_t> stream;
+  config::DataOptions data;
+  data.token_dtype = "uint32";
+  data.source = "tokens:" + write_eod_stream(dir, TokenDType::kUInt32, 5 * 13 + 6, &stream);
+  check_reassembly(data, 13);
+  // Sample i is file tokens [i*L, (i+1)*L), i wrapped over the 5 whole samples.
+  DataLoader single(data, {13, 24, 1}, kVocab, 1, 0, 1, 0);
+  const Batch step2 = single.micro_batch(2, 0);  // samples 24..47
+  for (int64_t g = 0; g < 24; ++g) {
+    const int64_t first = ((24 + g) % 5) * 13;
+    const at::Tensor expected =
+        at::tensor(std::vector<int64_t>(stream.begin() + first, stream.begin() + first + 13));
+    EXPECT_TRUE(step2.input_ids[g].equal(expected)) << "row " << g;
+  }
+}
+
+TEST(DataLoaderSharding, FlatUint16PackedWithEod) {
+  TempDir dir;
+  std::vector<int64_t> stream;
+  config::DataOptions data;
+  data.pack = true;
+  data.eod_token = kEod;
+  data.source = "tokens:" + write_eod_stream(dir, TokenDType::kUInt16, 7 * 13, &stream);
+  check_reassembly(data, 13);
+  // Documents end at each eod: in the reference, a position restarts right after an eod only.
+  DataLoader single(data, {13, 7, 1}, kVocab, 1, 0, 1, 0);
+  const Batch batch = single.micro_batch(1, 0);
+  for (int64_t g = 0; g < 7; ++g) {
+    for (int64_t j = 1; j < 13; ++j) {
+      EXPECT_EQ(batch.position_ids[g][j].item<int64_t>() == 0, stream[g * 13 + j - 1] == kEod);
+    }
+  }
+}
+
+TEST(DataLoaderSharding, MegatronPacked) {
+  TempDir dir;
+  std::vector<std::vector<int64_t>> documents;
+  for (int64_t d = 0; d < 20; ++d) {
+    documents.emplace_back();
+    for (int64_t t = 0; t < 1 + (d * 5) % 9; ++t) documents.back().push_back((d * 17 + t) % kVocab);
+  }
+  write_megatron_dataset(dir.file("corpus"), documents, TokenDType::kUInt16);
+  config::DataOptions data;
+  data.pack = true;
+  data.source = "megatron:" + dir.file("corpus");
+  check_reassembly(data, 13);
+}
+
+// Each SP shard's last label is the first input of the next shard: labels are shifted before
+// sharding, only the very last real position is ignored.
+TEST(DataLoaderLabels, ShiftedBeforeSharding) {
+  config::DataOptions data;
+  data.seed = 11;
+  const int64_t sp = 4;
+  for (int64_t length : {16, 15}) {
+    SCOPED_TRACE("L=" + std::to_string(length));
+    std::vector<Batch> shards;
+    for (int64_t r = 0; r < sp; ++r) {
+      shards.push_back(DataLoader(data, {length, 2, 1}, kVocab, 1, 0, sp, r).micro_batch(1, 0));
+    }
+    const int64_t local = shards[0].input_ids.size(1);
+    EXPECT_EQ(local, 4);
+    for (int64_t r = 0; r + 1 < sp; ++r) {
+      EXPECT_TRUE(shards[r].labels.select(1, local - 1).equal(shards[r + 1].input_ids.select(1, 0)))
+          << "shard " << r;
+      EXPECT_EQ(shards[r].valid_tokens, 2 * local);
+    }
+    // The last shard: real positions [12, L) then padding; only L-1 onwards is ignored.
+    const at::Tensor last_labels = shards[sp - 1].labels;
+    const int64_t real = length - (sp - 1) * local;
+    for (int64_t j = 0; j < local; ++j) {
+      EXPECT_EQ(last_labels[0][j].item<int64_t>() == -100, j >= real - 1) << "j=" << j;
+    }
+    EXPECT_EQ(shards[sp - 1].valid_tokens, 2 * (real - 1));
+  }
+}
+
+// A hand-worked packed sample: eod = 3 ends documents; L = 8, sp = 3, so P = 9.
+TEST(DataLoaderPacking, HandWorkedSample) {
+  TempDir dir;
+  const std::string path = dir.file("hand.bin");
+  write_token_file(path, {5, 6, 3, 7, 8, 9, 3, 10}, TokenDType::kUInt16);
+  config::DataOptions data;
+  data.source = "tokens:" + path;
+  data.pack = true;
+  data.eod_token = kEod;
+  const std::vector<int64_t> inputs = {5, 6, 3, 7, 8, 9, 3, 10, 0};
+  const std::vector<int64_t> labels = {6, 3, -100, 8, 9, 3, -100, -100, -100};
+  const std::vector<int64_t> positions = {0, 1, 2, 0, 1, 2, 3, 0, 1};
+  const std::vector<int64_t> doc_ids = {0, 0, 0, 1, 1, 1, 1, 2, 3};
+  int64_t valid = 0;
+  for (int64_t r = 0; r < 3; ++r) {
+    DataLoader loader(data, {8, 1, 1}, kVocab, 1, 0, 3, r);
+    EXPECT_EQ(loader.global_valid_tokens(1), 5);
+    const Batch batch = loader.micro_batch(1, 0);
+    auto slice = [&](const std::vector<int64_t>& row) {
+      return at::tensor(std::vector<int64_t>(row.begin() + 3 * r, row.begin() + 3 * r + 3))
+          .unsqueeze(0);
+    };
+    EXPECT_TRUE(batch.input_ids.equal(slice(inputs))) << "rank " << r;
+    EXPECT_TRUE(batch.labels.equal(slice(labels))) << "rank " << r;
+    EXPECT_TRUE(batch.position_ids.equal(slice(positions))) << "rank " << r;
+    EXPECT_TRUE(batch.doc_ids.equal(at::tensor(doc_ids).unsqueeze(0))) << "rank " << r;
+    valid += batch.valid_tokens;
+  }
+  EXPECT_EQ(valid, 5);
+
+  // Unpacked, the same file: labels cross documents, positions 0..P-1, no doc ids.
+  data.pack = false;
+  const Batch plain = DataLoader(data, {8, 1, 1}, kVocab, 1, 0, 1, 0).micro_batch(1, 0);
+  EXPECT_TRUE(plain.labels.equal(
+      at::tensor(std::vector<int64_t>{6, 3, 7, 8, 9, 3, 10, -100}).unsqueeze(0)));
+  EXPECT_TRUE(plain.position_ids.equal(at::arange(8, at::kLong).unsqueeze(0)));
+  EXPECT_FALSE(plain.doc_ids.defined());
+  EXPECT_EQ(plain.valid_tokens, 7);
+}
+
+TEST(DataLoaderSynthetic, DeterministicAcrossLoaders) {
+  config::DataOptions data;
+  data.seed = 21;
+  data.pack = true;
+  const config::SequenceOptions seq{33, 2, 2};
+  DataLoader first(data, seq, kVocab, 2, 1, 3, 2);
+  DataLoader second(data, seq, kVocab, 2, 1, 3, 2);
+  (void)second.micro_batch(4, 1);  // reading other batches first changes nothing
+  for (int64_t step : {1, 2, 7}) {
+    for (int64_t micro : {0, 1}) {
+      const Batch a = first.micro_batch(step, micro);
+      const Batch b = second.micro_batch(step, micro);
+      EXPECT_TRUE(a.input_ids.equal(b.input_ids));
+      EXPECT_TRUE(a.labels.equal(b.labels));
+      EXPECT_TRUE(a.position_ids.equal(b.position_ids));
+      EXPECT_TRUE(a.doc_ids.equal(b.doc_ids));
+    }
+    EXPECT_EQ(first.global_valid_tokens(step), second.global_valid_tokens(step));
+  }
+  EXPECT_FALSE(first.micro_batch(1, 0).input_ids.equal(first.micro_batch(2, 0).input_ids));
+
+  // The evaluation loader: same class, eval's source and seed.
+  config::EvalOptions eval;
+  eval.source = "synthetic";
+  eval.seed = 99;
+  DataLoader eval_loader(eval_data_options(data, eval), seq, kVocab, 2, 1, 3, 2, "eval.source");
+  EXPECT_FALSE(eval_loader.micro_batch(1, 0).input_ids.equal(first.micro_batch(1, 0).input_ids));
+  EXPECT_TRUE(eval_loader.micro_batch(1, 0).doc_ids.defined());
+}
+
+TEST(DataLoaderErrors, BadInputNamesTheKeyOrFile) {
+  TempDir dir;
+  config::DataOptions data;
+  const config::SequenceOptions seq{16, 1, 1};
+  expect_user_error(
+      [&] {
+        DataLoader(data, {0, 1, 1}, kVocab, 1, 0, 1, 0);
+      },
+      {"sequence.length", "0"});
+  expect_user_error(
+      [&] {
+        DataLoader(data, {16, 0, 1}, kVocab, 1, 0, 1, 0);
+      },
+      {"sequence.micro_batch"});
+  expect_user_error(
+      [&] {
+        DataLoader(data, {16, 1, 0}, kVocab, 1, 0, 1, 0);
+      },
+      {"sequence.grad_accum"});
+  expect_user_error([&] { DataLoader(data, seq, 0, 1, 0, 1, 0); }, {"model.vocab_size"});
+
+  data.source = "tokenz:/x";
+  expect_user_error([&] { DataLoader(data, seq, kVocab, 1, 0, 1, 0); }, {"data.source", "tokenz"});
+  data.source = "tokens:" + dir.file("absent.bin");
+  expect_user_error([&] { DataLoader(data, seq, kVocab, 1, 0, 1, 0); },
+                    {"data.source", dir.file("absent.bin"), "cannot open"});
+  config::EvalOptions eval;
+  eval.source = "megatron:" + dir.file("absent");
+  expect_user_error(
+      [&] { DataLoader(eval_data_options(data, eval), seq, kVocab, 1, 0, 1, 0, "eval.source"); },
+      {"eval.source", dir.file("absent") + ".bin"});
+
+  const std::string short_file = dir.file("short.bin");
+  write_token_file(short_file, std::vector<int64_t>(15, 1), TokenDType::kUInt16);
+  data.source = "tokens:" + short_file;
+  expect_user_error([&] { DataLoader(data, seq, kVocab, 1, 0, 1, 0); },
+                    {short_file, "too short", "15 tokens"});
+
+  const std::string big_file = dir.file("big.bin");
+  std::vector<int64_t> tokens(32, 1);
+  tokens[20] = kVocab;  // in sample 1
+  write_token_file(big_file, tokens, TokenDType::kUInt16);
+  data.source = "tokens:" + big_file;
+  DataLoader loader(data, seq, kVocab, 1, 0, 1, 0);
+  EXPECT_NO_THROW(loader.micro_batch(1, 0));
+  expect_user_error([&] { loader.micro_batch(2, 0); }, {big_file, "token 97", "offset 20"});
+}
+
+}  // namespace
+}  // namespace ulysses::data
