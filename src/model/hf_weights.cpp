@@ -1,0 +1,113 @@
+// HF safetensors weights <-> LlamaForCausalLM (see hf_weights.h).
+#include "model/hf_weights.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "model/safetensors.h"
+
+namespace ulysses::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string shape_string(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+// The weight files of an HF directory: those the index lists, else model.safetensors, else all.
+std::vector<std::string> weight_files(const std::string& dir) {
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> files;
+  if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw UserError(index_path.string() + ": not valid JSON (" + e.what() + ")");
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      throw UserError(index_path.string() + ": has no \"weight_map\" object");
+    }
+    std::set<std::string> unique;
+    for (const auto& file : index["weight_map"]) {
+      if (!file.is_string()) {
+        throw UserError(index_path.string() + ": weight_map value not a string");
+      }
+      unique.insert(file.get<std::string>());
+    }
+    for (const auto& file : unique) files.push_back((fs::path(dir) / file).string());
+  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    files.push_back((fs::path(dir) / "model.safetensors").string());
+  } else {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().extension() == ".safetensors") files.push_back(entry.path().string());
+    }
+    if (ec) throw UserError(dir + ": cannot list the model directory: " + ec.message());
+    std::sort(files.begin(), files.end());
+  }
+  if (files.empty()) throw UserError(dir + ": no *.safetensors weight files");
+  return files;
+}
+
+bool ignored(const std::string& name, bool tied) {
+  const std::string rotary_suffix = "rotary_emb.inv_freq";
+  return (tied && name == "lm_head.weight") ||
+         (name.size() >= rotary_suffix.size() &&
+          name.compare(name.size() - rotary_suffix.size(), rotary_suffix.size(), rotary_suffix) ==
+              0);
+}
+
+}  // namespace
+
+void load_hf_weights(LlamaForCausalLM& model, const std::string& dir) {
+  std::map<std::string, at::Tensor> params;
+  for (auto& item : model->named_parameters(/*recurse=*/true)) params[item.key()] = item.value();
+  const bool tied = model->options().tie_embeddings;
+  std::set<std::string> loaded;
+
+  torch::NoGradGuard no_grad;
+  for (const std::string& file : weight_files(dir)) {
+    for (auto& [name, tensor] : load_safetensors(file)) {
+      if (ignored(name, tied)) continue;
+      auto param = params.find(name);
+      if (param == params.end()) {
+        throw UserError(file + ": tensor '" + name + "' is not a parameter of this model " +
+                        "(check model.num_layers / tie_embeddings)");
+      }
+      if (!loaded.insert(name).second) {
+        throw UserError(file + ": tensor '" + name + "' appears in more than one file");
+      }
+      if (tensor.sizes() != param->second.sizes()) {
+        throw UserError(file + ": tensor '" + name + "' has shape " + shape_string(tensor.sizes()) +
+                        ", the model expects " + shape_string(param->second.sizes()));
+      }
+      param->second.copy_(tensor);
+    }
+  }
+  for (const auto& item : params) {
+    if (!loaded.count(item.first)) {
+      throw UserError(dir + ": tensor '" + item.first + "' is missing from the weight files");
+    }
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> hf_state(LlamaForCausalLM& model) {
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (auto& item : model->named_parameters(/*recurse=*/true)) {
+    state.emplace_back(item.key(), item.value().detach());
+  }
+  return state;
+}
+
+}  // namespace ulysses::model

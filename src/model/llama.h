@@ -1,0 +1,98 @@
+// The Llama-family decoder (SPEC 5.1) with HF module names, so named_parameters() yields
+// "model.embed_tokens.weight", "model.layers.<i>.self_attn.q_proj.weight", ...,
+// "model.norm.weight", "lm_head.weight" (absent with tie_embeddings) in HF's order.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+
+#include "config/options.h"
+#include "model/attention_core.h"
+#include "model/llama_decoder_layer.h"
+#include "model/plain_layers.h"
+#include "model/rms_norm.h"
+#include "model/rotary.h"
+
+namespace ulysses::model {
+
+// Runs one decoder layer; the default calls layer.forward. Memory features (activation
+// checkpointing, offload) install their own to wrap each layer.
+// x [bs, T, h]; cos/sin [bs, T, hd] -> [bs, T, h].
+using LayerRunner = std::function<at::Tensor(LlamaDecoderLayerImpl& layer, const at::Tensor& x,
+                                             const at::Tensor& cos, const at::Tensor& sin,
+                                             const AttentionContext& ctx)>;
+
+// HF LlamaModel: embed_tokens, layers, norm. RoPE tables are computed once per forward.
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const config::ModelOptions& options);
+
+  // input_ids [bs, T] int64, position_ids [bs, T] int64 global positions -> [bs, T, h],
+  // final-normed. Layer i sees ctx with layer_index = i, and run_core = ctx.run_core unless
+  // skip_all_but_last is set, in which case only the last layer runs its core.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                     const AttentionContext& ctx);
+
+  LlamaDecoderLayer layer(int64_t index) const;  // REQUIRES: 0 <= index < num_layers()
+  int64_t num_layers() const { return static_cast<int64_t>(layers->size()); }
+  const RotaryEmbedding& rotary() const { return rotary_; }
+
+  Embedding embed_tokens{nullptr};        // weight [V, h]
+  torch::nn::ModuleList layers{nullptr};  // L x LlamaDecoderLayer
+  RMSNorm norm{nullptr};                  // weight [h]
+
+  LayerRunner layer_runner;        // empty = layer.forward
+  bool skip_all_but_last = false;  // attention.skip_all_but_last (SPEC 5.2)
+
+ private:
+  RotaryEmbedding rotary_;
+};
+TORCH_MODULE(LlamaModel);
+
+// HF LlamaForCausalLM: `model` and, unless tie_embeddings, `lm_head`. The LM head and loss are
+// applied by the caller (lm_loss.h) from forward_hidden() and lm_head_weight(), so that they can be
+// tiled. Construction draws every weight on CPU in fp32 from init_llama_weights(seed =
+// options.init_seed); move with .to(device, dtype) afterwards.
+// Throws UserError("model.<field>: ...") for unusable shapes.
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  // options.head_dim 0 means hidden_size / num_heads.
+  explicit LlamaForCausalLMImpl(const config::ModelOptions& options);
+
+  // input_ids [bs, T] int64, position_ids [bs, T] int64 -> final-normed hidden [bs, T, h].
+  at::Tensor forward_hidden(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                            const AttentionContext& ctx);
+
+  // The LM head weight [V, h]: lm_head.weight, or model.embed_tokens.weight when tied.
+  at::Tensor lm_head_weight() const;
+
+  // Every layer's attention uses `core` (REQUIRES: not null; shared by all layers).
+  void set_attention_core(std::shared_ptr<AttentionCore> core);
+  // The core of layer 0: the one set_attention_core installed in every layer.
+  std::shared_ptr<AttentionCore> attention_core() const;
+  // attention.skip_all_but_last: all but the last layer skip their attention core.
+  void set_skip_all_but_last(bool skip) { model->skip_all_but_last = skip; }
+  // Wraps every layer call (activation checkpointing); an empty runner restores the default.
+  void set_layer_runner(LayerRunner runner) { model->layer_runner = std::move(runner); }
+
+  // The options with head_dim resolved.
+  const config::ModelOptions& options() const { return options_; }
+
+  LlamaModel model{nullptr};
+  Linear lm_head{nullptr};  // weight [V, h]; null when tie_embeddings
+
+ private:
+  config::ModelOptions options_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Deterministic init: walks module.named_parameters() in order and, with one local CPU generator
+// seeded with `seed`, fills every 2-D parameter (Linear/Embedding weight) with N(0, std) drawn in
+// fp32 and every 1-D parameter (norm weight) with 1. Same seed and shapes -> bit-identical weights
+// on every rank and mesh. REQUIRES: parameters on CPU, fp32.
+void init_llama_weights(torch::nn::Module& module, uint64_t seed, double std);
+
+}  // namespace ulysses::model

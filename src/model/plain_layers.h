@@ -1,0 +1,36 @@
+// Bias-free Linear and token Embedding as bare weight holders. Unlike torch::nn::Linear/Embedding
+// they draw nothing from the global RNG: weights start at zero and init_llama_weights (llama.h)
+// fills them from its own seeded generator.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace ulysses::model {
+
+// y = x W^T. HF name of the parameter: "weight".
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features) {
+    weight = register_parameter("weight", torch::zeros({out_features, in_features}));
+  }
+  // x [..., in] -> [..., out]
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight); }
+
+  at::Tensor weight;  // [out, in]
+};
+TORCH_MODULE(Linear);
+
+// Row lookup of token ids. HF name of the parameter: "weight".
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t vocab_size, int64_t hidden_size) {
+    weight = register_parameter("weight", torch::zeros({vocab_size, hidden_size}));
+  }
+  // ids [bs, T] int64 in [0, V) -> [bs, T, h]
+  at::Tensor forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
+
+  at::Tensor weight;  // [V, h]
+};
+TORCH_MODULE(Embedding);
+
+}  // namespace ulysses::model

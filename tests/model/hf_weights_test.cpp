@@ -1,0 +1,156 @@
+// HF weights: hf_state -> safetensors -> load_hf_weights reproduces the forward exactly, sharded
+// checkpoints with an index, tied embeddings, and clear errors.
+#include "model/hf_weights.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "model/safetensors.h"
+#include "model_test_util.h"
+
+namespace ulysses::model {
+namespace {
+
+using testing::TempDir;
+using testing::tiny_options;
+
+at::Tensor forward_of(LlamaForCausalLM& model) {
+  torch::manual_seed(21);
+  at::Tensor ids = torch::randint(0, 37, {2, 7}, at::kLong);
+  at::Tensor pos = at::arange(7, at::kLong).unsqueeze(0).repeat({2, 1});
+  return model->forward_hidden(ids, pos, {});  // [2, 7, h]
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfWeights, SaveThenLoadGivesIdenticalForward) {
+  TempDir dir;
+  LlamaForCausalLM source(tiny_options(false, 1)), target(tiny_options(false, 2));
+  save_safetensors(dir.file("model.safetensors"), hf_state(source), {{"format", "pt"}});
+  ASSERT_FALSE(at::equal(forward_of(source), forward_of(target)));
+  load_hf_weights(target, dir.str());
+  EXPECT_TRUE(at::equal(forward_of(source), forward_of(target)));
+  EXPECT_TRUE(at::equal(source->lm_head_weight(), target->lm_head_weight()));
+}
+
+TEST(HfWeights, ShardedCheckpointWithIndex) {
+  TempDir dir;
+  LlamaForCausalLM source(tiny_options(false, 3)), target(tiny_options(false, 4));
+  auto state = hf_state(source);
+  const size_t split = state.size() / 2;
+  std::vector<std::pair<std::string, at::Tensor>> first(state.begin(), state.begin() + split),
+      second(state.begin() + split, state.end());
+  save_safetensors(dir.file("model-00001-of-00002.safetensors"), first);
+  save_safetensors(dir.file("model-00002-of-00002.safetensors"), second);
+  // A stray file that the index does not list must not be read.
+  save_safetensors(dir.file("stray.safetensors"), {{"junk", torch::ones({1})}});
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}},
+                          {"weight_map", nlohmann::json::object()}};
+  for (size_t i = 0; i < state.size(); ++i) {
+    index["weight_map"][state[i].first] =
+        i < split ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  std::ofstream(dir.file("model.safetensors.index.json")) << index.dump(2);
+  load_hf_weights(target, dir.str());
+  EXPECT_TRUE(at::equal(forward_of(source), forward_of(target)));
+}
+
+TEST(HfWeights, ModelFileBesideOtherSafetensorsOrShardsWithoutIndex) {
+  LlamaForCausalLM source(tiny_options(false, 10)), target(tiny_options(false, 11));
+  auto state = hf_state(source);
+  {
+    TempDir dir;  // a training checkpoint: only model.safetensors holds weights
+    save_safetensors(dir.file("model.safetensors"), state);
+    save_safetensors(dir.file("optimizer.safetensors"), {{"exp_avg.0", torch::ones({2})}});
+    load_hf_weights(target, dir.str());
+    EXPECT_TRUE(at::equal(forward_of(source), forward_of(target)));
+  }
+  LlamaForCausalLM other(tiny_options(false, 12));
+  {
+    TempDir dir;  // shards without an index: every *.safetensors file
+    std::vector<std::pair<std::string, at::Tensor>> first(state.begin(), state.begin() + 5),
+        second(state.begin() + 5, state.end());
+    save_safetensors(dir.file("part-a.safetensors"), first);
+    save_safetensors(dir.file("part-b.safetensors"), second);
+    load_hf_weights(other, dir.str());
+    EXPECT_TRUE(at::equal(forward_of(source), forward_of(other)));
+  }
+}
+
+TEST(HfWeights, TiedModelOmitsAndIgnoresLmHead) {
+  TempDir dir;
+  LlamaForCausalLM source(tiny_options(true, 5)), target(tiny_options(true, 6));
+  auto state = hf_state(source);
+  for (const auto& item : state) EXPECT_NE(item.first, "lm_head.weight");
+  EXPECT_EQ(state.front().first, "model.embed_tokens.weight");
+  EXPECT_EQ(state.back().first, "model.norm.weight");
+  state.emplace_back("lm_head.weight", torch::zeros({37, 16}));  // as some HF exports have it
+  save_safetensors(dir.file("model.safetensors"), state);
+  load_hf_weights(target, dir.str());
+  EXPECT_TRUE(at::equal(forward_of(source), forward_of(target)));
+}
+
+TEST(HfWeights, LoadsBf16IntoFp32Parameters) {
+  TempDir dir;
+  LlamaForCausalLM source(tiny_options(false, 7)), target(tiny_options(false, 8));
+  std::vector<std::pair<std::string, at::Tensor>> bf16_state;
+  for (auto& [name, t] : hf_state(source)) bf16_state.emplace_back(name, t.to(at::kBFloat16));
+  save_safetensors(dir.file("model.safetensors"), bf16_state);
+  load_hf_weights(target, dir.str());
+  auto params = target->named_parameters();
+  for (auto& [name, t] : bf16_state) {
+    EXPECT_EQ(params[name].scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(params[name], t.to(at::kFloat))) << name;
+  }
+}
+
+TEST(HfWeights, ClearErrors) {
+  LlamaForCausalLM model(tiny_options(false, 9));
+  {
+    TempDir dir;
+    EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
+              dir.str() + ": no *.safetensors weight files");
+  }
+  {
+    TempDir dir;  // missing tensor
+    auto state = hf_state(model);
+    state.erase(state.begin() + 4);  // embed, q, k, v, o_proj
+    save_safetensors(dir.file("model.safetensors"), state);
+    EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
+              dir.str() + ": tensor 'model.layers.0.self_attn.o_proj.weight' is missing from the " +
+                  "weight files");
+  }
+  {
+    TempDir dir;  // wrong shape
+    auto state = hf_state(model);
+    state[1].second = torch::zeros({3, 16});
+    save_safetensors(dir.file("model.safetensors"), state);
+    EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
+              dir.file("model.safetensors") + ": tensor 'model.layers.0.self_attn.q_proj.weight' " +
+                  "has shape [3, 16], the model expects [16, 16]");
+  }
+  {
+    TempDir dir;  // a checkpoint with more layers than the config
+    config::ModelOptions three = tiny_options(false, 9);
+    three.num_layers = 3;
+    LlamaForCausalLM bigger(three);
+    save_safetensors(dir.file("model.safetensors"), hf_state(bigger));
+    const std::string what = error_of([&] { load_hf_weights(model, dir.str()); });
+    EXPECT_NE(what.find("'model.layers.2."), std::string::npos) << what;
+    EXPECT_NE(what.find("is not a parameter of this model"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace ulysses::model
