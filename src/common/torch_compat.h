@@ -32,3 +32,18 @@ inline constexpr bool kHasCuda = false;
 inline constexpr bool kHasSdpa = ULYSSES_TORCH2;
 
 }  // namespace ulysses::compat
+
+namespace ulysses::compat {
+
+// Runtime failures of c10d (store, backend, network) thrown when a collective starts, e.g. NCCL
+// communicator setup: c10::DistError in 2.x. LibTorch 1.13 has no distinct type (it throws
+// c10::Error, which also means a bad argument), so there this class is never thrown.
+#if ULYSSES_TORCH2
+using DistError = c10::DistError;
+#else
+struct DistError : public c10::Error {
+  using c10::Error::Error;
+};
+#endif
+
+}  // namespace ulysses::compat

@@ -1,0 +1,166 @@
+// Blocking collectives over a c10d backend (see group.h).
+#include "comm/group.h"
+
+#include <numeric>
+#include <utility>
+
+#include "comm/errors.h"
+
+namespace ulysses::comm {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return c10d::ReduceOp(c10d::ReduceOp::SUM);
+    case ReduceOp::kMax:
+      return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case ReduceOp::kMin:
+      return c10d::ReduceOp(c10d::ReduceOp::MIN);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
+}
+
+// Gloo has no bfloat16 kernels (LibTorch 1.13): such tensors travel as float32, which is exact
+// for every collective here except all_reduce, whose sum is then rounded once at the end.
+bool travels_as_float(const at::Tensor& t, bool is_gloo) {
+  return is_gloo && t.scalar_type() == at::kBFloat16;
+}
+
+// `t` as the contiguous tensor handed to the backend.
+at::Tensor wire_tensor(const at::Tensor& t, bool is_gloo) {
+  return travels_as_float(t, is_gloo) ? t.to(at::kFloat).contiguous() : t.contiguous();
+}
+
+int64_t sum_of(const std::vector<int64_t>& splits) {
+  return std::accumulate(splits.begin(), splits.end(), int64_t{0});
+}
+
+}  // namespace
+
+Group Group::single(std::string name, int global_rank) {
+  Group group;
+  group.name_ = std::move(name);
+  group.global_ranks_ = {global_rank};
+  group.rank_ = 0;
+  return group;
+}
+
+Group::Group(std::string name, std::vector<int> global_ranks, int rank,
+             c10::intrusive_ptr<compat::CollectiveBackend> backend, const at::Device& device,
+             double timeout_s)
+    : name_(std::move(name)),
+      global_ranks_(std::move(global_ranks)),
+      rank_(rank),
+      backend_(std::move(backend)),
+      device_(device),
+      timeout_s_(timeout_s) {
+  TORCH_INTERNAL_ASSERT(backend_, "group ", name_, ": null backend");
+  is_gloo_ = backend_->getBackendName() == "gloo";
+  TORCH_INTERNAL_ASSERT(global_ranks_.size() >= 2 && backend_->getSize() == size(), "group ", name_,
+                        ": backend size ", backend_->getSize(), " != ", size(), " ranks");
+  TORCH_INTERNAL_ASSERT(rank_ >= 0 && rank_ < size() && backend_->getRank() == rank_);
+}
+
+std::string Group::backend_name() const {
+  return backend_ ? backend_->getBackendName() : std::string("none");
+}
+
+template <typename StartFn>
+void Group::run(const char* op, StartFn&& start) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = start();
+  } catch (const compat::DistError& e) {  // e.g. NCCL communicator setup with a dead peer
+    throw CommError(describe_comm_failure(op, name_, timeout_s_, exception_text(e)));
+  }
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw CommError(describe_comm_failure(op, name_, timeout_s_, exception_text(e)));
+  }
+}
+
+void Group::all_reduce(at::Tensor& t, ReduceOp op) {
+  if (!backend_) return;
+  std::vector<at::Tensor> tensors = {wire_tensor(t, is_gloo_)};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  run("all_reduce", [&] { return backend_->allreduce(tensors, options); });
+  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
+}
+
+at::Tensor Group::all_to_all_single(const at::Tensor& input,
+                                    const std::vector<int64_t>& output_splits,
+                                    const std::vector<int64_t>& input_splits) {
+  TORCH_CHECK(input.dim() >= 1, "all_to_all_single on group ", name_, ": input must have dim >= 1");
+  const int64_t rows = input.size(0);
+  TORCH_CHECK(input_splits.empty() || static_cast<int>(input_splits.size()) == size(),
+              "all_to_all_single on group ", name_, ": ", input_splits.size(), " input splits for ",
+              size(), " ranks");
+  TORCH_CHECK(output_splits.empty() || static_cast<int>(output_splits.size()) == size(),
+              "all_to_all_single on group ", name_, ": ", output_splits.size(),
+              " output splits for ", size(), " ranks");
+  TORCH_CHECK(input_splits.empty() || sum_of(input_splits) == rows, "all_to_all_single on group ",
+              name_, ": input splits sum to ", sum_of(input_splits), " but dim 0 is ", rows);
+  TORCH_CHECK(!input_splits.empty() || rows % size() == 0, "all_to_all_single on group ", name_,
+              ": dim 0 (", rows, ") is not divisible by the group size ", size());
+  const int64_t out_rows = output_splits.empty() ? rows : sum_of(output_splits);
+  std::vector<int64_t> out_shape = input.sizes().vec();
+  out_shape[0] = out_rows;
+
+  if (!backend_) {
+    TORCH_CHECK(out_rows == rows, "all_to_all_single on group ", name_, ": output splits sum to ",
+                out_rows, " but this single rank sends ", rows);
+    return input.clone(at::MemoryFormat::Contiguous);
+  }
+  at::Tensor in = wire_tensor(input, is_gloo_);
+  at::Tensor out = at::empty(out_shape, in.options());  // [out_rows, ...]
+  std::vector<int64_t> out_counts = output_splits;
+  std::vector<int64_t> in_counts = input_splits;
+  run("all_to_all", [&] { return backend_->alltoall_base(out, in, out_counts, in_counts); });
+  return out.to(input.scalar_type());
+}
+
+at::Tensor Group::all_gather(const at::Tensor& t) {
+  std::vector<int64_t> out_shape = {static_cast<int64_t>(size())};
+  for (int64_t s : t.sizes()) out_shape.push_back(s);
+  if (!backend_) return t.unsqueeze(0).clone(at::MemoryFormat::Contiguous);
+
+  at::Tensor in = wire_tensor(t, is_gloo_);
+  at::Tensor out = at::empty(out_shape, in.options());  // [size, ...t.shape]
+  if (!is_gloo_) {                                      // NCCL gathers into one flat buffer
+    run("all_gather", [&] { return backend_->_allgather_base(out, in); });
+    return out;
+  }
+  std::vector<at::Tensor> inputs = {in};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int i = 0; i < size(); ++i) outputs[0].push_back(out[i]);  // contiguous views of out
+  run("all_gather", [&] { return backend_->allgather(outputs, inputs); });
+  return out.to(t.scalar_type());
+}
+
+void Group::broadcast(at::Tensor& t, int root) {
+  TORCH_CHECK(root >= 0 && root < size(), "broadcast on group ", name_, ": root ", root,
+              " is outside 0..", size() - 1);
+  if (!backend_) return;
+  std::vector<at::Tensor> tensors = {wire_tensor(t, is_gloo_)};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  run("broadcast", [&] { return backend_->broadcast(tensors, options); });
+  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
+}
+
+void Group::barrier() {
+  if (!backend_) return;
+  if (device_.is_cuda()) {
+    // NCCL's own barrier guesses the device; a one-element all-reduce on ours is explicit.
+    std::vector<at::Tensor> tensors = {at::zeros({1}, at::TensorOptions().device(device_))};
+    run("barrier", [&] { return backend_->allreduce(tensors); });
+    tensors[0].cpu();  // the host waits for the device
+    return;
+  }
+  run("barrier", [&] { return backend_->barrier(); });
+}
+
+}  // namespace ulysses::comm

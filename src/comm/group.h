@@ -1,0 +1,103 @@
+// A process group over a subset of the job's ranks, with the few blocking collectives the
+// training stack needs (STYLE 5): all_reduce, all_to_all_single, all_gather, broadcast, barrier.
+// Backed by c10d ProcessGroupGloo (CPU tensors; CUDA tensors work too) or ProcessGroupNCCL (CUDA).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/torch_compat.h"
+
+namespace ulysses::comm {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// Every collective must be called by all members of the group, in the same order, with tensors
+// of the same dtype and device (and shapes as each call states). Collectives block until the
+// result can be used: on CPU the data is in place when they return; on CUDA with NCCL the
+// caller's current stream is ordered after the collective (the host does not wait).
+// Failures while the collective runs (peer died, connection lost, timeout after the group's
+// timeout) throw CommError with a one-line message naming the collective and the group.
+// With NCCL the host does not wait, so a hung collective is caught by ProcessGroupNCCL's watchdog
+// after the timeout, which aborts the process (TORCH_NCCL_ASYNC_ERROR_HANDLING, the default);
+// set TORCH_NCCL_BLOCKING_WAIT=1 to have the host wait and get CommError instead.
+// Invalid arguments (splits not matching shapes, root out of range) trip TORCH_CHECK.
+//
+// A group of size 1 has no backend: all_reduce and broadcast leave the tensor unchanged,
+// all_to_all_single and all_gather return copies.
+// bfloat16 tensors travel as float32 over Gloo (which has no bfloat16 kernels); results keep the
+// caller's dtype.
+// Copies of a Group share its backend (like c10d process-group handles). Not thread-safe: call
+// collectives of one group from one thread.
+//
+// Invariants: 0 <= rank() < size() == global_ranks().size(); backend_ is null iff size() == 1.
+class Group {
+ public:
+  Group() = default;  // a group of one rank named "single" (global rank 0)
+
+  // A group of one rank (global rank `global_rank`), without any backend.
+  static Group single(std::string name, int global_rank);
+
+  // A group over `global_ranks` (sorted, containing this process's rank at index `rank`),
+  // running its collectives on `backend`, which was created for exactly these ranks; `device`
+  // is where this rank's tensors live (barrier() uses it). `timeout_s` is the backend's
+  // collective timeout, used in error messages.
+  // REQUIRES: backend != nullptr, backend->getSize() == global_ranks.size() >= 2,
+  // backend->getRank() == rank.
+  Group(std::string name, std::vector<int> global_ranks, int rank,
+        c10::intrusive_ptr<compat::CollectiveBackend> backend, const at::Device& device,
+        double timeout_s);
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(global_ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  const std::string& name() const { return name_; }
+  // Backend name: "gloo", "nccl", or "none" for a group of size 1.
+  std::string backend_name() const;
+  // The c10d backend (null for a group of size 1), for a collective this class does not wrap.
+  const c10::intrusive_ptr<compat::CollectiveBackend>& backend_handle() const { return backend_; }
+
+  // In place: every member's `t` becomes the elementwise reduction over members.
+  // `t` may be non-contiguous (a contiguous copy is reduced and copied back).
+  void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum);  // [any]
+
+  // Along dim 0: member r's chunk j (input_splits[j] rows, in order) goes to member j, and the
+  // result holds the chunks received from members 0..size-1 in order (output_splits[i] rows
+  // from member i). Empty splits mean equal chunks: input.size(0) % size() == 0 and the output
+  // has input's shape. Returns a new contiguous tensor; `input` is not modified.
+  // REQUIRES: input.dim() >= 1; splits empty or of length size() with sum(input_splits) ==
+  // input.size(0); output_splits must match what the peers send.
+  at::Tensor all_to_all_single(const at::Tensor& input,  // [n, ...]
+                               const std::vector<int64_t>& output_splits = {},
+                               const std::vector<int64_t>& input_splits = {});
+  // returns [sum(output_splits) or n, ...]
+
+  // Returns [size, ...t.shape]: slice i is member i's `t`. Shapes must be equal on all members.
+  at::Tensor all_gather(const at::Tensor& t);  // [...] -> [size, ...]
+
+  // In place: every member's `t` becomes member `root`'s `t` (root is a group rank).
+  // REQUIRES: 0 <= root < size().
+  void broadcast(at::Tensor& t, int root);  // [any]
+
+  // Returns once every member has called barrier() (host-side, also with NCCL).
+  void barrier();
+
+ private:
+  // Starts a collective with `start` (argument errors propagate unchanged), waits for it and
+  // turns a failure while waiting into CommError.
+  template <typename StartFn>
+  void run(const char* op, StartFn&& start);
+
+  std::string name_ = "single";
+  std::vector<int> global_ranks_ = {0};
+  int rank_ = 0;
+  c10::intrusive_ptr<compat::CollectiveBackend> backend_;  // null for size 1
+  at::Device device_ = at::Device(at::kCPU);
+  bool is_gloo_ = false;  // Gloo lacks bfloat16: such tensors travel as float32
+  double timeout_s_ = 0.0;
+};
+
+}  // namespace ulysses::comm

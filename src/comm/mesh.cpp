@@ -1,0 +1,119 @@
+// DeviceMesh construction: one store, one arrival barrier, then the world, SP and DP backends
+// (see mesh.h).
+#include "comm/mesh.h"
+
+#include <atomic>
+#include <sstream>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "comm/rendezvous.h"
+
+namespace ulysses::comm {
+namespace {
+
+// Numbers the meshes a process creates so that each gets its own keys in a shared store; every
+// rank creates its meshes in the same order, so the numbers agree across ranks.
+std::atomic<int> g_meshes_created{0};
+
+std::string join(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  return out.str();
+}
+
+int index_of(const std::vector<int>& ranks, int rank) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == rank) return static_cast<int>(i);
+  }
+  TORCH_INTERNAL_ASSERT(false, "rank ", rank, " is not in its own group");
+}
+
+// Everything a subgroup needs from the mesh under construction.
+struct GroupFactory {
+  const DistEnv& env;
+  const c10::intrusive_ptr<c10d::Store>& store;
+  const std::string& key_prefix;  // "ulysses/mesh<k>"
+  const std::string& backend;
+  const at::Device& device;
+  double timeout_s;
+  c10::intrusive_ptr<compat::CollectiveBackend> world_backend;  // set once the world exists
+
+  std::unique_ptr<Group> make(const std::string& name, int index, const std::vector<int>& ranks) {
+    const int rank = index_of(ranks, env.rank);
+    if (ranks.size() == 1) return std::make_unique<Group>(Group::single(name, env.rank));
+    if (world_backend && static_cast<int>(ranks.size()) == env.world_size) {
+      return std::make_unique<Group>(name, ranks, rank, world_backend, device, timeout_s);
+    }
+    auto group_store = c10::make_intrusive<c10d::PrefixStore>(
+        key_prefix + "/" + name + "/" + std::to_string(index), store);
+    auto group_backend =
+        create_backend(backend, group_store, rank, static_cast<int>(ranks.size()), timeout_s, env);
+    return std::make_unique<Group>(name, ranks, rank, std::move(group_backend), device, timeout_s);
+  }
+};
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(DeviceMesh&&) noexcept = default;
+DeviceMesh& DeviceMesh::operator=(DeviceMesh&&) noexcept = default;
+DeviceMesh::~DeviceMesh() = default;
+
+DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
+                              const config::CommOptions& opts, const at::Device& device) {
+  check_shape(env.world_size, dp, sp);
+  check_comm_options(opts);
+  const std::string backend = resolve_backend(opts.backend, device);
+
+  DeviceMesh mesh;
+  mesh.rank_ = env.rank;
+  mesh.dp_size_ = dp;
+  mesh.sp_size_ = sp;
+  mesh.device_ = device;
+  if (env.world_size == 1) {
+    mesh.world_ = std::make_unique<Group>(Group::single("world", 0));
+    mesh.sp_ = std::make_unique<Group>(Group::single("sp", 0));
+    mesh.dp_ = std::make_unique<Group>(Group::single("dp", 0));
+    return mesh;
+  }
+  mesh.backend_ = backend;
+  mesh.store_ = create_store(env, opts);
+  const std::string key_prefix = "ulysses/mesh" + std::to_string(g_meshes_created++);
+  wait_for_all_ranks(*mesh.store_, key_prefix, env.world_size, rendezvous_timeout(opts));
+
+  GroupFactory factory{env, mesh.store_, key_prefix, backend, device, opts.timeout_s, {}};
+  std::vector<int> everyone;
+  for (int r = 0; r < env.world_size; ++r) everyone.push_back(r);
+  mesh.world_ = factory.make("world", 0, everyone);
+  factory.world_backend = mesh.world_->backend_handle();
+  mesh.sp_ = factory.make("sp", env.rank / static_cast<int>(sp), sp_group_ranks(env.rank, dp, sp));
+  mesh.dp_ = factory.make("dp", env.rank % static_cast<int>(sp), dp_group_ranks(env.rank, dp, sp));
+  return mesh;
+}
+
+DeviceMesh DeviceMesh::create_for_test(int rank, int world, const std::string& store_path,
+                                       int64_t dp, int64_t sp, double timeout_s,
+                                       const at::Device& device) {
+  DistEnv env;
+  env.rank = rank;
+  env.world_size = world;
+  env.local_rank = rank;
+  env.local_world_size = world;
+  env.source = "test";
+  config::CommOptions opts;
+  opts.timeout_s = timeout_s;
+  opts.store = "file:" + store_path;
+  return create(env, dp, sp, opts, device);
+}
+
+std::string DeviceMesh::describe() const {
+  std::ostringstream out;
+  out << "mesh: world " << world_size() << " = dp " << dp_size_ << " x sp " << sp_size_
+      << " (backend " << backend_ << ", device " << device_ << ")\n";
+  out << "  rank " << rank_ << " sp group " << rank_ / sp_size_ << ": ranks ["
+      << join(sp_->global_ranks()) << "], sp_rank " << sp_rank() << " of " << sp_size_ << "\n";
+  out << "  rank " << rank_ << " dp group " << rank_ % sp_size_ << ": ranks ["
+      << join(dp_->global_ranks()) << "], dp_rank " << dp_rank() << " of " << dp_size_ << "\n";
+  return out.str();
+}
+
+}  // namespace ulysses::comm

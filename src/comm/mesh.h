@@ -1,0 +1,100 @@
+// The dp x sp device mesh of a job: the world group plus this rank's sequence-parallel (SP) and
+// data-parallel (DP) groups, set up by one rendezvous. SP groups are contiguous ranks
+// [i*sp, (i+1)*sp); DP groups are strided {j, j+sp, j+2*sp, ...}.
+//
+//   world 8, dp 2 x sp 4:   sp groups {0,1,2,3} {4,5,6,7}    dp groups {0,4} {1,5} {2,6} {3,7}
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/dist_env.h"
+#include "comm/group.h"
+#include "config/options.h"
+
+namespace ulysses::comm {
+
+// Owns the store and the backends of its groups. Move-only; the Group objects keep their
+// addresses for the mesh's lifetime (moving the mesh does not move them), so callers may keep
+// Group& / Group* (e.g. in autograd contexts) while the mesh lives. Destroy every rank's mesh
+// after a final barrier(), or a TCPStore client may outlive rank 0's server.
+//
+// Invariants: world().size() == dp_size() * sp_size(); sp().global_ranks() ==
+// sp_group_ranks(rank()); dp().global_ranks() == dp_group_ranks(rank()).
+class DeviceMesh {
+ public:
+  // Rendezvous with all env.world_size ranks and build the groups. Store: opts.store ("tcp" =
+  // TCPStore at env.master_addr:master_port served by rank 0, or "file:PATH"); backend:
+  // opts.backend (auto = gloo for CPU `device`, nccl for CUDA); collective timeout opts.timeout_s.
+  // A world of 1 needs no store and no backend. Collective calls must come in the same order on
+  // every rank, and so must calls to create() within one job (each gets its own store keys).
+  // Throws UserError("mesh: ...") when dp < 1, sp < 1 or dp * sp != env.world_size;
+  // UserError("comm.<field>: ...") for bad options; CommError when the peers cannot be reached
+  // within max(opts.timeout_s, 60 s).
+  static DeviceMesh create(const DistEnv& env, int64_t dp, int64_t sp,
+                           const config::CommOptions& opts, const at::Device& device);
+
+  // create() for tests: a single-node world of `world` ranks over a FileStore at `store_path`,
+  // Gloo by default on CPU.
+  static DeviceMesh create_for_test(int rank, int world, const std::string& store_path, int64_t dp,
+                                    int64_t sp, double timeout_s = 60.0,
+                                    const at::Device& device = at::Device(at::kCPU));
+
+  DeviceMesh(DeviceMesh&&) noexcept;
+  DeviceMesh& operator=(DeviceMesh&&) noexcept;
+  ~DeviceMesh();
+
+  Group& world() { return *world_; }
+  Group& sp() { return *sp_; }
+  Group& dp() { return *dp_; }
+
+  int rank() const { return rank_; }
+  int world_size() const { return static_cast<int>(dp_size_ * sp_size_); }
+  int sp_rank() const { return rank_ % static_cast<int>(sp_size_); }
+  int dp_rank() const { return rank_ / static_cast<int>(sp_size_); }
+  int64_t sp_size() const { return sp_size_; }
+  int64_t dp_size() const { return dp_size_; }
+  const at::Device& device() const { return device_; }
+  const std::string& backend() const { return backend_; }  // gloo | nccl | none (world of 1)
+
+  // Three lines: the world and its dp x sp shape, backend and device, then this rank's SP and DP
+  // groups with their global ranks and this rank's index in each, e.g.
+  //   mesh: world 4 = dp 2 x sp 2 (backend gloo, device cpu)
+  //     rank 3 sp group 1: ranks [2, 3], sp_rank 1 of 2
+  //     rank 3 dp group 1: ranks [1, 3], dp_rank 1 of 2
+  std::string describe() const;
+
+  // --- Pure layout helpers (no processes needed) -------------------------------------------
+  // Throws UserError("mesh: ...") unless dp >= 1, sp >= 1 and dp * sp == world.
+  static void check_shape(int world, int64_t dp, int64_t sp);
+  // The SP group holding `rank`: {i*sp, ..., i*sp + sp-1} with i = rank / sp.
+  // REQUIRES: check_shape(dp*sp, dp, sp) passes, 0 <= rank < dp*sp (TORCH_CHECK).
+  static std::vector<int> sp_group_ranks(int rank, int64_t dp, int64_t sp);
+  // The DP group holding `rank`: {j, j+sp, ..., j+(dp-1)*sp} with j = rank % sp. REQUIRES as above.
+  static std::vector<int> dp_group_ranks(int rank, int64_t dp, int64_t sp);
+  // All dp SP groups, in order of their first rank; together a partition of 0..dp*sp-1.
+  static std::vector<std::vector<int>> all_sp_groups(int64_t dp, int64_t sp);
+  // All sp DP groups, in order of their first rank; together a partition of 0..dp*sp-1.
+  static std::vector<std::vector<int>> all_dp_groups(int64_t dp, int64_t sp);
+  // Every (dp, sp) with dp * sp == world, in increasing sp. REQUIRES: world >= 1.
+  static std::vector<std::pair<int64_t, int64_t>> valid_shapes(int world);
+
+ private:
+  DeviceMesh() = default;
+
+  c10::intrusive_ptr<c10d::Store> store_;  // declared first: destroyed after the groups
+  std::unique_ptr<Group> world_;
+  std::unique_ptr<Group> sp_;
+  std::unique_ptr<Group> dp_;
+  int rank_ = 0;
+  int64_t dp_size_ = 1;
+  int64_t sp_size_ = 1;
+  at::Device device_ = at::Device(at::kCPU);
+  std::string backend_ = "none";
+};
+
+}  // namespace ulysses::comm
