@@ -33,12 +33,27 @@ std::string make_temp_dir() {
   return std::string(buf.data());
 }
 
+// Index of this run_ranks call within the current test, so that a child re-executing a test with
+// several run_ranks calls runs only the call it was started for.
+int next_call_index() {
+  static std::string test_name;
+  static int calls = 0;
+  const std::string current = current_test_filter();
+  if (current != test_name) {
+    test_name = current;
+    calls = 0;
+  }
+  return calls++;
+}
+
 }  // namespace
 
 bool in_rank_child() { return std::getenv("ULYSSES_TEST_RANK") != nullptr; }
 
 void run_ranks(int world, const std::function<void(const RankContext&)>& body, double timeout_s) {
+  const int call_index = next_call_index();
   if (in_rank_child()) {
+    if (call_index != std::atoi(std::getenv("ULYSSES_TEST_CALL"))) return;  // another call's ranks
     RankContext ctx;
     ctx.rank = std::atoi(std::getenv("ULYSSES_TEST_RANK"));
     ctx.world = std::atoi(std::getenv("ULYSSES_TEST_WORLD"));
@@ -68,6 +83,7 @@ void run_ranks(int world, const std::function<void(const RankContext&)>& body, d
     env_strings.push_back("ULYSSES_TEST_WORLD=" + std::to_string(world));
     env_strings.push_back("ULYSSES_TEST_STORE=" + store);
     env_strings.push_back("ULYSSES_TEST_TMP=" + temp_dir);
+    env_strings.push_back("ULYSSES_TEST_CALL=" + std::to_string(call_index));
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);

@@ -5,7 +5,9 @@
 // all children (killing the rest when one fails or the deadline passes) and EXPECTs that every
 // child exited 0. In a child it runs body(ctx) for that rank only and exits: 0 when the body
 // raised no gtest failure and no exception, 1 otherwise. Children share a fresh FileStore path in
-// a temp dir, so tests never clash on ports.
+// a temp dir, so tests never clash on ports. A test may call run_ranks several times: a child runs
+// only the call it was started for (the others return at once in it), so code between calls that
+// must run once belongs under `if (!in_rank_child())`.
 #pragma once
 #include <functional>
 #include <string>

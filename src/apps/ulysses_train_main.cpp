@@ -1,0 +1,82 @@
+// ulysses-train: one rank of a training job. Rank and world come from torchrun, SLURM or Open MPI
+// variables (else a world of 1); see README.md and SPEC section 2.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <sstream>
+
+#include "comm/dist_env.h"
+#include "comm/errors.h"
+#include "comm/mesh.h"
+#include "common/error.h"
+#include "config/run_config.h"
+#include "train/trainer.h"
+
+namespace {
+
+std::string join(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
+bool is_out_of_memory(const std::string& what) {
+  return what.find("out of memory") != std::string::npos ||
+         what.find("can't allocate memory") != std::string::npos ||
+         what.find("std::bad_alloc") != std::string::npos;
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+int run(const std::string& config_path, const std::vector<std::string>& overrides) {
+  using namespace ulysses;
+  const comm::DistEnv env = comm::detect_dist_env();
+  config::RunConfig config = config::load_run_config(config_path, overrides);
+  config::validate(config, env.world_size);
+  const at::Device device = train::select_device(config, env);
+  comm::DeviceMesh mesh =
+      comm::DeviceMesh::create(env, config.mesh.dp, config.mesh.sp, config.comm, device);
+  std::cout << "ulysses-train: rank " << mesh.rank() << " of " << mesh.world().size() << " (dp "
+            << mesh.dp_size() << " x sp " << mesh.sp_size() << "), sp group "
+            << join(mesh.sp().global_ranks()) << ", dp group " << join(mesh.dp().global_ranks())
+            << std::endl;
+  if (config.train.steps == 0 && config.eval.source.empty()) return kExitOk;
+  return train::run_training(config, mesh, device);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ulysses-train: one rank of a Ulysses sequence-parallel training job"};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  app.add_option("--config", config_path, "run config YAML (see experiments/runs/)")
+      ->required();
+  app.add_option("--set", overrides, "override a key: --set memory.tiled_mlp=4 (repeatable)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? ulysses::kExitOk : ulysses::kExitUsage;
+  }
+  try {
+    return run(config_path, overrides);
+  } catch (const ulysses::UserError& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return ulysses::kExitUsage;
+  } catch (const ulysses::comm::CommError& e) {
+    std::cerr << "error: " << first_line(e.what()) << std::endl;
+    return ulysses::kExitCommFailure;
+  } catch (const std::bad_alloc& e) {
+    std::cerr << "out of memory: host allocation failed" << std::endl;
+    return ulysses::kExitOutOfMemory;
+  } catch (const std::exception& e) {
+    const std::string what = first_line(e.what());
+    if (is_out_of_memory(e.what())) {
+      std::cerr << "out of memory: " << what << std::endl;
+      return ulysses::kExitOutOfMemory;
+    }
+    std::cerr << "error: " << what << std::endl;
+    return ulysses::kExitFailure;
+  }
+}

@@ -1,0 +1,119 @@
+// Per-position-bucket evaluation (see evaluator.h).
+#include "train/evaluator.h"
+
+#include <cmath>
+
+#include "data/data_loader.h"
+#include "model/attention_core.h"
+
+namespace ulysses::train {
+
+std::vector<int64_t> position_bucket_edges(int64_t length) {
+  std::vector<int64_t> edges = {0};
+  int64_t edge = 1024;
+  while (edge < length) {
+    edges.push_back(edge);
+    edge = edge == 1024 ? 2048 : edge * 2;
+  }
+  edges.push_back(length);
+  return edges;
+}
+
+nlohmann::json EvalResult::to_json() const {
+  nlohmann::json out = {{"loss", loss}, {"perplexity", perplexity}, {"tokens", tokens}};
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& b : buckets) {
+    rows.push_back({{"begin", b.begin},
+                    {"end", b.end},
+                    {"loss", b.loss()},
+                    {"perplexity", std::exp(b.loss())},
+                    {"tokens", b.count}});
+  }
+  out["buckets"] = rows;
+  return out;
+}
+
+EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& config,
+                    comm::DeviceMesh& mesh, const at::Device& device) {
+  torch::NoGradGuard no_grad;
+  const bool bypass_sp = config.attention.disable_in_eval && mesh.sp_size() > 1;
+  std::shared_ptr<model::AttentionCore> sp_core = model->attention_core();
+  if (bypass_sp) {
+    model->set_attention_core(std::make_shared<model::LocalAttentionCore>(
+        model::resolve_attention_backend(config.attention.backend, device)));
+  }
+  config::DataOptions data = config.data;
+  data.source = config.eval.source;
+  data.seed = config.eval.seed;
+  config::SequenceOptions seq = config.sequence;
+  seq.grad_accum = 1;
+  // Without SP, the first rank of each SP group evaluates the group's whole sequences alone, so
+  // both modes see exactly the same samples.
+  const int64_t sp_size = bypass_sp ? 1 : mesh.sp_size();
+  const int64_t sp_rank = bypass_sp ? 0 : mesh.sp_rank();
+  const bool contributes = !bypass_sp || mesh.sp_rank() == 0;
+  data::DataLoader loader(data, seq, config.model.vocab_size, mesh.dp_size(), mesh.dp_rank(),
+                          sp_size, sp_rank);
+
+  const std::vector<int64_t> edges = position_bucket_edges(loader.padded_length());
+  const int64_t num_buckets = static_cast<int64_t>(edges.size()) - 1;
+  at::Tensor sums = at::zeros({num_buckets}, at::kDouble);    // [buckets]
+  at::Tensor counts = at::zeros({num_buckets}, at::kDouble);  // [buckets]
+  at::Tensor edge_tensor = at::tensor(std::vector<int64_t>(edges.begin() + 1, edges.end()));
+
+  const int64_t eval_steps = contributes ? std::max<int64_t>(config.eval.steps, 1) : 0;
+  for (int64_t step = 1; step <= eval_steps; ++step) {
+    data::Batch batch = loader.micro_batch(step, 0);
+    model::AttentionContext ctx;
+    ctx.doc_ids = batch.doc_ids.defined() ? batch.doc_ids.to(device) : batch.doc_ids;
+    at::Tensor hidden = model->forward_hidden(batch.input_ids.to(device),
+                                              batch.position_ids.to(device), ctx);  // [bs, T, h]
+    const int64_t local_len = hidden.size(1);
+    at::Tensor weight = model->lm_head_weight();  // [V, h]
+    at::Tensor labels = batch.labels;             // [bs, T]
+    // Position of each local token within its sample, for bucketing.
+    at::Tensor positions = at::arange(local_len, at::kLong) + sp_rank * local_len;  // [T]
+    at::Tensor bucket_of = at::searchsorted(edge_tensor, positions, /*out_int32=*/false,
+                                            /*right=*/true);  // [T]
+    constexpr int64_t kTile = 1024;  // logits [bs, kTile, V] at a time
+    for (int64_t start = 0; start < local_len; start += kTile) {
+      const int64_t len = std::min(kTile, local_len - start);
+      at::Tensor logits = at::matmul(hidden.narrow(1, start, len).to(at::kFloat),
+                                     weight.to(at::kFloat).t());  // [bs, len, V]
+      at::Tensor tile_labels = labels.narrow(1, start, len).to(device);  // [bs, len]
+      at::Tensor token_loss =
+          at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), tile_labels.reshape({-1}),
+                                 {}, at::Reduction::None, -100)
+              .reshape({-1, len})
+              .to(at::kCPU, at::kDouble);  // [bs, len]
+      at::Tensor valid = tile_labels.ne(-100).to(at::kCPU, at::kDouble);  // [bs, len]
+      at::Tensor tile_buckets = bucket_of.narrow(0, start, len).expand({token_loss.size(0), len});
+      sums.index_add_(0, tile_buckets.reshape({-1}), (token_loss * valid).reshape({-1}));
+      counts.index_add_(0, tile_buckets.reshape({-1}), valid.reshape({-1}));
+    }
+  }
+  at::Tensor packed = at::cat({sums, counts}).to(device);
+  mesh.world().all_reduce(packed, comm::ReduceOp::kSum);
+  packed = packed.to(at::kCPU);
+
+  EvalResult result;
+  double total_sum = 0.0;
+  int64_t total_count = 0;
+  for (int64_t b = 0; b < num_buckets; ++b) {
+    BucketLoss bucket;
+    bucket.begin = edges[b];
+    bucket.end = edges[b + 1];
+    bucket.loss_sum = packed[b].item<double>();
+    bucket.count = static_cast<int64_t>(packed[num_buckets + b].item<double>());
+    total_sum += bucket.loss_sum;
+    total_count += bucket.count;
+    result.buckets.push_back(bucket);
+  }
+  result.tokens = total_count;
+  result.loss = total_count ? total_sum / total_count : 0.0;
+  result.perplexity = std::exp(result.loss);
+  if (bypass_sp) model->set_attention_core(sp_core);
+  return result;
+}
+
+}  // namespace ulysses::train

@@ -1,0 +1,39 @@
+// Held-out evaluation (SPEC 5.6): loss and perplexity overall and per position bucket
+// ([0, 1K), [1K, 2K), [2K, 4K), ... up to the sequence length), so a user sees whether the model
+// uses the long context. Runs with SP, or without it (attention.disable_in_eval): then the first
+// rank of each SP group evaluates the group's whole sequences with local attention.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "comm/mesh.h"
+#include "config/options.h"
+#include "model/llama.h"
+
+namespace ulysses::train {
+
+struct BucketLoss {
+  int64_t begin = 0, end = 0;  // positions [begin, end) within a sample
+  double loss_sum = 0.0;
+  int64_t count = 0;
+  double loss() const { return count ? loss_sum / count : 0.0; }
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  double perplexity = 0.0;
+  int64_t tokens = 0;
+  std::vector<BucketLoss> buckets;
+  nlohmann::json to_json() const;
+};
+
+// Bucket edges for a padded sequence length: 0, 1024, 2048, 4096, ... , length.
+std::vector<int64_t> position_bucket_edges(int64_t length);
+
+// Evaluates `model` on config.eval (source, seed, steps) with the run's sequence settings.
+// Every rank of `mesh` must call it. `sp_core` is the attention core used with SP (restored on
+// return when SP is bypassed). No gradients are recorded.
+EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& config,
+                    comm::DeviceMesh& mesh, const at::Device& device);
+
+}  // namespace ulysses::train

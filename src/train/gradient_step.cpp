@@ -1,0 +1,75 @@
+// Exact global-batch loss and gradients over a dp x sp mesh (see gradient_step.h).
+#include "train/gradient_step.h"
+
+#include "model/lm_loss.h"
+#include "profile/phase_timer.h"
+
+namespace ulysses::train {
+
+void all_reduce_gradients(const std::vector<at::Tensor>& params, comm::Group& group) {
+  if (group.size() == 1) return;
+  profile::ScopedPhase phase("grad_sync");
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    by_dtype[p.grad().scalar_type()].push_back(p.grad());
+  }
+  for (auto& [dtype, grads] : by_dtype) {
+    std::vector<at::Tensor> flat_views;
+    for (const auto& g : grads) flat_views.push_back(g.reshape({-1}));
+    at::Tensor flat = at::cat(flat_views);  // [sum of numel]
+    group.all_reduce(flat, comm::ReduceOp::kSum);
+    int64_t offset = 0;
+    for (auto& g : grads) {
+      g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+      offset += g.numel();
+    }
+  }
+}
+
+StepLoss compute_gradients(model::LlamaForCausalLM& model,
+                           const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh) {
+  // N: valid labels of the global batch, each rank contributing its count.
+  int64_t local_valid = 0;
+  for (const auto& b : micro_batches) local_valid += b.valid_tokens;
+  at::Tensor counts = at::tensor({static_cast<double>(local_valid)}, at::kDouble);
+  mesh.world().all_reduce(counts, comm::ReduceOp::kSum);
+  const int64_t global_valid = static_cast<int64_t>(counts.item<double>());
+  const double inv_count = 1.0 / static_cast<double>(std::max<int64_t>(global_valid, 1));
+
+  for (auto& p : model->parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  double local_loss_sum = 0.0;
+  for (const auto& b : micro_batches) {
+    model::AttentionContext ctx;
+    ctx.doc_ids = b.doc_ids;
+    at::Tensor hidden;  // [bs, sl/sp, h]
+    {
+      profile::ScopedPhase phase("forward");
+      hidden = model->forward_hidden(b.input_ids, b.position_ids, ctx);
+    }
+    model::LossSum loss;
+    {
+      profile::ScopedPhase phase("loss");
+      loss = model::lm_loss_sum(hidden, model->lm_head_weight(), b.labels);
+    }
+    {
+      profile::ScopedPhase phase("backward");
+      (loss.sum * inv_count).backward();
+    }
+    local_loss_sum += loss.sum.item<double>();
+  }
+
+  all_reduce_gradients(model->parameters(), mesh.world());
+  at::Tensor loss_sum = at::tensor({local_loss_sum}, at::kDouble);
+  mesh.world().all_reduce(loss_sum, comm::ReduceOp::kSum);
+
+  StepLoss out;
+  out.loss_sum = loss_sum.item<double>();
+  out.valid_tokens = global_valid;
+  out.loss = out.loss_sum * inv_count;
+  return out;
+}
+
+}  // namespace ulysses::train

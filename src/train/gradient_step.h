@@ -1,0 +1,35 @@
+// One optimizer step's forward/backward over all micro-batches, with the loss and gradient
+// semantics of SPEC 5.4: loss = (sum of token cross-entropies over every valid label of the global
+// batch) / (number of those labels); the gradients are exactly those of that loss.
+//
+// How: every rank adds up its valid labels over its micro-batches, one all-reduce over the world
+// gives N; each micro-batch backpropagates (its loss sum) / N; after the last one the gradients
+// are summed over the whole world (SP ranks hold partial gradients of the shared weights, DP ranks
+// gradients of other samples). No averaging of per-rank means, so no sp-times factor.
+#pragma once
+#include <vector>
+
+#include "comm/mesh.h"
+#include "data/batch.h"
+#include "model/llama.h"
+
+namespace ulysses::train {
+
+struct StepLoss {
+  double loss = 0.0;         // global token-weighted mean cross-entropy of the step
+  double loss_sum = 0.0;     // global sum of token cross-entropies
+  int64_t valid_tokens = 0;  // N, over the whole global batch
+};
+
+// Runs forward + backward for `micro_batches` (this rank's, already on the model's device),
+// accumulating into the parameters' .grad (zeroed first), then sums gradients over the world.
+// Returns the global loss. Every rank of `mesh` must call it with the same number of micro-batches.
+// `ctx` carries the attention options (doc_ids are taken from each batch).
+StepLoss compute_gradients(model::LlamaForCausalLM& model,
+                           const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh);
+
+// Sums every parameter's gradient over `group` in place, flattened into one buffer per dtype.
+// Parameters without a gradient get zeros first, so every rank sends the same layout.
+void all_reduce_gradients(const std::vector<at::Tensor>& params, comm::Group& group);
+
+}  // namespace ulysses::train

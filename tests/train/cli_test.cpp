@@ -1,0 +1,89 @@
+// ulysses-train's command line: bad model/mesh combinations and bad input fail before training
+// with exit status 2 and one line naming the key; a good config runs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string output;  // stdout + stderr
+};
+
+std::string trainer() {
+  const char* bin = std::getenv("ULYSSES_BIN_DIR");
+  return std::string(bin ? bin : ".") + "/ulysses-train";
+}
+
+std::string example() {
+  const char* home = std::getenv("ULYSSES_HOME");
+  return std::string(home ? home : ".") + "/experiments/runs/tiny-cpu.yaml";
+}
+
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + trainer() + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int raw = pclose(pipe);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+// Exactly one line of output, starting with "error: " and naming `key`.
+void expect_one_line_error(const Result& r, const std::string& key) {
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << "more than one line: " << r.output;
+  EXPECT_NE(r.output.find(key), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, MeshNotMatchingWorldFailsBeforeAnyRankStarts) {
+  // world 1 from the environment, mesh 2 x 2 in the file
+  expect_one_line_error(run("--config " + example()), "mesh");
+}
+
+TEST(TrainCli, QueryHeadsNotDivisibleBySpFails) {
+  expect_one_line_error(
+      run("--config " + example() + " --set mesh.dp=1 --set mesh.sp=3 --set model.num_heads=8",
+          "WORLD_SIZE=3 RANK=0"),
+      "model.num_heads");
+}
+
+TEST(TrainCli, KvHeadsIncompatibleWithSpFails) {
+  // hkv 3 with sp 2: neither divides the other
+  expect_one_line_error(run("--config " + example() +
+                                " --set mesh.dp=1 --set mesh.sp=2 --set model.num_heads=6 "
+                                "--set model.num_kv_heads=3 --set model.head_dim=32 --set model.hidden_size=192",
+                            "WORLD_SIZE=2 RANK=0"),
+                        "model.num_kv_heads");
+}
+
+TEST(TrainCli, UnknownKeyAndMissingFileFail) {
+  expect_one_line_error(run("--config " + example() + " --set memory.tiled_mpl=2"),
+                        "memory.tiled_mpl");
+  expect_one_line_error(run("--config /nonexistent/run.yaml"), "/nonexistent/run.yaml");
+}
+
+TEST(TrainCli, SingleRankRunWritesMetrics) {
+  const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-run";
+  std::filesystem::remove_all(out);
+  Result r = run("--config " + example() +
+                 " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=2 --set sequence.length=64"
+                 " --set output.dir=" + out.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out / "metrics.jsonl"));
+  EXPECT_TRUE(std::filesystem::exists(out / "summary.json"));
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+  std::filesystem::remove_all(out);
+}
+
+}  // namespace
