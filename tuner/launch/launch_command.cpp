@@ -1,0 +1,161 @@
+// `ulysses-tune launch`: options -> validated run config -> printed lines or supervised ranks.
+#include "tuner/launch/launch_command.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "common/error.h"
+#include "common/paths.h"
+#include "config/run_config.h"
+#include "tuner/launch/free_port.h"
+#include "tuner/launch/supervisor.h"
+
+namespace fs = std::filesystem;
+
+namespace ulysses::launch {
+namespace {
+
+constexpr const char* kTrainerName = "ulysses-train";
+
+bool is_executable_file(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
+}
+
+// The trainer as an absolute path: a name without '/' is looked up on PATH.
+std::string resolve_trainer(const LaunchOptions& options) {
+  const std::string requested =
+      options.trainer.empty() ? sibling_binary(kTrainerName) : options.trainer;
+  if (requested.find('/') != std::string::npos) {
+    if (is_executable_file(requested)) return fs::absolute(requested).lexically_normal().string();
+  } else if (const char* path_env = std::getenv("PATH")) {
+    std::string dirs = path_env;
+    for (size_t begin = 0; begin <= dirs.size();) {
+      size_t end = dirs.find(':', begin);
+      if (end == std::string::npos) end = dirs.size();
+      const fs::path candidate = fs::path(dirs.substr(begin, end - begin)) / requested;
+      if (end > begin && is_executable_file(candidate)) return fs::absolute(candidate).string();
+      begin = end + 1;
+    }
+  }
+  if (options.trainer.empty()) {
+    throw UserError(std::string(kTrainerName) +
+                    ": not found beside ulysses-tune, in $ULYSSES_BIN_DIR or on PATH "
+                    "(build it, or pass --trainer PATH)");
+  }
+  throw UserError("--trainer: " + options.trainer + ": not an executable file");
+}
+
+std::vector<ProcessSpec> rank_specs(const LaunchOptions& options, const std::string& trainer,
+                                    int master_port) {
+  const std::vector<std::string> base = current_environment();
+  std::vector<std::string> argv{trainer};
+  for (auto& arg : trainer_arguments(options)) argv.push_back(std::move(arg));
+  std::vector<ProcessSpec> specs;
+  for (int local_rank = 0; local_rank < options.nproc; ++local_rank) {
+    ProcessSpec spec;
+    spec.argv = argv;
+    spec.env = merge_environment(base, rank_variables(options, local_rank, master_port, base));
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+void report(const LaunchOptions& options, const SupervisionResult& result) {
+  const int first_rank = effective_node_rank(options) * options.nproc;
+  if (result.outcome == Outcome::kFailed) {
+    const ProcessExit& failure = *result.first_failure;
+    std::cerr << "launch: rank " << first_rank + failure.index << " (local rank " << failure.index
+              << ", pid " << failure.pid << ") " << describe_exit(failure) << "; stopped "
+              << result.stopped << " other rank(s)" << std::endl;
+  } else if (result.outcome == Outcome::kInterrupted) {
+    std::cerr << "launch: interrupted by signal " << result.interrupt_signal << " ("
+              << strsignal(result.interrupt_signal) << "); stopped " << result.stopped
+              << " rank(s)" << std::endl;
+  }
+}
+
+}  // namespace
+
+CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options) {
+  CLI::App* launch = app.add_subcommand(
+      "launch",
+      "Start a training job: NPROC local ranks of ulysses-train, or print the torchrun/srun "
+      "command lines for a cluster");
+  launch->add_option("RUN.yaml", options->config_path, "Run config of ulysses-train (YAML)")
+      ->required()
+      ->type_name("PATH");
+  launch->add_option("--nproc", options->nproc, "Ranks to start on this node (one per GPU)")
+      ->required()
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  launch->add_option("--set", options->overrides,
+                     "Override a run-config key, e.g. --set memory.tiled_mlp=4 (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  launch->add_option("--nnodes", options->nnodes, "Nodes in the job")
+      ->type_name("M")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  launch->add_option("--node-rank", options->node_rank, "This node's rank in [0, M) (default 0)")
+      ->type_name("R")
+      ->check(CLI::NonNegativeNumber);
+  launch->add_option("--master-addr", options->master_addr, "Address of node 0 (rendezvous)")
+      ->type_name("ADDR")
+      ->capture_default_str();
+  launch->add_option("--master-port", options->master_port,
+                     "Rendezvous port on node 0; required when M > 1 (default: a free port)")
+      ->type_name("PORT")
+      ->check(CLI::Range(1, 65535));
+  launch->add_option("--trainer", options->trainer,
+                     "Trainer executable (default: ulysses-train beside ulysses-tune)")
+      ->type_name("PATH");
+  launch->add_option("--print", options->print,
+                     "Print the equivalent cluster command line(s) instead of running")
+      ->type_name("TOOL")
+      ->check(CLI::IsMember({"torchrun", "srun"}));
+  launch->footer(
+      "Each rank runs `TRAINER --config RUN.yaml [--set KEY=VALUE]...` with RANK, WORLD_SIZE,\n"
+      "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT set as torchrun sets\n"
+      "them. The run config is loaded and validated for world size M * N before any rank starts.\n"
+      "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and launch exits with that\n"
+      "rank's status (128 + signal for a signal death); SIGINT/SIGTERM are forwarded to all ranks.\n"
+      "Exit status 2: bad options or run config.\n\n"
+      "Examples:\n"
+      "  ulysses-tune launch experiments/runs/tiny-cpu.yaml --nproc 4 --set train.steps=20\n"
+      "  ulysses-tune launch run.yaml --nproc 8 --nnodes 2 --master-addr node0 --master-port "
+      "29500 --print torchrun");
+  return launch;
+}
+
+int run_launch(const LaunchOptions& options) {
+  check_launch_options(options);
+  config::RunConfig run_config = config::load_run_config(options.config_path, options.overrides);
+  config::validate(run_config, world_size(options));
+  if (!options.print.empty()) {
+    const std::string trainer =
+        options.trainer.empty() ? sibling_binary(kTrainerName) : options.trainer;
+    for (const auto& line : cluster_command_lines(options, trainer)) std::cout << line << '\n';
+    std::cout.flush();
+    return kExitOk;
+  }
+  const std::string trainer = resolve_trainer(options);
+  const int master_port = options.master_port > 0 ? options.master_port : pick_free_port();
+  const int first_rank = effective_node_rank(options) * options.nproc;
+  std::cerr << "launch: starting ranks " << first_rank << ".." << first_rank + options.nproc - 1
+            << " of " << world_size(options) << " (" << trainer << ", master "
+            << options.master_addr << ":" << master_port << ")" << std::endl;
+  SupervisorOptions supervisor_options;
+  supervisor_options.grace_s = options.grace_s;
+  const SupervisionResult result =
+      supervise(rank_specs(options, trainer, master_port), supervisor_options);
+  report(options, result);
+  return result.exit_status;
+}
+
+}  // namespace ulysses::launch

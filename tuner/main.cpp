@@ -1,0 +1,49 @@
+// ulysses-tune: the tuner's command line. Each subcommand lives in its own tuner/<area>/ library;
+// this file only wires them into CLI11 and maps errors to exit statuses (common/error.h).
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+#include <exception>
+#include <iostream>
+
+#include "common/error.h"
+#include "tuner/launch/launch_command.h"
+
+namespace {
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "ulysses-tune: find, launch and explain long-context training configurations "
+      "(DeepSpeed-Ulysses sequence parallelism + ALST memory features)",
+      "ulysses-tune"};
+  app.require_subcommand(1);
+  app.footer("Run `ulysses-tune COMMAND --help` for a command's options.");
+
+  ulysses::launch::LaunchOptions launch_options;
+  CLI::App* launch = ulysses::launch::add_launch_command(app, &launch_options);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int status = app.exit(e);  // prints help, or CLI11's message to stderr
+    return status == 0 ? ulysses::kExitOk : ulysses::kExitUsage;
+  }
+  if (launch->parsed()) return ulysses::launch::run_launch(launch_options);
+  return ulysses::kExitUsage;  // unreachable: require_subcommand(1)
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ulysses::UserError& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return ulysses::kExitUsage;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: internal: " << e.what_without_backtrace() << std::endl;
+    return ulysses::kExitFailure;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return ulysses::kExitFailure;
+  }
+}
