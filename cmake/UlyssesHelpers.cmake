@@ -21,9 +21,13 @@ function(ulysses_test name)
     set(ARG_TIMEOUT 300)
   endif()
   include(GoogleTest)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
-    PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}"
-    ENVIRONMENT "ULYSSES_HOME=${PROJECT_SOURCE_DIR};ULYSSES_BIN_DIR=${PROJECT_BINARY_DIR}/bin;OMP_NUM_THREADS=1")
+  # Tests find binaries beside themselves (build/bin) and the project root through
+  # common/paths.h, so the only environment they need is one OpenMP thread per rank.
+  set(props TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT OMP_NUM_THREADS=1)
+  if(ARG_LABELS)
+    list(APPEND props LABELS ${ARG_LABELS})
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
 endfunction()
 
 function(ulysses_common_flags target)

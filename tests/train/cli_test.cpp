@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <string>
 
+#include "common/paths.h"
+
 namespace {
 
 struct Result {
@@ -16,15 +18,9 @@ struct Result {
   std::string output;  // stdout + stderr
 };
 
-std::string trainer() {
-  const char* bin = std::getenv("ULYSSES_BIN_DIR");
-  return std::string(bin ? bin : ".") + "/ulysses-train";
-}
+std::string trainer() { return ulysses::sibling_binary("ulysses-train"); }
 
-std::string example() {
-  const char* home = std::getenv("ULYSSES_HOME");
-  return std::string(home ? home : ".") + "/experiments/runs/tiny-cpu.yaml";
-}
+std::string example() { return ulysses::project_home() + "/experiments/runs/tiny-cpu.yaml"; }
 
 Result run(const std::string& args, const std::string& env = "") {
   const std::string cmd = env + " " + trainer() + " " + args + " 2>&1";
