@@ -85,6 +85,10 @@ void LlamaForCausalLMImpl::set_attention_core(std::shared_ptr<AttentionCore> cor
   for (int64_t i = 0; i < model->num_layers(); ++i) model->layer(i)->self_attn->set_core(core);
 }
 
+void LlamaForCausalLMImpl::set_mlp_runner(const MlpRunner& runner) {
+  for (int64_t i = 0; i < model->num_layers(); ++i) model->layer(i)->mlp_runner = runner;
+}
+
 std::shared_ptr<AttentionCore> LlamaForCausalLMImpl::attention_core() const {
   return model->layer(0)->self_attn->core();
 }

@@ -77,6 +77,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_skip_all_but_last(bool skip) { model->skip_all_but_last = skip; }
   // Wraps every layer call (activation checkpointing); an empty runner restores the default.
   void set_layer_runner(LayerRunner runner) { model->layer_runner = std::move(runner); }
+  // Runs every layer's MLP through `runner` (TiledMLP); an empty runner restores the default.
+  void set_mlp_runner(const MlpRunner& runner);
 
   // The options with head_dim resolved.
   const config::ModelOptions& options() const { return options_; }

@@ -15,7 +15,8 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const config::ModelOptions& o) {
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
                                           const at::Tensor& sin, const AttentionContext& ctx) {
   at::Tensor hidden = x + self_attn->forward(input_layernorm(x), cos, sin, ctx);  // [bs, T, h]
-  return hidden + mlp(post_attention_layernorm(hidden));                          // [bs, T, h]
+  at::Tensor normed = post_attention_layernorm(hidden);                           // [bs, T, h]
+  return hidden + (mlp_runner ? mlp_runner(*mlp, normed) : mlp(normed));          // [bs, T, h]
 }
 
 }  // namespace ulysses::model

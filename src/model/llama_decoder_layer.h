@@ -4,12 +4,18 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
+
 #include "config/options.h"
 #include "model/llama_attention.h"
 #include "model/llama_mlp.h"
 #include "model/rms_norm.h"
 
 namespace ulysses::model {
+
+// Runs the MLP of a layer; the default calls mlp.forward. TiledMLP (src/sp/tiled_mlp.h) installs
+// one that runs it over sequence tiles. x [bs, T, h] -> [bs, T, h].
+using MlpRunner = std::function<at::Tensor(LlamaMLPImpl& mlp, const at::Tensor& x)>;
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
@@ -23,6 +29,8 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   LlamaMLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr};           // weight [h]
   RMSNorm post_attention_layernorm{nullptr};  // weight [h]
+
+  MlpRunner mlp_runner;  // empty = mlp->forward
 };
 TORCH_MODULE(LlamaDecoderLayer);
 

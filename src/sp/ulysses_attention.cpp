@@ -22,7 +22,8 @@ UlyssesAttention::UlyssesAttention(comm::Group& group, model::AttentionBackend b
     : group_(group), backend_(backend) {}
 
 std::string UlyssesAttention::name() const {
-  return "ulysses(sp=" + std::to_string(group_.size()) + ")";
+  return "ulysses(sp=" + std::to_string(group_.size()) + ", " +
+         model::attention_backend_name(backend_) + ")";
 }
 
 at::Tensor UlyssesAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

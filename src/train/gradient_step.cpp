@@ -3,6 +3,7 @@
 
 #include "model/lm_loss.h"
 #include "profile/phase_timer.h"
+#include "sp/tiled_logits_loss.h"
 
 namespace ulysses::train {
 
@@ -28,7 +29,8 @@ void all_reduce_gradients(const std::vector<at::Tensor>& params, comm::Group& gr
 }
 
 StepLoss compute_gradients(model::LlamaForCausalLM& model,
-                           const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh) {
+                           const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh,
+                           const GradientOptions& options) {
   // N: valid labels of the global batch, each rank contributing its count.
   int64_t local_valid = 0;
   for (const auto& b : micro_batches) local_valid += b.valid_tokens;
@@ -52,7 +54,14 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     model::LossSum loss;
     {
       profile::ScopedPhase phase("loss");
-      loss = model::lm_loss_sum(hidden, model->lm_head_weight(), b.labels);
+      const at::Tensor weight = model->lm_head_weight();  // [V, h]
+      if (options.loss_tiles.value == 1) {
+        loss = model::lm_loss_sum(hidden, weight, b.labels);
+      } else {
+        const int64_t tiles = sp::resolve_loss_tiles(options.loss_tiles, hidden.size(0),
+                                                     hidden.size(1), weight.size(0));
+        loss = sp::tiled_lm_loss_sum(hidden, weight, b.labels, tiles);
+      }
     }
     {
       profile::ScopedPhase phase("backward");

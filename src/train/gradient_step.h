@@ -15,6 +15,13 @@
 
 namespace ulysses::train {
 
+// Choices of compute_gradients that change memory use, never the result (SPEC 5.5).
+struct GradientOptions {
+  // memory.tiled_loss: 1 = model::lm_loss_sum; N or auto = sp::tiled_lm_loss_sum with that many
+  // tiles (auto resolved per micro-batch by sp::resolve_loss_tiles).
+  config::TileCount loss_tiles;
+};
+
 struct StepLoss {
   double loss = 0.0;         // global token-weighted mean cross-entropy of the step
   double loss_sum = 0.0;     // global sum of token cross-entropies
@@ -26,7 +33,8 @@ struct StepLoss {
 // Returns the global loss. Every rank of `mesh` must call it with the same number of micro-batches.
 // `ctx` carries the attention options (doc_ids are taken from each batch).
 StepLoss compute_gradients(model::LlamaForCausalLM& model,
-                           const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh);
+                           const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh,
+                           const GradientOptions& options = {});
 
 // Sums every parameter's gradient over `group` in place, flattened into one buffer per dtype.
 // Parameters without a gradient get zeros first, so every rank sends the same layout.

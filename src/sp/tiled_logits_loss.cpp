@@ -1,0 +1,136 @@
+// LM head + cross-entropy per sequence tile, backward inside forward (see tiled_logits_loss.h).
+#include "sp/tiled_logits_loss.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+#include "sp/sequence_tiled_compute.h"
+
+namespace ulysses::sp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Gradients of the loss sum for an incoming gradient of 1, kept from forward to backward.
+struct LossGradients {
+  at::Tensor hidden;  // [bs, T, h] compute dtype, undefined when not needed
+  at::Tensor weight;  // [V, h] compute dtype, undefined when not needed
+};
+
+// Loss sum of all tiles (scalar, compute dtype); fills `grads` for the parts that are defined.
+at::Tensor tiled_loss_and_gradients(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
+                                    const at::Tensor& labels, int64_t tiles, LossGradients& grads) {
+  const at::ScalarType compute = at::promote_types(hidden.scalar_type(), at::kFloat);
+  const int64_t batch = hidden.size(0), hidden_size = hidden.size(2);
+  at::Tensor weight = lm_head_weight.to(compute);                        // [V, h]
+  at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(compute));  // []
+  for (const SequenceTile& tile : sequence_tiles(hidden.size(1), tiles)) {
+    at::Tensor tile_hidden = hidden.narrow(1, tile.start, tile.length)
+                                 .reshape({-1, hidden_size})
+                                 .to(compute);  // [bs*T_i, h]
+    at::Tensor tile_labels = labels.narrow(1, tile.start, tile.length).reshape({-1});  // [bs*T_i]
+    at::Tensor valid = tile_labels.ne(model::kIgnoreLabel);                            // [bs*T_i]
+    at::Tensor targets =
+        tile_labels.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [bs*T_i, 1]
+    at::Tensor mask = valid.to(compute).unsqueeze(1);                  // [bs*T_i, 1]
+
+    at::Tensor logits = at::linear(tile_hidden, weight);     // [bs*T_i, V]
+    at::Tensor log_norm = at::logsumexp(logits, {1}, true);  // [bs*T_i, 1]
+    at::Tensor target_logits = logits.gather(1, targets);    // [bs*T_i, 1]
+    loss_sum.add_(((log_norm - target_logits) * mask).sum());
+
+    if (!grads.hidden.defined() && !grads.weight.defined()) continue;
+    // d(sum CE)/d logits = (softmax - one_hot(label)) on valid rows, 0 on ignored ones; in place.
+    at::Tensor grad_logits = logits.sub_(log_norm).exp_();  // [bs*T_i, V] softmax
+    grad_logits.scatter_add_(1, targets, mask.neg());       // - one_hot on valid rows
+    grad_logits.mul_(mask);                                 // ignored rows contribute nothing
+    if (grads.hidden.defined()) {
+      grads.hidden.narrow(1, tile.start, tile.length)
+          .copy_(at::mm(grad_logits, weight).view({batch, tile.length, hidden_size}));
+    }
+    if (grads.weight.defined()) grads.weight.addmm_(grad_logits.t(), tile_hidden);  // [V, h]
+  }
+  return loss_sum;
+}
+
+struct TiledLogitsLossFunction : public torch::autograd::Function<TiledLogitsLossFunction> {
+  // Returns the loss sum []; need_* say which gradients backward will be asked for.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& lm_head_weight, const at::Tensor& labels,
+                            int64_t tiles, bool need_hidden_grad, bool need_weight_grad) {
+    const at::ScalarType compute = at::promote_types(hidden.scalar_type(), at::kFloat);
+    LossGradients grads;
+    if (need_hidden_grad) {
+      grads.hidden = at::empty(hidden.sizes(), hidden.options().dtype(compute));  // [bs, T, h]
+    }
+    if (need_weight_grad) {
+      grads.weight = at::zeros(lm_head_weight.sizes(),
+                               lm_head_weight.options().dtype(compute));  // [V, h]
+    }
+    at::Tensor loss_sum = tiled_loss_and_gradients(hidden, lm_head_weight, labels, tiles, grads);
+    if (grads.hidden.defined()) ctx->saved_data["grad_hidden"] = grads.hidden;
+    if (grads.weight.defined()) ctx->saved_data["grad_weight"] = grads.weight;
+    ctx->saved_data["hidden_dtype"] = hidden.scalar_type();
+    ctx->saved_data["weight_dtype"] = lm_head_weight.scalar_type();
+    ctx->saved_data["backward_done"] = false;
+    return loss_sum;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    TORCH_CHECK(!ctx->saved_data["backward_done"].toBool(),
+                "tiled_lm_loss_sum: backward can run only once (retain_graph is not supported)");
+    ctx->saved_data["backward_done"] = true;
+    const at::Tensor& scale = grad_outputs[0];  // [] d(outer loss) / d(loss sum)
+    // Scales a kept gradient in place and hands it out, freeing it from the context at once.
+    auto take = [&](const char* key, const char* dtype_key) {
+      auto it = ctx->saved_data.find(key);
+      if (it == ctx->saved_data.end()) return at::Tensor();
+      at::Tensor g = it->second.toTensor();
+      ctx->saved_data.erase(it);
+      g.mul_(scale.to(g.scalar_type()));
+      return g.to(ctx->saved_data[dtype_key].toScalarType());
+    };
+    at::Tensor grad_hidden = take("grad_hidden", "hidden_dtype");  // [bs, T, h]
+    at::Tensor grad_weight = take("grad_weight", "weight_dtype");  // [V, h]
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+model::LossSum tiled_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
+                                 const at::Tensor& labels, int64_t tiles) {
+  TORCH_CHECK(hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
+                  hidden.size(1) == labels.size(1) && hidden.size(1) >= 1,
+              "tiled_lm_loss_sum: hidden ", hidden.sizes(), " does not match labels ",
+              labels.sizes());
+  TORCH_CHECK(lm_head_weight.dim() == 2 && lm_head_weight.size(1) == hidden.size(2),
+              "tiled_lm_loss_sum: lm_head_weight ", lm_head_weight.sizes(),
+              " does not match hidden ", hidden.sizes());
+  TORCH_CHECK(tiles >= 1, "tiled_lm_loss_sum: tiles must be >= 1, got ", tiles);
+  const bool grad_mode = at::GradMode::is_enabled();
+  model::LossSum out;
+  at::Tensor long_labels = labels.to(at::kLong);  // [bs, T]
+  out.sum = TiledLogitsLossFunction::apply(hidden, lm_head_weight, long_labels, tiles,
+                                           grad_mode && hidden.requires_grad(),
+                                           grad_mode && lm_head_weight.requires_grad());
+  out.count = long_labels.ne(model::kIgnoreLabel).sum().item<int64_t>();
+  return out;
+}
+
+int64_t auto_loss_tiles(int64_t batch, int64_t local_seq_len, int64_t vocab_size) {
+  TORCH_CHECK(batch >= 1 && local_seq_len >= 1 && vocab_size >= 1, "auto_loss_tiles: batch ", batch,
+              ", local_seq_len ", local_seq_len, ", vocab_size ", vocab_size);
+  const int64_t logits_bytes = batch * local_seq_len * vocab_size * 4;  // fp32 [bs*T, V]
+  const int64_t tiles = (logits_bytes + kAutoLossTileBytes - 1) / kAutoLossTileBytes;
+  return std::clamp<int64_t>(tiles, 1, local_seq_len);
+}
+
+int64_t resolve_loss_tiles(const config::TileCount& count, int64_t batch, int64_t local_seq_len,
+                           int64_t vocab_size) {
+  return count.is_auto() ? auto_loss_tiles(batch, local_seq_len, vocab_size) : count.value;
+}
+
+}  // namespace ulysses::sp
