@@ -6,7 +6,9 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "tuner/calibrate/calibrate_command.h"
 #include "tuner/launch/launch_command.h"
+#include "tuner/profile_cmd/profile_command.h"
 
 namespace {
 
@@ -20,6 +22,10 @@ int run(int argc, char** argv) {
 
   ulysses::launch::LaunchOptions launch_options;
   CLI::App* launch = ulysses::launch::add_launch_command(app, &launch_options);
+  ulysses::calibrate::CalibrateOptions calibrate_options;
+  CLI::App* calibrate = ulysses::calibrate::add_calibrate_command(app, &calibrate_options);
+  ulysses::profile_cmd::ProfileOptions profile_options;
+  CLI::App* profile = ulysses::profile_cmd::add_profile_command(app, &profile_options);
 
   try {
     app.parse(argc, argv);
@@ -28,6 +34,8 @@ int run(int argc, char** argv) {
     return status == 0 ? ulysses::kExitOk : ulysses::kExitUsage;
   }
   if (launch->parsed()) return ulysses::launch::run_launch(launch_options);
+  if (calibrate->parsed()) return ulysses::calibrate::run_calibrate(calibrate_options);
+  if (profile->parsed()) return ulysses::profile_cmd::run_profile(profile_options);
   return ulysses::kExitUsage;  // unreachable: require_subcommand(1)
 }
 

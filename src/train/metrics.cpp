@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <c10/util/Exception.h>
+
 #include "common/error.h"
 
 namespace ulysses::train {
@@ -16,7 +18,28 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
+// Achieved model FLOP/s of one rank in a step.
+double flops_per_rank(const StepMetrics& m, int64_t world_size) {
+  return m.step_ms > 0.0 ? m.model_flops / (m.step_ms / 1000.0) / static_cast<double>(world_size)
+                         : 0.0;
+}
+
 }  // namespace
+
+void StepMetrics::set_times(const profile::StepTimes& times) {
+  phases = times.phases;
+  compute_ms = times.compute_ms;
+  comm_ms = times.comm_ms;
+  offload_ms = times.offload_ms;
+  optimizer_ms = times.optimizer_ms;
+  exposed_comm_ms = times.exposed_comm_ms;
+}
+
+void MetricsWriter::set_throughput_basis(int64_t world_size, double peak_flops_per_rank) {
+  TORCH_CHECK(world_size >= 1 && peak_flops_per_rank >= 0.0, "set_throughput_basis: bad arguments");
+  world_size_ = world_size;
+  peak_flops_per_rank_ = peak_flops_per_rank;
+}
 
 MetricsWriter::MetricsWriter(const std::string& dir, int64_t warmup_steps)
     : dir_(dir), warmup_steps_(warmup_steps) {
@@ -37,7 +60,15 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                          {"tokens_per_s", m.tokens_per_s},
                          {"peak_mem_bytes", m.peak_mem_bytes},
                          {"peak_host_bytes", m.peak_host_bytes},
-                         {"phases", m.phases}};
+                         {"phases", m.phases},
+                         {"compute_ms", m.compute_ms},
+                         {"comm_ms", m.comm_ms},
+                         {"offload_ms", m.offload_ms},
+                         {"optimizer_ms", m.optimizer_ms},
+                         {"exposed_comm_ms", m.exposed_comm_ms},
+                         {"tokens_per_s_per_rank",
+                          m.tokens_per_s / static_cast<double>(world_size_)}};
+  if (m.model_flops > 0.0) line["tflops_per_rank"] = flops_per_rank(m, world_size_) / 1e12;
   metrics_ << line.dump() << "\n";
   metrics_.flush();
   steps_.push_back(m);
@@ -55,13 +86,19 @@ void MetricsWriter::write_summary(const nlohmann::json& extra) const {
   if (measured.empty())
     for (const auto& s : steps_) measured.push_back(&s);
 
-  std::vector<double> step_ms, tps;
-  std::map<std::string, std::vector<double>> phases;
+  std::vector<double> step_ms, tps, flops;
+  std::map<std::string, std::vector<double>> phases, categories;
   int64_t peak = 0, peak_host = 0;
   for (const auto* s : measured) {
     step_ms.push_back(s->step_ms);
     tps.push_back(s->tokens_per_s);
     for (const auto& [name, ms] : s->phases) phases[name].push_back(ms);
+    categories["compute_ms_median"].push_back(s->compute_ms);
+    categories["comm_ms_median"].push_back(s->comm_ms);
+    categories["offload_ms_median"].push_back(s->offload_ms);
+    categories["optimizer_ms_median"].push_back(s->optimizer_ms);
+    categories["exposed_comm_ms_median"].push_back(s->exposed_comm_ms);
+    if (s->model_flops > 0.0) flops.push_back(flops_per_rank(*s, world_size_));
   }
   for (const auto& s : steps_) {
     peak = std::max(peak, s.peak_mem_bytes);
@@ -80,6 +117,18 @@ void MetricsWriter::write_summary(const nlohmann::json& extra) const {
                             {"peak_host_bytes", peak_host},
                             {"final_loss", steps_.empty() ? 0.0 : steps_.back().loss},
                             {"first_loss", steps_.empty() ? 0.0 : steps_.front().loss}};
+  for (auto& [key, values] : categories) summary[key] = median(values);
+  summary["tokens_per_s_per_rank_median"] = median(tps) / static_cast<double>(world_size_);
+  if (!flops.empty()) {
+    const double achieved = median(flops);  // FLOP/s per rank
+    summary["model_flops_per_step"] = measured.back()->model_flops;
+    summary["tflops_per_rank_median"] = achieved / 1e12;
+    summary["flops_formula"] = "6*N_matmul + 6*L*sl*hq*hd per token (profile/flops.h)";
+    if (peak_flops_per_rank_ > 0.0) {
+      summary["peak_tflops_per_rank"] = peak_flops_per_rank_ / 1e12;
+      summary["mfu"] = achieved / peak_flops_per_rank_;
+    }
+  }
   for (const auto& [key, value] : extra.items()) summary[key] = value;
   const std::string tmp = dir_ + "/.summary.json.tmp";
   {

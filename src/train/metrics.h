@@ -1,11 +1,14 @@
 // Step metrics (SPEC 5.7): rank 0 appends one JSON object per step to <output.dir>/metrics.jsonl
-// and writes summary.json at the end (medians over the steps after profile.warmup_steps).
+// and writes summary.json at the end (medians over the steps after profile.warmup_steps), with
+// per-rank throughput, achieved model TFLOP/s and MFU (profile/flops.h).
 #pragma once
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "profile/phase_timer.h"
 
 namespace ulysses::train {
 
@@ -20,7 +23,17 @@ struct StepMetrics {
   double tokens_per_s = 0.0;  // whole job
   int64_t peak_mem_bytes = 0;       // device peak on CUDA, else host RSS peak (this rank)
   int64_t peak_host_bytes = 0;
-  std::map<std::string, double> phases;  // ms per phase
+  std::map<std::string, double> phases;  // ms per phase (inclusive, profile/phase_timer.h)
+  // Exclusive ms per category; their sum is the time inside timed scopes (<= step_ms).
+  double compute_ms = 0.0;
+  double comm_ms = 0.0;
+  double offload_ms = 0.0;
+  double optimizer_ms = 0.0;
+  double exposed_comm_ms = 0.0;  // comm not hidden behind compute
+  double model_flops = 0.0;      // whole job, this step (profile::training_flops); 0 = unknown
+
+  // Copies the phases and category totals of `times`.
+  void set_times(const profile::StepTimes& times);
 };
 
 class MetricsWriter {
@@ -28,18 +41,27 @@ class MetricsWriter {
   // Creates `dir` and truncates metrics.jsonl there. Throws UserError when it cannot.
   MetricsWriter(const std::string& dir, int64_t warmup_steps);
 
+  // Per-rank figures: each step's work is shared by `world_size` ranks; `peak_flops_per_rank`
+  // (FLOP/s of one device, 0 = unknown) turns achieved FLOP/s into MFU. Defaults: 1 rank, 0.
+  // REQUIRES: world_size >= 1, peak_flops_per_rank >= 0.
+  void set_throughput_basis(int64_t world_size, double peak_flops_per_rank);
+
   // Appends one line to metrics.jsonl (flushed, so a killed run keeps what it did).
   void write_step(const StepMetrics& m);
   // Appends an evaluation record ({"eval": {...}}) to metrics.jsonl.
   void write_eval(const nlohmann::json& record);
 
-  // Writes summary.json: medians of step_ms, tokens_per_s and phases over the steps after
-  // warmup (all steps when there are no others), final loss, peak memory, plus `extra` fields.
+  // Writes summary.json: medians of step_ms, tokens_per_s, phases and category times over the
+  // steps after warmup (all steps when there are no others), tokens/s per rank, achieved model
+  // TFLOP/s per rank and MFU (when model_flops and the peak are known), final loss, peak memory,
+  // plus `extra` fields.
   void write_summary(const nlohmann::json& extra) const;
 
  private:
   std::string dir_;
   int64_t warmup_steps_;
+  int64_t world_size_ = 1;
+  double peak_flops_per_rank_ = 0.0;
   std::ofstream metrics_;
   std::vector<StepMetrics> steps_;
 };

@@ -1,0 +1,48 @@
+// Hardware profiles (profiles/hardware/<name>.yaml): what a cluster offers per device and per
+// link, for calibration, MFU (peak FLOP/s) and the cost model's predictions for clusters not at
+// hand (SPEC 7). Figures are vendor peaks unless a comment in the file says otherwise;
+// `ulysses-tune calibrate` measures the achievable ones.
+//
+//   name: h100-sxm                     # defaults to the file stem
+//   description: one line
+//   device: {type: cuda, name: NVIDIA H100 80GB HBM3, memory_gib: 80}
+//   nodes: 1
+//   devices_per_node: 1                # ranks per node (CPU profiles: processes)
+//   host_memory_gib: 2048
+//   peak_tflops: {bf16: 989.4, fp32: 66.9}  # dense, per device
+//   links:                             # GB/s per device and direction
+//     {intra_node_GBps: 450, inter_node_GBps: 50, host_to_device_GBps: 64}
+//   launcher: local                    # local | torchrun | srun
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace ulysses::calibrate {
+
+struct HardwareProfile {
+  std::string name;
+  std::string description;
+  std::string device_type = "cpu";  // cpu | cuda
+  std::string device_name;
+  double device_memory_gib = 0.0;  // per device; for cpu the memory a rank may use
+  int64_t nodes = 1;
+  int64_t devices_per_node = 1;
+  double host_memory_gib = 0.0;   // per node
+  double peak_tflops_bf16 = 0.0;  // dense, per device
+  double peak_tflops_fp32 = 0.0;
+  double intra_node_gbps = 0.0;      // GB/s per device and direction (NVLink; 0 = none)
+  double inter_node_gbps = 0.0;      // GB/s per device and direction (InfiniBand/RoCE; 0 = none)
+  double host_to_device_gbps = 0.0;  // GB/s per device, pinned (0 on cpu)
+  std::string launcher = "local";    // local | torchrun | srun
+
+  // Peak TFLOP/s per device for memory.precision `precision` ("bf16" | "fp32"); 0 = unknown.
+  double peak_tflops(const std::string& precision) const;
+  int64_t world_size() const { return nodes * devices_per_node; }
+};
+
+// Reads and checks a profile. Throws UserError("<path>: <key>: <what is wrong>") for a missing
+// or malformed file, an unknown key, a wrong type or value (negative sizes, unknown device type
+// or launcher, nodes or devices_per_node < 1).
+HardwareProfile load_hardware_profile(const std::string& path);
+
+}  // namespace ulysses::calibrate

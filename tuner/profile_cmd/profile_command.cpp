@@ -1,0 +1,227 @@
+// `ulysses-tune profile`: run config -> nsys profile -> nsys export -> kernel split -> store.
+#include "tuner/profile_cmd/profile_command.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "common/error.h"
+#include "common/paths.h"
+#include "config/run_config.h"
+#include "tuner/launch/launch_plan.h"
+#include "tuner/launch/supervisor.h"
+#include "tuner/profile_cmd/nsys_ingest.h"
+#include "tuner/store/store.h"
+
+namespace fs = std::filesystem;
+
+namespace ulysses::profile_cmd {
+namespace {
+
+bool is_executable(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
+}
+
+// Runs argv to completion with this process's environment; returns its exit status.
+int run_command(const std::vector<std::string>& argv) {
+  std::cerr << "profile: running";
+  for (const auto& word : argv) std::cerr << " " << launch::shell_quote(word);
+  std::cerr << std::endl;
+  launch::ProcessSpec spec;
+  spec.argv = argv;
+  spec.env = launch::current_environment();
+  const launch::SupervisionResult result = launch::supervise({spec}, launch::SupervisorOptions{});
+  if (result.outcome == launch::Outcome::kFailed) {
+    std::cerr << "profile: " << fs::path(argv[0]).filename().string() << " "
+              << launch::describe_exit(*result.first_failure) << std::endl;
+  }
+  return result.exit_status;
+}
+
+nlohmann::json to_json(const DeviceSplit& d) {
+  return {{"device", d.device},
+          {"window_ms", d.window_ms},
+          {"kernel_ms", d.kernel_ms},
+          {"comm_ms", d.comm_ms},
+          {"compute_ms", d.compute_ms},
+          {"overlap_ms", d.overlap_ms},
+          {"exposed_comm_ms", d.exposed_comm_ms()},
+          {"comm_kernels", d.comm_kernels},
+          {"compute_kernels", d.compute_kernels}};
+}
+
+}  // namespace
+
+CLI::App* add_profile_command(CLI::App& app, ProfileOptions* options) {
+  CLI::App* cmd = app.add_subcommand(
+      "profile",
+      "Re-run a trial (--trial) or a run config (--config) under Nsight Systems and store its "
+      "kernel-time split (NCCL comm vs compute, overlap) in the database");
+  cmd->add_option("--db", options->db_path, "Results database (SQLite)")
+      ->type_name("PATH")
+      ->capture_default_str();
+  CLI::Option* trial =
+      cmd->add_option("--trial", options->trial_id, "Trial id from a sweep in --db")
+          ->type_name("ID");
+  CLI::Option* config =
+      cmd->add_option("--config", options->config_path,
+                      "Profile this run config instead of a stored trial (works before any sweep)")
+          ->type_name("RUN.yaml");
+  trial->excludes(config);
+  config->excludes(trial);
+  cmd->add_option("--set", options->overrides, "Override a run-config key (repeatable)")
+      ->type_name("KEY=VALUE");
+  cmd->add_option("--nproc", options->nproc, "Ranks on this node (via ulysses-tune launch)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--out", options->out_dir,
+                  "Directory for profile.nsys-rep, profile.sqlite, run.yaml and the run's output")
+      ->type_name("DIR")
+      ->capture_default_str();
+  cmd->add_option("--nsys", options->nsys, "nsys executable (default: $NSYS, else nsys on PATH)")
+      ->type_name("PATH");
+  cmd->footer(
+      "One of --trial ID or --config RUN.yaml is required. Needs Nsight Systems (nsys); without\n"
+      "it the command exits 2 with a one-line message. Runs\n"
+      "  nsys profile -t cuda,nvtx --capture-range=nvtx --nvtx-capture=step@ulysses\n"
+      "      --capture-range-end=none -o DIR/profile ulysses-train --config DIR/run.yaml\n"
+      "(ulysses-tune launch DIR/run.yaml --nproc N when N > 1), then\n"
+      "  nsys export --type sqlite -o DIR/profile.sqlite DIR/profile.nsys-rep\n"
+      "and splits kernel time inside the `step` NVTX ranges, after profile.warmup_steps steps,\n"
+      "into NCCL (comm) and other kernels (compute), with their overlap and the exposed comm.");
+  return cmd;
+}
+
+std::string find_nsys(const std::string& requested) {
+  if (!requested.empty()) return is_executable(requested) ? requested : "";
+  if (const char* env = std::getenv("NSYS"); env != nullptr && *env != '\0') {
+    return is_executable(env) ? env : "";
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::string dirs = path;
+    size_t begin = 0;
+    while (begin <= dirs.size()) {
+      const size_t end = std::min(dirs.find(':', begin), dirs.size());
+      const fs::path candidate = fs::path(dirs.substr(begin, end - begin)) / "nsys";
+      if (end > begin && is_executable(candidate.string())) return candidate.string();
+      begin = end + 1;
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> nsys_profile_command(const std::string& nsys, const std::string& out_dir,
+                                              const std::vector<std::string>& command) {
+  std::vector<std::string> argv = {nsys,
+                                   "profile",
+                                   "-t",
+                                   "cuda,nvtx",
+                                   "--capture-range=nvtx",
+                                   "--nvtx-capture=step@ulysses",
+                                   "--capture-range-end=none",
+                                   "--force-overwrite=true",
+                                   "-o",
+                                   (fs::path(out_dir) / "profile").string()};
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+int run_profile(const ProfileOptions& options) {
+  if (options.trial_id < 0 && options.config_path.empty()) {
+    throw UserError("profile: give --trial ID or --config RUN.yaml");
+  }
+  const fs::path out = fs::absolute(options.out_dir);
+  const fs::path run_yaml = out / "run.yaml";
+
+  // Everything is checked before anything is written; the store is created only for a result.
+  std::optional<store::Store> db;
+  config::RunConfig run_config;
+  if (options.trial_id >= 0) {
+    if (!fs::exists(options.db_path)) {
+      throw UserError("--db: " + options.db_path +
+                      ": no such file (it holds the trials of a sweep)");
+    }
+    db.emplace(store::Store::open(options.db_path));
+    const std::optional<std::string> yaml = db->trial_config_yaml(options.trial_id);
+    if (!yaml) {
+      throw UserError("--trial: no trial " + std::to_string(options.trial_id) + " in " +
+                      options.db_path + " (no sweep stored it; use --config RUN.yaml)");
+    }
+    run_config = config::parse_run_config_yaml(*yaml, options.overrides);
+  } else {
+    run_config = config::load_run_config(options.config_path, options.overrides);
+  }
+  run_config.output.dir = (out / "run").string();
+  config::validate(run_config, options.nproc);
+
+  const std::string nsys = find_nsys(options.nsys);
+  if (nsys.empty()) {
+    throw UserError(options.nsys.empty()
+                        ? "nsys: Nsight Systems not found ($NSYS unset, no nsys on PATH); install "
+                          "it or pass --nsys PATH"
+                        : "--nsys: " + options.nsys + ": not an executable file");
+  }
+  if (run_config.train.device != "cuda") {
+    std::cerr << "profile: warning: train.device is " << run_config.train.device
+              << "; nsys traces CUDA kernels, so the split will be empty" << std::endl;
+  }
+  fs::create_directories(out);
+  std::ofstream(run_yaml) << config::to_yaml(run_config);
+
+  std::vector<std::string> command;
+  if (options.nproc == 1) {
+    command = {sibling_binary("ulysses-train"), "--config", run_yaml.string()};
+  } else {
+    command = {sibling_binary("ulysses-tune"), "launch", run_yaml.string(), "--nproc",
+               std::to_string(options.nproc)};
+  }
+  if (int status = run_command(nsys_profile_command(nsys, out.string(), command)); status != 0) {
+    return status;
+  }
+  const fs::path report = out / "profile.nsys-rep";
+  const fs::path sqlite = out / "profile.sqlite";
+  if (int status = run_command({nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
+                                "--output", sqlite.string(), report.string()});
+      status != 0) {
+    return status;
+  }
+
+  IngestOptions ingest;
+  ingest.skip_steps = run_config.profile.warmup_steps;
+  const KernelSplit split = ingest_nsys_sqlite(sqlite.string(), ingest);
+
+  store::ProfileRecord record;
+  if (options.trial_id >= 0) record.trial_id = options.trial_id;
+  record.config_path = options.config_path;
+  record.config_yaml = config::to_yaml(run_config);
+  record.report_path = report.string();
+  record.sqlite_path = sqlite.string();
+  record.devices = static_cast<int64_t>(split.devices.size());
+  record.steps = split.steps;
+  record.window_ms = split.total.window_ms;
+  record.kernel_ms = split.total.kernel_ms;
+  record.comm_ms = split.total.comm_ms;
+  record.compute_ms = split.total.compute_ms;
+  record.overlap_ms = split.total.overlap_ms;
+  record.exposed_comm_ms = split.total.exposed_comm_ms();
+  record.comm_kernels = split.total.comm_kernels;
+  record.compute_kernels = split.total.compute_kernels;
+  nlohmann::json details = nlohmann::json::array();
+  for (const DeviceSplit& d : split.devices) details.push_back(to_json(d));
+  record.details = details.dump();
+  if (!db) db.emplace(store::Store::open(options.db_path));
+  const int64_t id = db->add_profile(record);
+
+  std::cout << describe(split) << "profile " << id << " stored in " << options.db_path << std::endl;
+  return kExitOk;
+}
+
+}  // namespace ulysses::profile_cmd
