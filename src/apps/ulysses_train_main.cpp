@@ -9,6 +9,7 @@
 #include "comm/mesh.h"
 #include "common/error.h"
 #include "config/run_config.h"
+#include "memory/memory_limit.h"
 #include "train/trainer.h"
 
 namespace {
@@ -41,6 +42,9 @@ int run(const std::string& config_path, const std::vector<std::string>& override
             << mesh.dp_size() << " x sp " << mesh.sp_size() << "), sp group "
             << join(mesh.sp().global_ranks()) << ", dp group " << join(mesh.dp().global_ranks())
             << std::endl;
+  // After the process groups (their threads belong to the baseline), before the model is built.
+  const memory::MemoryLimit limit = memory::apply_memory_limit(config.memory.limit_gib, device);
+  if (limit.limit_bytes > 0) std::cout << "ulysses-train: " << limit.describe() << std::endl;
   if (config.train.steps == 0 && config.eval.source.empty()) return kExitOk;
   return train::run_training(config, mesh, device);
 }

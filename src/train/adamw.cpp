@@ -1,12 +1,15 @@
 // AdamW update and state (de)serialization; see adamw.h for the exact update rule.
 #include "train/adamw.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "common/error.h"
 
@@ -16,6 +19,41 @@ namespace {
 const char* const kExpAvg = ".exp_avg";
 const char* const kExpAvgSq = ".exp_avg_sq";
 const char* const kStep = ".step";
+const char* const kMaster = ".master";
+
+// Elements per work item of the host update: every item's four buffers (1 MiB in fp32) stay in
+// cache across the op sequence. A multiple of 64, so that ATen's vector/tail split of each item
+// lines up with that of a whole tensor.
+constexpr int64_t kHostChunk = 64 * 1024;
+
+bool is_reduced(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
+
+// torch::optim::AdamW's update (LibTorch 1.13 and 2.x) op for op, in the same order, on one set
+// of same-shape tensors (whole parameters, or chunks of host buffers). `step` is the parameter's
+// update count including this update.
+void adamw_math(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
+                at::Tensor exp_avg_sq, double lr, int64_t step, const config::OptimOptions& o) {
+  const double beta1 = o.betas[0];
+  const double beta2 = o.betas[1];
+  if (o.weight_decay != 0.0) {
+    weights.mul_(1.0 - lr * o.weight_decay);
+  }
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+
+  exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1.0 - beta2);
+
+  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+  const double step_size = lr / bias_correction1;
+  weights.addcdiv_(exp_avg, denom, -step_size);
+}
+
+// A host buffer for `param`'s state in `dtype`: pinned when the parameter lives on a GPU.
+at::Tensor host_buffer(const at::Tensor& param, at::ScalarType dtype) {
+  return at::empty(param.sizes(),
+                   at::TensorOptions(dtype).device(at::kCPU).pinned_memory(param.is_cuda()));
+}
 
 void check_options(const config::OptimOptions& options) {
   if (!(options.lr >= 0.0)) {
@@ -65,7 +103,8 @@ int64_t read_step(const std::string& source, const std::string& key, const at::T
 
 }  // namespace
 
-AdamW::AdamW(NamedTensors params, const config::OptimOptions& options) : options_(options) {
+AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, OptimizerPlacement placement)
+    : options_(options), placement_(placement) {
   check_options(options_);
   std::set<std::string> seen;
   slots_.reserve(params.size());
@@ -73,14 +112,26 @@ AdamW::AdamW(NamedTensors params, const config::OptimOptions& options) : options
     TORCH_CHECK(seen.insert(name).second, "AdamW: duplicate parameter name '", name, "'");
     TORCH_CHECK(param.defined(), "AdamW: parameter '", name, "' is undefined");
     TORCH_CHECK(param.layout() == at::kStrided, "AdamW: parameter '", name, "' is not dense");
-    TORCH_CHECK(param.scalar_type() == at::kFloat || param.scalar_type() == at::kDouble,
-                "AdamW: parameter '", name, "' has dtype ", param.scalar_type(),
-                "; fp32 or fp64 required (bf16 needs an fp32 master copy, not built yet)");
+    const at::ScalarType dtype = param.scalar_type();
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || is_reduced(dtype),
+                "AdamW: parameter '", name, "' has dtype ", dtype,
+                "; fp32, fp64, bf16 or fp16 required");
     Slot slot;
     slot.name = name;
     slot.param = param;
-    slot.exp_avg = at::zeros_like(param, at::MemoryFormat::Preserve);
-    slot.exp_avg_sq = at::zeros_like(param, at::MemoryFormat::Preserve);
+    const at::ScalarType master_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
+    at::NoGradGuard no_grad;
+    if (placement_ == OptimizerPlacement::kHost) {
+      slot.master = host_buffer(param, master_dtype);
+      slot.master.copy_(param);
+      slot.host_grad = host_buffer(param, master_dtype);
+    } else if (is_reduced(dtype)) {
+      slot.master =
+          param.detach().to(master_dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    }
+    const at::Tensor& updated = slot.master.defined() ? slot.master : param;
+    slot.exp_avg = at::zeros_like(updated, at::MemoryFormat::Preserve);
+    slot.exp_avg_sq = at::zeros_like(updated, at::MemoryFormat::Preserve);
     slots_.push_back(std::move(slot));
   }
 }
@@ -88,6 +139,7 @@ AdamW::AdamW(NamedTensors params, const config::OptimOptions& options) : options
 void AdamW::step(double lr) {
   TORCH_CHECK(lr >= 0.0, "AdamW::step: lr must be >= 0, got ", lr);
   at::NoGradGuard no_grad;
+  std::vector<Slot*> on_host;  // kHost: slots whose gradient is staged in host_grad
   for (Slot& slot : slots_) {
     const at::Tensor& grad = slot.param.grad();
     if (!grad.defined()) {
@@ -98,32 +150,64 @@ void AdamW::step(double lr) {
         grad.sizes() == slot.param.sizes() && grad.scalar_type() == slot.param.scalar_type(),
         "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
         grad.scalar_type(), ", the parameter ", slot.param.sizes(), " ", slot.param.scalar_type());
-    update_slot(slot, grad, lr);
+    if (placement_ == OptimizerPlacement::kHost) {
+      slot.host_grad.copy_(grad);  // device -> host, converted to the master dtype; blocking
+      on_host.push_back(&slot);
+    } else {
+      update_slot(slot, grad, lr);
+    }
+  }
+  if (!on_host.empty()) {
+    update_on_host(on_host, lr);
   }
   ++step_count_;
 }
 
-// Mirrors torch::optim::AdamW::step (LibTorch 1.13 and 2.x) op for op, in the same order.
 void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr) {
-  at::Tensor& weights = slot.param;  // the fp32 master copy goes here once bf16 params exist
-  const double beta1 = options_.betas[0];
-  const double beta2 = options_.betas[1];
-
-  if (options_.weight_decay != 0.0) {
-    weights.mul_(1.0 - lr * options_.weight_decay);
-  }
-
   slot.step += 1;
-  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(slot.step));
-  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(slot.step));
+  if (!slot.master.defined()) {
+    adamw_math(slot.param, grad, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
+    return;
+  }
+  adamw_math(slot.master, grad.to(slot.master.scalar_type()), slot.exp_avg, slot.exp_avg_sq, lr,
+             slot.step, options_);
+  slot.param.copy_(slot.master);
+}
 
-  slot.exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
-  slot.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1.0 - beta2);
+void AdamW::update_on_host(const std::vector<Slot*>& slots, double lr) {
+  struct Chunk {
+    Slot* slot;
+    int64_t offset, length;
+  };
+  std::vector<Chunk> chunks;
+  for (Slot* slot : slots) {
+    slot->step += 1;
+    const int64_t numel = slot->master.numel();
+    for (int64_t offset = 0; offset < numel; offset += kHostChunk) {
+      chunks.push_back({slot, offset, std::min(kHostChunk, numel - offset)});
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;  // grad mode is thread-local
+    for (int64_t i = begin; i < end; ++i) {
+      const Chunk& c = chunks[static_cast<size_t>(i)];
+      auto part = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, c.offset, c.length); };
+      adamw_math(part(c.slot->master), part(c.slot->host_grad), part(c.slot->exp_avg),
+                 part(c.slot->exp_avg_sq), lr, c.slot->step, options_);
+    }
+  });
+  for (Slot* slot : slots) {
+    // host -> device from pinned memory, ordered on the current stream before the next step's
+    // (blocking) gradient copies, so the host update never races it.
+    slot->param.copy_(slot->master, /*non_blocking=*/slot->param.is_cuda());
+  }
+}
 
-  const at::Tensor denom =
-      (slot.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
-  const double step_size = lr / bias_correction1;
-  weights.addcdiv_(slot.exp_avg, denom, -step_size);
+void AdamW::reload_parameters() {
+  at::NoGradGuard no_grad;
+  for (Slot& slot : slots_) {
+    if (slot.master.defined()) slot.master.copy_(slot.param);
+  }
 }
 
 std::vector<at::Tensor> AdamW::parameters() const {
@@ -142,6 +226,7 @@ NamedTensors AdamW::state_tensors() const {
     state.emplace_back(slot.name + kExpAvg, slot.exp_avg);
     state.emplace_back(slot.name + kExpAvgSq, slot.exp_avg_sq);
     state.emplace_back(slot.name + kStep, at::scalar_tensor(slot.step, at::kLong));
+    if (is_reduced(slot.param.scalar_type())) state.emplace_back(slot.name + kMaster, slot.master);
   }
   return state;
 }
@@ -161,6 +246,7 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
     const at::Tensor* exp_avg;
     const at::Tensor* exp_avg_sq;
     int64_t step;
+    const at::Tensor* master;  // null: re-read from the parameter
   };
   std::vector<Saved> saved;
   saved.reserve(slots_.size());
@@ -179,7 +265,14 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
     const at::Tensor& step = take(slot.name + kStep);
     check_moment(source, slot.name + kExpAvg, exp_avg, slot.exp_avg);
     check_moment(source, slot.name + kExpAvgSq, exp_avg_sq, slot.exp_avg_sq);
-    saved.push_back({&exp_avg, &exp_avg_sq, read_step(source, slot.name + kStep, step)});
+    const at::Tensor* master = nullptr;
+    auto master_entry = unused.find(slot.name + kMaster);
+    if (is_reduced(slot.param.scalar_type()) && master_entry != unused.end()) {
+      master = master_entry->second;
+      check_moment(source, slot.name + kMaster, *master, slot.master);
+      unused.erase(master_entry);
+    }
+    saved.push_back({&exp_avg, &exp_avg_sq, read_step(source, slot.name + kStep, step), master});
   }
   if (!unused.empty()) {
     throw UserError(c10::str(source, ": unexpected entry '", unused.begin()->first,
@@ -190,6 +283,11 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
     slots_[i].exp_avg.copy_(*saved[i].exp_avg);
     slots_[i].exp_avg_sq.copy_(*saved[i].exp_avg_sq);
     slots_[i].step = saved[i].step;
+    if (saved[i].master != nullptr) {
+      slots_[i].master.copy_(*saved[i].master);
+    } else if (slots_[i].master.defined()) {
+      slots_[i].master.copy_(slots_[i].param);
+    }
   }
   step_count_ = step_count;
 }

@@ -25,19 +25,30 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // A parameter whose grad() is undefined is skipped entirely: no decay, and its own step t does not
 // advance (torch keeps one step counter per parameter; so does this class).
 //
-// Precision: the update runs in the parameter's dtype (fp32 or fp64) with torch ops. Mixed
-// precision (bf16 parameters with an fp32 master copy, SPEC 5.5) and optimizer offload (master
-// and states in host memory, a fused multi-threaded CPU loop) are later issues: they add a master
-// tensor per Slot that update_slot() updates in place of the parameter, then copy back.
+// Precision and placement (SPEC 5.5): fp32/fp64 parameters on kDevice are updated in place in
+// their dtype. bf16/fp16 parameters get an fp32 master copy and fp32 moments: the update runs on
+// the master (the gradient converted to fp32), then the master is copied into the parameter.
+// kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in
+// host memory for every parameter: gradients are copied to host buffers, the same op sequence runs
+// on the CPU over chunks of every parameter in parallel (at::parallel_for; each op vectorized by
+// ATen), and the master is copied back into the parameter's device and dtype.
 //
 // Not thread-safe. The optimizer holds references to the parameter tensors (shared storage): the
 // caller's module sees every update.
+// Where AdamW keeps master weights and moments.
+enum class OptimizerPlacement {
+  kDevice,  // with the parameters (memory.offload_optimizer: false)
+  kHost,    // host memory, pinned for CUDA parameters; update on the CPU (offload_optimizer: true)
+};
+
 class AdamW {
  public:
-  // REQUIRES: names unique; every tensor defined, floating fp32 or fp64, dense.
+  // REQUIRES: names unique; every tensor defined, dense, fp32, fp64, bf16 or fp16.
   // Throws UserError "optim.<key>: ..." when lr < 0, eps < 0, weight_decay < 0 or a beta is
-  // outside [0, 1). State (exp_avg, exp_avg_sq) is allocated here as zeros like each parameter.
-  AdamW(NamedTensors params, const config::OptimOptions& options);
+  // outside [0, 1). State (master copies where needed, exp_avg, exp_avg_sq as zeros) is allocated
+  // here, in host memory for kHost.
+  AdamW(NamedTensors params, const config::OptimOptions& options,
+        OptimizerPlacement placement = OptimizerPlacement::kDevice);
 
   // One optimizer step at learning rate lr (from lr_at()), using each parameter's .grad().
   // Parameters with an undefined grad are skipped. Gradients are read, never modified.
@@ -51,9 +62,12 @@ class AdamW {
   std::vector<at::Tensor> parameters() const;
 
   // Optimizer state for a checkpoint, three entries per parameter in construction order:
-  //   "<param>.exp_avg"     first moment,  [param shape], param dtype, param device
-  //   "<param>.exp_avg_sq"  second moment, [param shape], param dtype, param device
+  //   "<param>.exp_avg"     first moment,  [param shape], master dtype, master device
+  //   "<param>.exp_avg_sq"  second moment, [param shape], master dtype, master device
   //   "<param>.step"        [] int64 on CPU, this parameter's own update count
+  // plus, for bf16/fp16 parameters only, "<param>.master" (fp32 master weights). The master
+  // dtype/device is the parameter's for fp32/fp64 on kDevice, else fp32 (fp64) on the host (kHost)
+  // or on the parameter's device (kDevice).
   // The moment tensors alias the live state (no copy): write them out before the next step().
   // The global step count is step_count(), saved by the caller next to these.
   NamedTensors state_tensors() const;
@@ -61,27 +75,40 @@ class AdamW {
   // Restores a state written by state_tensors() and the step_count() saved with it, so that later
   // steps continue bit-for-bit. Values are copied into the existing state tensors (to the
   // parameters' devices). All checks run before anything is copied: on error nothing changes.
+  // Master copies are taken from "<param>.master" entries when present, else re-read from the
+  // parameters (so load the weights first).
   // Throws UserError "<source>: ..." naming the entry when an entry is missing, unexpected or
   // duplicated, or has another shape or dtype than its parameter's state, or when a step is < 0.
   void load_state(const NamedTensors& state, int64_t step_count,
                   const std::string& source = "optimizer state");
 
+  // Copies every parameter into its master copy (no-op for parameters updated in place). Call it
+  // after changing the parameters outside step(), e.g. after loading weights without load_state.
+  void reload_parameters();
+
   const config::OptimOptions& options() const { return options_; }
+  OptimizerPlacement placement() const { return placement_; }
 
  private:
-  // Invariants: exp_avg and exp_avg_sq have param's shape, dtype and device; step >= 0.
+  // Invariants: exp_avg and exp_avg_sq have the shape, dtype and device of the tensor the update
+  // runs on: master when defined, else param. master and host_grad are contiguous. step >= 0.
   struct Slot {
     std::string name;
-    at::Tensor param;       // [any shape], fp32 or fp64, updated in place
+    at::Tensor param;       // [any shape], the module's parameter, updated in place
+    at::Tensor master;      // [param shape] fp32/fp64 master weights, or undefined (update param)
+    at::Tensor host_grad;   // [param shape] master dtype, host staging buffer (kHost only)
     at::Tensor exp_avg;     // [param shape] first moment m
     at::Tensor exp_avg_sq;  // [param shape] second moment v
     int64_t step = 0;       // updates applied to this parameter (bias-correction exponent)
   };
 
   void update_slot(Slot& slot, const at::Tensor& grad, double lr);
+  // kHost: one parallel pass over chunks of every slot's host buffers, then copies back.
+  void update_on_host(const std::vector<Slot*>& slots, double lr);
 
   std::vector<Slot> slots_;
   config::OptimOptions options_;
+  OptimizerPlacement placement_;
   int64_t step_count_ = 0;
 };
 

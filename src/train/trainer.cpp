@@ -8,10 +8,15 @@
 
 #include "common/error.h"
 #include "data/data_loader.h"
+#include "memory/activation_checkpoint.h"
 #include "memory/memory_stats.h"
+#include "memory/precision.h"
 #include "model/attention_core.h"
 #include "model/hf_weights.h"
+#include "profile/flops.h"
+#include "profile/model_ranges.h"
 #include "profile/phase_timer.h"
+#include "sp/tiled_mlp.h"
 #include "sp/ulysses_attention.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -63,13 +68,23 @@ model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::Devic
                                     const at::Device& device) {
   model::LlamaForCausalLM model(config.model);
   if (!config.model.load.empty()) model::load_hf_weights(model, config.model.load);
-  model->to(device);
+  model->to(device, memory::parameter_dtype(config.memory.precision));
   const model::AttentionBackend backend =
       model::resolve_attention_backend(config.attention.backend, device);
   if (mesh.sp_size() > 1) {
     model->set_attention_core(std::make_shared<sp::UlyssesAttention>(mesh.sp(), backend));
   } else {
     model->set_attention_core(std::make_shared<model::LocalAttentionCore>(backend));
+  }
+  model->set_skip_all_but_last(config.attention.skip_all_but_last);
+  if (config.memory.tiled_mlp.value != 1) {  // TiledMLP; auto is a MAX over the world
+    const int64_t local_seq_len = (config.sequence.length + mesh.sp_size() - 1) / mesh.sp_size();
+    model->set_mlp_runner(sp::tiled_mlp_runner(sp::resolve_mlp_tiles(
+        config.memory.tiled_mlp, local_seq_len, model->options().hidden_size, mesh.world())));
+  }
+  // memory.offload_activations offloads the checkpointed inputs, so it implies checkpointing.
+  if (config.memory.checkpointing || config.memory.offload_activations) {
+    memory::enable_activation_checkpointing(model, config.memory.offload_activations);
   }
   return model;
 }
@@ -78,12 +93,17 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                  const at::Device& device) {
   const bool is_rank0 = mesh.rank() == 0;
   model::LlamaForCausalLM model = build_model(config, mesh, device);
+  profile::set_timing_device(device);
+  profile::enable_nvtx(config.profile.nvtx);
+  profile::install_model_ranges(model);
   if (is_rank0) {
     std::cout << "ulysses-train: model " << (config.model.preset.empty() ? "inline" : config.model.preset)
               << ", " << model->parameters().size() << " tensors, attention "
               << model->attention_core()->name() << ", device " << device.str() << std::endl;
   }
-  AdamW optimizer(model->named_parameters().pairs(), config.optim);
+  AdamW optimizer(model->named_parameters().pairs(), config.optim,
+                  config.memory.offload_optimizer ? OptimizerPlacement::kHost
+                                                  : OptimizerPlacement::kDevice);
   std::vector<at::Tensor> params = model->parameters();
 
   TrainerState state;
@@ -105,9 +125,14 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                           mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank());
   std::unique_ptr<MetricsWriter> metrics;
   if (is_rank0) metrics = std::make_unique<MetricsWriter>(config.output.dir, config.profile.warmup_steps);
+  if (metrics) {
+    metrics->set_throughput_basis(mesh.world().size(), profile::peak_flops_per_rank_from_env());
+  }
   const int64_t global_samples =
       mesh.dp_size() * config.sequence.micro_batch * config.sequence.grad_accum;
   const int64_t tokens_per_step = global_samples * loader.padded_length();
+  const double step_flops =
+      tokens_per_step * profile::training_flops(config.model, loader.padded_length()).per_token();
   const bool evaluating = !config.eval.source.empty();
 
   auto run_eval = [&](int64_t step) {
@@ -124,11 +149,12 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   };
 
   for (int64_t step = state.step + 1; step <= config.train.steps; ++step) {
+    profile::ScopedRange step_range("step", step);  // nsys capture range: step@ulysses
     memory::reset_peak_device_bytes(device);
     profile::take_phase_times();  // drop anything accumulated between steps
     const auto start = std::chrono::steady_clock::now();
     std::vector<data::Batch> batches = load_step(loader, step, config.sequence.grad_accum, device);
-    StepLoss loss = compute_gradients(model, batches, mesh);
+    StepLoss loss = compute_gradients(model, batches, mesh, GradientOptions{config.memory.tiled_loss});
     const double lr = lr_at(config.optim, step, config.train.steps);
     double grad_norm = 0.0;
     {
@@ -153,7 +179,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     m.tokens_per_s = tokens_per_step / (step_ms / 1000.0);
     m.peak_host_bytes = memory::peak_host_bytes();
     m.peak_mem_bytes = device.is_cuda() ? memory::peak_device_bytes(device) : m.peak_host_bytes;
-    m.phases = profile::take_phase_times();
+    m.set_times(profile::take_step_times());
+    m.model_flops = step_flops;
     if (is_rank0) {
       metrics->write_step(m);
       print_progress(step, config.train.steps, m);
