@@ -79,6 +79,7 @@ void for_each_field(C& c, Visit&& visit) {
   visit("checkpoint", "resume", c.checkpoint.resume);
   visit("profile", "warmup_steps", c.profile.warmup_steps);
   visit("profile", "nvtx", c.profile.nvtx);
+  visit("profile", "peak_tflops", c.profile.peak_tflops);
   visit("output", "dir", c.output.dir);
   visit("eval", "source", c.eval.source);
   visit("eval", "seed", c.eval.seed);

@@ -105,6 +105,9 @@ struct CheckpointOptions {
 struct ProfileOptions {
   int64_t warmup_steps = 1;  // steps excluded from summary medians
   bool nvtx = true;
+  // Peak TFLOP/s of one rank's device for MFU in summary.json (e.g. from profiles/hardware/);
+  // 0 = take $ULYSSES_PEAK_TFLOPS, and when that is unset MFU is not reported.
+  double peak_tflops = 0.0;
 };
 
 struct OutputOptions {

@@ -171,6 +171,7 @@ void validate_run(const RunConfig& c) {
           "latest needs checkpoint.dir");
 
   at_least("profile.warmup_steps", c.profile.warmup_steps, 0);
+  non_negative("profile.peak_tflops", c.profile.peak_tflops);
   require(!c.output.dir.empty(), "output.dir", "must not be empty");
 
   if (!c.eval.source.empty()) data_source("eval.source", c.eval.source);

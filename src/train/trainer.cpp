@@ -126,7 +126,9 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   std::unique_ptr<MetricsWriter> metrics;
   if (is_rank0) metrics = std::make_unique<MetricsWriter>(config.output.dir, config.profile.warmup_steps);
   if (metrics) {
-    metrics->set_throughput_basis(mesh.world().size(), profile::peak_flops_per_rank_from_env());
+    metrics->set_throughput_basis(mesh.world().size(), config.profile.peak_tflops > 0
+                                                           ? config.profile.peak_tflops * 1e12
+                                                           : profile::peak_flops_per_rank_from_env());
   }
   const int64_t global_samples =
       mesh.dp_size() * config.sequence.micro_batch * config.sequence.grad_accum;
