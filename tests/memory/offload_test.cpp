@@ -2,7 +2,8 @@
 // of the checkpointed hidden states, optimizer offload, bf16 with fp32 master weights, and the
 // per-rank memory limit. Every feature is held to the plain path: the same loss (fp32: relative
 // 1e-5) and gradients (relative 1e-4 per parameter) through train::compute_gradients, with sp 1
-// and 2 on real Gloo ranks, bs 1 and 2, tied and untied embeddings.
+// and 2 on real Gloo ranks, bs 1 and 2, tied and untied embeddings, alone and combined with packed
+// documents and with the tiled MLP and loss of src/sp.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,8 +174,9 @@ TEST(ActivationOffload, StashCopiesToASeparateHostBufferAndPrefetchesThePrevious
 struct FeatureCase {
   std::string name;
   int64_t sp;
-  bool offload;       // offload the checkpointed inputs (checkpointing is always on here)
-  bool pack = false;  // packed documents: doc ids reach the attention of the recompute
+  bool offload;        // offload the checkpointed inputs (checkpointing is always on here)
+  bool pack = false;   // packed documents: doc ids reach the attention of the recompute
+  bool tiled = false;  // also tiled MLP and tiled loss (2 tiles each), nested in the recompute
 };
 
 class CheckpointEquivalence : public ::testing::TestWithParam<FeatureCase> {};
@@ -193,10 +195,12 @@ TEST_P(CheckpointEquivalence, LossAndGradientsMatchThePlainPath) {
         c.sequence.micro_batch = bs;
         c.model.tie_embeddings = tied;
         c.data.pack = fc.pack;
+        if (fc.tiled) c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
         model::LlamaForCausalLM model = train::build_model(c, mesh, at::Device(at::kCPU));
         auto checkpointing = memory::enable_activation_checkpointing(model, fc.offload);
         train::StepLoss got =
-            train::compute_gradients(model, rank_batches(c, fc.sp, mesh.sp_rank()), mesh);
+            train::compute_gradients(model, rank_batches(c, fc.sp, mesh.sp_rank()), mesh,
+                                     train::GradientOptions{c.memory.tiled_loss});
         const int64_t layers = c.model.num_layers;
         EXPECT_EQ(checkpointing->counts().layers_checkpointed, layers) << what;
         EXPECT_EQ(checkpointing->counts().layers_recomputed, layers) << what;
@@ -204,6 +208,7 @@ TEST_P(CheckpointEquivalence, LossAndGradientsMatchThePlainPath) {
 
         config::RunConfig ref_c = c;
         ref_c.mesh.sp = 1;
+        ref_c.memory = config::MemoryOptions{};  // the plain path
         model::LlamaForCausalLM ref_model =
             train::build_model(ref_c, ref_mesh, at::Device(at::kCPU));
         train::StepLoss want =
@@ -218,15 +223,16 @@ TEST_P(CheckpointEquivalence, LossAndGradientsMatchThePlainPath) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Features, CheckpointEquivalence,
-                         ::testing::Values(FeatureCase{"checkpointing_sp1", 1, false},
-                                           FeatureCase{"offload_sp1", 1, true},
-                                           FeatureCase{"checkpointing_sp2", 2, false},
-                                           FeatureCase{"offload_sp2", 2, true},
-                                           FeatureCase{"offload_packed_sp2", 2, true, true}),
-                         [](const ::testing::TestParamInfo<FeatureCase>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Features, CheckpointEquivalence,
+    ::testing::Values(FeatureCase{"checkpointing_sp1", 1, false},
+                      FeatureCase{"offload_sp1", 1, true},
+                      FeatureCase{"checkpointing_sp2", 2, false},
+                      FeatureCase{"offload_sp2", 2, true},
+                      FeatureCase{"offload_packed_sp2", 2, true, true},
+                      FeatureCase{"offload_tiled_sp1", 1, true, false, true},
+                      FeatureCase{"offload_tiled_packed_sp2", 2, true, true, true}),
+    [](const ::testing::TestParamInfo<FeatureCase>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer offload and master weights.
@@ -395,6 +401,7 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
     c.memory.checkpointing = features;
     c.memory.offload_activations = features;
     c.memory.offload_optimizer = features;
+    if (features) c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
     c.output.dir = (dir / name).string();
     c.checkpoint.dir = (dir / name / "ckpt").string();
     testing::run_ranks(2, [&](const testing::RankContext& ctx) {
