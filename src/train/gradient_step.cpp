@@ -18,7 +18,9 @@ void all_reduce_gradients(const std::vector<at::Tensor>& params, comm::Group& gr
   for (auto& [dtype, grads] : by_dtype) {
     std::vector<at::Tensor> flat_views;
     for (const auto& g : grads) flat_views.push_back(g.reshape({-1}));
-    at::Tensor flat = at::cat(flat_views);  // [sum of numel]
+    // Half-precision gradients are summed over ranks in fp32 (SPEC 5.5: fp32 reductions).
+    const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
+    at::Tensor flat = at::cat(flat_views).to(half ? at::kFloat : dtype);  // [sum of numel]
     group.all_reduce(flat, comm::ReduceOp::kSum);
     int64_t offset = 0;
     for (auto& g : grads) {
