@@ -197,7 +197,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     }
     if (checkpoints) mesh.world().barrier();  // nobody races ahead of a checkpoint being written
   }
-  if (evaluating && config.train.steps <= state.step && config.train.steps == 0) run_eval(0);
+  if (evaluating && config.train.steps == 0) run_eval(0);  // evaluation-only run
   if (is_rank0 && metrics) {
     metrics->write_summary({{"world_size", mesh.world().size()},
                             {"dp", mesh.dp_size()},
