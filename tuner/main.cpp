@@ -1,10 +1,10 @@
 // ulysses-tune: the tuner's command line. Each subcommand lives in its own tuner/<area>/ library;
 // this file only wires them into CLI11 and maps errors to exit statuses (common/error.h).
 #include <CLI/CLI.hpp>
-#include <c10/util/Exception.h>
 #include <exception>
 #include <iostream>
 
+#include "comm/exit_status.h"
 #include "common/error.h"
 #include "tuner/calibrate/calibrate_command.h"
 #include "tuner/launch/launch_command.h"
@@ -42,16 +42,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const ulysses::UserError& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return ulysses::kExitUsage;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: internal: " << e.what_without_backtrace() << std::endl;
-    return ulysses::kExitFailure;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return ulysses::kExitFailure;
-  }
+  return ulysses::comm::run_with_exit_status([&] { return run(argc, argv); });
 }

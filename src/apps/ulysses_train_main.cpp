@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "comm/dist_env.h"
-#include "comm/errors.h"
+#include "comm/exit_status.h"
 #include "comm/mesh.h"
 #include "common/error.h"
 #include "config/run_config.h"
@@ -21,14 +21,6 @@ std::string join(const std::vector<int>& ranks) {
   out << "]";
   return out.str();
 }
-
-bool is_out_of_memory(const std::string& what) {
-  return what.find("out of memory") != std::string::npos ||
-         what.find("can't allocate memory") != std::string::npos ||
-         what.find("std::bad_alloc") != std::string::npos;
-}
-
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 int run(const std::string& config_path, const std::vector<std::string>& overrides) {
   using namespace ulysses;
@@ -63,24 +55,5 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? ulysses::kExitOk : ulysses::kExitUsage;
   }
-  try {
-    return run(config_path, overrides);
-  } catch (const ulysses::UserError& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return ulysses::kExitUsage;
-  } catch (const ulysses::comm::CommError& e) {
-    std::cerr << "error: " << first_line(e.what()) << std::endl;
-    return ulysses::kExitCommFailure;
-  } catch (const std::bad_alloc& e) {
-    std::cerr << "out of memory: host allocation failed" << std::endl;
-    return ulysses::kExitOutOfMemory;
-  } catch (const std::exception& e) {
-    const std::string what = first_line(e.what());
-    if (is_out_of_memory(e.what())) {
-      std::cerr << "out of memory: " << what << std::endl;
-      return ulysses::kExitOutOfMemory;
-    }
-    std::cerr << "error: " << what << std::endl;
-    return ulysses::kExitFailure;
-  }
+  return ulysses::comm::run_with_exit_status([&] { return run(config_path, overrides); });
 }

@@ -12,7 +12,7 @@
 #include <iostream>
 
 #include "comm/dist_env.h"
-#include "comm/errors.h"
+#include "comm/exit_status.h"
 #include "common/error.h"
 #include "config/run_config.h"
 #include "tuner/bench/bench_context.h"
@@ -182,18 +182,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const ulysses::UserError& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return ulysses::kExitUsage;
-  } catch (const ulysses::comm::CommError& e) {
-    std::cerr << "error: " << std::string(e.what()).substr(0, std::string(e.what()).find('\n'))
-              << std::endl;
-    return ulysses::kExitCommFailure;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << std::string(e.what()).substr(0, std::string(e.what()).find('\n'))
-              << std::endl;
-    return ulysses::kExitFailure;
-  }
+  return ulysses::comm::run_with_exit_status([&] { return run(argc, argv); });
 }

@@ -1,0 +1,46 @@
+// Error -> exit status mapping for every binary's main (see exit_status.h).
+#include "comm/exit_status.h"
+
+#include <iostream>
+#include <new>
+#include <string>
+
+#include "comm/errors.h"
+#include "common/error.h"
+
+namespace ulysses::comm {
+namespace {
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+bool is_out_of_memory(const std::string& what) {
+  return what.find("out of memory") != std::string::npos ||
+         what.find("can't allocate memory") != std::string::npos ||
+         what.find("std::bad_alloc") != std::string::npos;
+}
+
+}  // namespace
+
+int run_with_exit_status(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UserError& e) {
+    std::cerr << "error: " << first_line(e.what()) << std::endl;
+    return kExitUsage;
+  } catch (const CommError& e) {
+    std::cerr << "error: " << first_line(e.what()) << std::endl;
+    return kExitCommFailure;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "out of memory: host allocation failed" << std::endl;
+    return kExitOutOfMemory;
+  } catch (const std::exception& e) {
+    if (is_out_of_memory(e.what())) {
+      std::cerr << "out of memory: " << first_line(e.what()) << std::endl;
+      return kExitOutOfMemory;
+    }
+    std::cerr << "error: " << first_line(e.what()) << std::endl;
+    return kExitFailure;
+  }
+}
+
+}  // namespace ulysses::comm
