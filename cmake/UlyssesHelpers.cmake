@@ -1,20 +1,28 @@
 # Helpers every CMakeLists below uses, so that all targets get the same flags and precompiled header.
 
-# ulysses_library(NAME SOURCES a.cpp b.cpp DEPS other_lib ...)
+# ulysses_library(NAME [NO_PCH] SOURCES a.cpp b.cpp DEPS other_lib ...)
 #   A static library of one area of src/ or tuner/, includable as "area/file.h" from src/.
+#   NO_PCH: its sources include no LibTorch header, so they skip the (1 GB) precompiled LibTorch
+#   header and compile in seconds (most of tuner/).
 function(ulysses_library name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "NO_PCH" "" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} ${TORCH_LIBRARIES} Threads::Threads)
+  if(ARG_NO_PCH)
+    set_target_properties(${name} PROPERTIES ULYSSES_NO_PCH ON)
+  endif()
   ulysses_common_flags(${name})
 endfunction()
 
-# ulysses_test(NAME SOURCES a_test.cpp ... DEPS lib ... [LABELS l] [TIMEOUT s])
+# ulysses_test(NAME [NO_PCH] SOURCES a_test.cpp ... DEPS lib ... [LABELS l] [TIMEOUT s])
 #   One GoogleTest executable, registered with ctest as one test per gtest case.
 function(ulysses_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "NO_PCH" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
+  if(ARG_NO_PCH)
+    set_target_properties(${name} PROPERTIES ULYSSES_NO_PCH ON)
+  endif()
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} ulysses_test_support GTest::gtest GTest::gtest_main)
   ulysses_common_flags(${name})
   if(NOT ARG_TIMEOUT)
@@ -23,7 +31,10 @@ function(ulysses_test name)
   include(GoogleTest)
   # Tests find binaries beside themselves (build/bin) and the project root through
   # common/paths.h, so the only environment they need is one OpenMP thread per rank.
-  set(props TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT OMP_NUM_THREADS=1)
+  # ULYSSES_PYTHON: the venv Python whose real clients check what we write (tests/clients/).
+  # (A second variable in ENVIRONMENT would be split on its ';' by gtest_discover_tests.)
+  set(props TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "OMP_NUM_THREADS=1"
+            ENVIRONMENT_MODIFICATION "ULYSSES_PYTHON=set:${ULYSSES_PYTHON}")
   if(ARG_LABELS)
     list(APPEND props LABELS ${ARG_LABELS})
   endif()
@@ -36,7 +47,8 @@ function(ulysses_common_flags target)
   if(ULYSSES_WITH_CUDA)
     target_compile_definitions(${target} PUBLIC ULYSSES_WITH_CUDA=1)
   endif()
-  if(ULYSSES_USE_PCH AND NOT target STREQUAL "ulysses_pch")
+  get_target_property(no_pch ${target} ULYSSES_NO_PCH)
+  if(ULYSSES_USE_PCH AND NOT no_pch AND NOT target STREQUAL "ulysses_pch")
     # One precompiled LibTorch header for the whole tree (building one costs about a minute).
     target_precompile_headers(${target} REUSE_FROM ulysses_pch)
   endif()

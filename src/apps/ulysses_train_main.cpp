@@ -7,6 +7,7 @@
 #include "comm/dist_env.h"
 #include "comm/exit_status.h"
 #include "comm/mesh.h"
+#include "common/build_info.h"
 #include "common/error.h"
 #include "config/run_config.h"
 #include "memory/memory_limit.h"
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "run config YAML (see experiments/runs/)")
       ->required();
   app.add_option("--set", overrides, "override a key: --set memory.tiled_mlp=4 (repeatable)");
+  app.set_version_flag("--version", ulysses::build_info("ulysses-train"),
+                       "Print the version, LibTorch version and compiled-in backends");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -13,12 +13,6 @@ namespace {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-bool is_out_of_memory(const std::string& what) {
-  return what.find("out of memory") != std::string::npos ||
-         what.find("can't allocate memory") != std::string::npos ||
-         what.find("std::bad_alloc") != std::string::npos;
-}
-
 }  // namespace
 
 int run_with_exit_status(const std::function<int()>& body) {
@@ -34,7 +28,7 @@ int run_with_exit_status(const std::function<int()>& body) {
     std::cerr << "out of memory: host allocation failed" << std::endl;
     return kExitOutOfMemory;
   } catch (const std::exception& e) {
-    if (is_out_of_memory(e.what())) {
+    if (is_out_of_memory_text(e.what())) {
       std::cerr << "out of memory: " << first_line(e.what()) << std::endl;
       return kExitOutOfMemory;
     }

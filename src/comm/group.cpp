@@ -47,7 +47,7 @@ Group Group::single(std::string name, int global_rank) {
 }
 
 Group::Group(std::string name, std::vector<int> global_ranks, int rank,
-             c10::intrusive_ptr<compat::CollectiveBackend> backend, const at::Device& device,
+             c10::intrusive_ptr<c10d::Backend> backend, const at::Device& device,
              double timeout_s)
     : name_(std::move(name)),
       global_ranks_(std::move(global_ranks)),
@@ -71,7 +71,7 @@ void Group::run(const char* op, StartFn&& start) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = start();
-  } catch (const compat::DistError& e) {  // e.g. NCCL communicator setup with a dead peer
+  } catch (const c10::DistError& e) {  // e.g. NCCL communicator setup with a dead peer
     throw CommError(describe_comm_failure(op, name_, timeout_s_, exception_text(e)));
   }
   try {

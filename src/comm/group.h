@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/torch_compat.h"
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace ulysses::comm {
 
@@ -48,7 +48,7 @@ class Group {
   // REQUIRES: backend != nullptr, backend->getSize() == global_ranks.size() >= 2,
   // backend->getRank() == rank.
   Group(std::string name, std::vector<int> global_ranks, int rank,
-        c10::intrusive_ptr<compat::CollectiveBackend> backend, const at::Device& device,
+        c10::intrusive_ptr<c10d::Backend> backend, const at::Device& device,
         double timeout_s);
 
   int rank() const { return rank_; }
@@ -58,7 +58,7 @@ class Group {
   // Backend name: "gloo", "nccl", or "none" for a group of size 1.
   std::string backend_name() const;
   // The c10d backend (null for a group of size 1), for a collective this class does not wrap.
-  const c10::intrusive_ptr<compat::CollectiveBackend>& backend_handle() const { return backend_; }
+  const c10::intrusive_ptr<c10d::Backend>& backend_handle() const { return backend_; }
 
   // In place: every member's `t` becomes the elementwise reduction over members.
   // `t` may be non-contiguous (a contiguous copy is reduced and copied back).
@@ -94,7 +94,7 @@ class Group {
   std::string name_ = "single";
   std::vector<int> global_ranks_ = {0};
   int rank_ = 0;
-  c10::intrusive_ptr<compat::CollectiveBackend> backend_;  // null for size 1
+  c10::intrusive_ptr<c10d::Backend> backend_;  // null for size 1
   at::Device device_ = at::Device(at::kCPU);
   bool is_gloo_ = false;  // Gloo lacks bfloat16: such tensors travel as float32
   double timeout_s_ = 0.0;

@@ -36,7 +36,7 @@ struct GroupFactory {
   const std::string& backend;
   const at::Device& device;
   double timeout_s;
-  c10::intrusive_ptr<compat::CollectiveBackend> world_backend;  // set once the world exists
+  c10::intrusive_ptr<c10d::Backend> world_backend;  // set once the world exists
 
   std::unique_ptr<Group> make(const std::string& name, int index, const std::vector<int>& ranks) {
     const int rank = index_of(ranks, env.rank);

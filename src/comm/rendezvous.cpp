@@ -1,4 +1,7 @@
-// Store, arrival barrier and backend creation (see rendezvous.h).
+// Store, arrival barrier and backend creation (see rendezvous.h). Every use of Gloo types lives in
+// this one file: Gloo's headers come from Debian's libgloo-dev (the PyTorch wheel ships none), and
+// ProcessGroupGloo holds Gloo objects only through pointers, so its layout does not depend on the
+// Gloo revision; the multi-rank tests prove the pairing works.
 #include "comm/rendezvous.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -109,7 +112,7 @@ void wait_for_all_ranks(c10d::Store& store, const std::string& key, int world_si
                         std::chrono::milliseconds timeout) {
   const std::string done_key = key + "/all_arrived";
   try {
-    if (store.add(key + "/arrived", 1) == world_size) store.set(done_key, {1});
+    if (store.add(key + "/arrived", 1) == world_size) store.set(done_key, std::vector<uint8_t>{1});
     store.wait({done_key}, timeout);
   } catch (const std::exception& e) {
     int64_t arrived = -1;
@@ -123,7 +126,7 @@ void wait_for_all_ranks(c10d::Store& store, const std::string& key, int world_si
   }
 }
 
-c10::intrusive_ptr<compat::CollectiveBackend> create_backend(
+c10::intrusive_ptr<c10d::Backend> create_backend(
     const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     double timeout_s, const DistEnv& env) {
   TORCH_INTERNAL_ASSERT(backend == "gloo" || (backend == "nccl" && ULYSSES_HAS_NCCL), "backend ",

@@ -7,7 +7,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/dist_env.h"
-#include "common/torch_compat.h"
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include "config/options.h"
 
 namespace ulysses::comm {
@@ -43,7 +43,7 @@ void wait_for_all_ranks(c10d::Store& store, const std::string& key, int world_si
 // out after timeout_s. Gloo binds to 127.0.0.1 on a single node, to $GLOO_SOCKET_IFNAME when set,
 // else to the address of this host's name. Blocks until all `size` ranks created theirs (Gloo).
 // Throws CommError when the peers cannot be reached in time.
-c10::intrusive_ptr<compat::CollectiveBackend> create_backend(
+c10::intrusive_ptr<c10d::Backend> create_backend(
     const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     double timeout_s, const DistEnv& env);
 

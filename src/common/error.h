@@ -22,4 +22,13 @@ inline constexpr int kExitOutOfMemory = 12;  // "out of memory: ..." (host or de
 inline constexpr int kExitCommFailure = 13;  // a peer died or a collective timed out
 inline constexpr int kExitInterrupted = 130;  // SIGINT / SIGTERM
 
+// True when an exception's text says an allocation failed: CUDA "out of memory"
+// (c10::OutOfMemoryError), the CPU allocator's "can't allocate memory" under memory.limit_gib, or
+// std::bad_alloc. Every place that converts errors keeps these out of memory (exit 12).
+inline bool is_out_of_memory_text(const std::string& what) {
+  return what.find("out of memory") != std::string::npos ||
+         what.find("can't allocate memory") != std::string::npos ||
+         what.find("std::bad_alloc") != std::string::npos;
+}
+
 }  // namespace ulysses

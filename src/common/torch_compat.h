@@ -1,49 +1,52 @@
-// Every difference between LibTorch 1.13 (Debian, CPU) and LibTorch >= 2.3 (CUDA) lives here.
+// What differs between the LibTorch releases we support (>= 2.3, SPEC 4) and the build's
+// features. Nothing else in the tree tests TORCH_VERSION_* or USE_* macros.
 #pragma once
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/autograd/function.h>
 #include <torch/version.h>
 
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#define ULYSSES_TORCH2 1
-#else
-#define ULYSSES_TORCH2 0
-#endif
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3),
+              "ulysses-tune needs LibTorch >= 2.3");
+
+// cuDNN attention can be selected through at::globalContext() from LibTorch 2.4 on.
+#define ULYSSES_HAS_CUDNN_SDPA (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 4)
+// at::scaled_dot_product_attention takes enable_gqa (k/v with fewer heads than q) from 2.5 on;
+// before, k/v are expanded to hq heads.
+#define ULYSSES_HAS_SDPA_GQA (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5)
 
 namespace ulysses::compat {
 
-// The class that concrete collective implementations (Gloo, NCCL) derive from:
-// c10d::ProcessGroup in 1.13, c10d::Backend in 2.x. Both expose the same collective calls
-// (allreduce, alltoall_base, allgather, broadcast, barrier) that comm/ uses.
-#if ULYSSES_TORCH2
-using CollectiveBackend = c10d::Backend;
-#else
-using CollectiveBackend = c10d::ProcessGroup;
-#endif
-
-// True when this LibTorch was built with CUDA and ULYSSES_WITH_CUDA is set by CMake.
+// True when this LibTorch was built with CUDA (CMake sets ULYSSES_WITH_CUDA then).
 #ifdef ULYSSES_WITH_CUDA
 inline constexpr bool kHasCuda = true;
 #else
 inline constexpr bool kHasCuda = false;
 #endif
 
-// True when at::scaled_dot_product_attention exists (LibTorch >= 2.0).
-inline constexpr bool kHasSdpa = ULYSSES_TORCH2;
+// Autograd nodes are held by std::shared_ptr (with torch::autograd::deleteNode) in older releases
+// and by c10::intrusive_ptr in newer ones (2.13 does). NodePtr<T> is the holder this LibTorch's
+// set_history / Edge take; make_autograd_node<T>() creates one. Detected from Node's base class,
+// not from a version number.
+inline constexpr bool kIntrusiveAutogradNodes =
+    std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
 
-}  // namespace ulysses::compat
+template <typename T>
+using NodePtr = std::conditional_t<kIntrusiveAutogradNodes, c10::intrusive_ptr<T>,
+                                   std::shared_ptr<T>>;
 
-namespace ulysses::compat {
-
-// Runtime failures of c10d (store, backend, network) thrown when a collective starts, e.g. NCCL
-// communicator setup: c10::DistError in 2.x. LibTorch 1.13 has no distinct type (it throws
-// c10::Error, which also means a bad argument), so there this class is never thrown.
-#if ULYSSES_TORCH2
-using DistError = c10::DistError;
-#else
-struct DistError : public c10::Error {
-  using c10::Error::Error;
-};
-#endif
+template <typename T, typename... Args>
+NodePtr<T> make_autograd_node(Args&&... args) {
+  if constexpr (kIntrusiveAutogradNodes) {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  } else {
+    // deleteNode (older releases) found by argument-dependent lookup through T's base Node, so
+    // that the name need not exist in newer releases.
+    return std::shared_ptr<T>(new T(std::forward<Args>(args)...),
+                              [](T* node) { deleteNode(node); });
+  }
+}
 
 }  // namespace ulysses::compat

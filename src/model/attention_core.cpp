@@ -67,12 +67,9 @@ std::string attention_backend_name(AttentionBackend backend) {
 }
 
 AttentionBackend resolve_attention_backend(const std::string& name, const at::Device& device) {
-  constexpr bool fused_available = compat::kHasSdpa && compat::kHasCuda;
   if (name == "math") return AttentionBackend::kMath;
-  if (name == "auto") {
-    return fused_available && device.is_cuda() ? AttentionBackend::kSdpaAuto
-                                               : AttentionBackend::kMath;
-  }
+  // SDPA's fused kernels: flash/efficient/cuDNN on CUDA, the flash-attention CPU kernel on CPU.
+  if (name == "auto") return AttentionBackend::kSdpaAuto;
   AttentionBackend fused;
   if (name == "flash") {
     fused = AttentionBackend::kFlash;
@@ -84,14 +81,15 @@ AttentionBackend resolve_attention_backend(const std::string& name, const at::De
     throw UserError("attention.backend: unknown backend '" + name +
                     "' (expected auto|math|flash|efficient|cudnn)");
   }
-  if (!fused_available) {
-    throw UserError("attention.backend: " + name + " needs CUDA LibTorch >= 2.0");
-  }
   if (fused == AttentionBackend::kCudnn && !ULYSSES_HAS_CUDNN_SDPA) {
-    throw UserError("attention.backend: cudnn needs CUDA LibTorch >= 2.4");
+    throw UserError("attention.backend: cudnn needs LibTorch >= 2.4");
   }
-  if (!device.is_cuda()) {
-    throw UserError("attention.backend: " + name + " needs train.device: cuda");
+  if (fused != AttentionBackend::kFlash && !device.is_cuda()) {
+    throw UserError("attention.backend: " + name +
+                    " runs on CUDA only (on CPU use auto, flash or math)");
+  }
+  if (device.is_cuda() && !compat::kHasCuda) {
+    throw UserError("attention.backend: " + name + " needs a CUDA build of LibTorch");
   }
   return fused;
 }
@@ -107,12 +105,7 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "local_attention: hq=", q.size(2),
               " is not a multiple of hkv=", k.size(2));
   if (backend == AttentionBackend::kMath) return math_attention(q, k, v, doc_ids);
-#if ULYSSES_TORCH2
   return sdpa_attention(q, k, v, doc_ids, backend);
-#else
-  TORCH_CHECK(false, "local_attention: backend ", attention_backend_name(backend),
-              " needs LibTorch >= 2.0 (resolve_attention_backend should have refused it)");
-#endif
 }
 
 at::Tensor LocalAttentionCore::forward(const at::Tensor& q, const at::Tensor& k,

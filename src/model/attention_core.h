@@ -26,19 +26,19 @@ class AttentionCore {
   virtual std::string name() const = 0;
 };
 
-// How local_attention computes. kMath runs everywhere; the others are
-// at::scaled_dot_product_attention on CUDA LibTorch >= 2.0 with one kernel family selected.
-// kSdpaAuto (what "auto" resolves to on CUDA) lets SDPA pick its best kernel per call.
+// How local_attention computes. kMath (the reference the tests compare against) runs everywhere
+// and materialises scores; the others go through at::scaled_dot_product_attention with one kernel
+// family selected: on CUDA flash / efficient / cuDNN, on CPU the fused flash-attention kernel.
+// kSdpaAuto (what "auto" resolves to on every device) lets SDPA pick its best kernel per call.
 enum class AttentionBackend { kMath, kFlash, kEfficient, kCudnn, kSdpaAuto };
 
 // "math" | "flash" | "efficient" | "cudnn" | "sdpa".
 std::string attention_backend_name(AttentionBackend backend);
 
-// Maps the attention.backend config value to a backend usable on `device`: "auto" -> kSdpaAuto on
-// CUDA with LibTorch >= 2.0, kMath otherwise; "math" -> kMath; "flash" | "efficient" | "cudnn" ->
-// that kernel family. Throws UserError("attention.backend: ...") for an unknown name, or when the
-// backend is unavailable (e.g. "attention.backend: flash needs CUDA LibTorch >= 2.0", or a CPU
-// device with a CUDA LibTorch).
+// Maps the attention.backend config value to a backend usable on `device`: "auto" -> kSdpaAuto
+// (CPU and CUDA); "math" -> kMath; "flash" -> kFlash (CUDA or CPU); "efficient" | "cudnn" -> that
+// CUDA kernel family. Throws UserError("attention.backend: ...") for an unknown name or a backend
+// unavailable on this device or build (e.g. "attention.backend: efficient runs on CUDA only").
 AttentionBackend resolve_attention_backend(const std::string& name, const at::Device& device);
 
 // Causal attention over the whole given sequence: position i attends to j <= i (and, when doc_ids
@@ -47,10 +47,10 @@ AttentionBackend resolve_attention_backend(const std::string& name, const at::De
 // math backend accumulates in fp32 and returns the input dtype. Differentiable.
 //   q [bs, sl, hq, hd], k/v [bs, sl, hkv, hd] -> [bs, sl, hq, hd]
 // The math backend materializes scores [bs, hq, sl, sl] (fp32 for fp16/bf16 inputs).
-// Fused backends expand k/v to hq heads and, with doc_ids, pass a [bs, 1, sl, sl] mask (flash and
-// cudnn take no mask, so those calls run the efficient kernel instead).
+// Fused backends run GQA natively (sdpa_attention.h) and, with doc_ids, pass a [bs, 1, sl, sl]
+// mask (CUDA flash and cudnn take no mask, so those calls run the efficient kernel instead).
 // REQUIRES: q, k, v on one device with one dtype; hq % hkv == 0; doc_ids [bs, sl] int64 or
-// undefined; a fused backend only on CUDA (resolve_attention_backend checks this).
+// undefined; a backend that resolve_attention_backend accepts for that device.
 // Throws UserError("attention.backend: ...") when a fused kernel cannot take these inputs
 // (e.g. flash with fp32).
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -1,7 +1,6 @@
 // at::scaled_dot_product_attention with a selected kernel family (see sdpa_attention.h).
 #include "model/sdpa_attention.h"
 
-#if ULYSSES_TORCH2
 #include <ATen/Context.h>
 
 #include <cmath>
@@ -12,6 +11,7 @@ namespace ulysses::model {
 namespace {
 
 // Enables exactly the SDP kernels wanted for one call and restores the previous switches.
+// kSdpaAuto enables every kernel (SDPA's math kernel included, as its last resort).
 class SdpKernelScope {
  public:
   explicit SdpKernelScope(AttentionBackend backend) {
@@ -54,14 +54,17 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
               "sdpa_attention: math goes through local_attention");
   const int64_t sl = q.size(1), hq = q.size(2), hd = q.size(3), hkv = k.size(2);
   const int64_t group = hq / hkv;
-  // [bs, sl, h, hd] -> [bs, h, sl, hd]; k/v expanded to hq heads (SDPA in 2.3 has no GQA).
   at::Tensor q_t = q.transpose(1, 2);  // [bs, hq, sl, hd]
-  at::Tensor k_t =
-      (group == 1 ? k : k.repeat_interleave(group, 2)).transpose(1, 2);  // [bs, hq, sl, hd]
-  at::Tensor v_t =
-      (group == 1 ? v : v.repeat_interleave(group, 2)).transpose(1, 2);  // [bs, hq, sl, hd]
+#if ULYSSES_HAS_SDPA_GQA
+  at::Tensor k_t = k.transpose(1, 2);  // [bs, hkv, sl, hd]
+  at::Tensor v_t = v.transpose(1, 2);  // [bs, hkv, sl, hd]
+  const bool gqa = group > 1;
+#else
+  at::Tensor k_t = (group == 1 ? k : k.repeat_interleave(group, 2)).transpose(1, 2);  // [bs, hq, sl, hd]
+  at::Tensor v_t = (group == 1 ? v : v.repeat_interleave(group, 2)).transpose(1, 2);  // [bs, hq, sl, hd]
+#endif
 
-  c10::optional<at::Tensor> mask;  // [bs, 1, sl, sl] bool, true = may attend
+  std::optional<at::Tensor> mask;  // [bs, 1, sl, sl] bool, true = may attend
   bool is_causal = true;
   AttentionBackend kernel = backend;
   if (doc_ids.defined()) {
@@ -69,27 +72,39 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     at::Tensor causal = at::ones({sl, sl}, q.options().dtype(at::kBool)).tril();  // [sl, sl]
     mask = same_doc.logical_and(causal).unsqueeze(1);
     is_causal = false;
-    if (kernel == AttentionBackend::kFlash || kernel == AttentionBackend::kCudnn) {
-      kernel = AttentionBackend::kEfficient;  // these kernels take no arbitrary mask
+    if (q.is_cuda() &&
+        (kernel == AttentionBackend::kFlash || kernel == AttentionBackend::kCudnn)) {
+      kernel = AttentionBackend::kEfficient;  // these CUDA kernels take no arbitrary mask
     }
   }
   const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-  if (!half && (kernel == AttentionBackend::kFlash || kernel == AttentionBackend::kCudnn)) {
+  if (q.is_cuda() && !half &&
+      (kernel == AttentionBackend::kFlash || kernel == AttentionBackend::kCudnn)) {
     throw UserError("attention.backend: " + attention_backend_name(kernel) +
-                    " needs fp16/bf16 activations (memory.precision: bf16)");
+                    " needs fp16/bf16 activations on CUDA (memory.precision: bf16)");
   }
-  at::Tensor out;  // [bs, hq, sl, hd]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  SdpKernelScope scope(kernel);
+  auto call = [&] {
+#if ULYSSES_HAS_SDPA_GQA
+    return at::scaled_dot_product_attention(q_t, k_t, v_t, mask, /*dropout_p=*/0.0, is_causal,
+                                            scale, gqa);
+#else
+    return at::scaled_dot_product_attention(q_t, k_t, v_t, mask, /*dropout_p=*/0.0, is_causal,
+                                            scale);
+#endif
+  };
+  if (kernel == AttentionBackend::kSdpaAuto) return call().transpose(1, 2);  // [bs, sl, hq, hd]
   try {
-    SdpKernelScope scope(kernel);
-    out = at::scaled_dot_product_attention(q_t, k_t, v_t, mask, /*dropout_p=*/0.0, is_causal,
-                                           /*scale=*/1.0 / std::sqrt(static_cast<double>(hd)));
+    return call().transpose(1, 2);  // [bs, sl, hq, hd]
   } catch (const c10::Error& e) {
+    // Out of memory keeps its exit status (12): it is not bad input. A forced kernel family that
+    // cannot take these inputs ("No available kernel") is a configuration the user chose.
     std::string what = e.what_without_backtrace();
+    if (is_out_of_memory_text(what)) throw;
     throw UserError("attention.backend: " + attention_backend_name(kernel) +
                     " cannot run these inputs: " + what.substr(0, what.find('\n')));
   }
-  return out.transpose(1, 2);  // [bs, sl, hq, hd]
 }
 
 }  // namespace ulysses::model
-#endif  // ULYSSES_TORCH2

@@ -2,6 +2,8 @@
 // (see sequence_tiled_compute.h). The autograd node is hand-written because it owns a closure.
 #include "sp/sequence_tiled_compute.h"
 
+#include "common/torch_compat.h"
+
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -169,8 +171,7 @@ at::Tensor sequence_tiled_compute(const TiledFn& fn, int64_t shards,
   TORCH_CHECK(at::isFloatingType(result.scalar_type()),
               "sequence_tiled_compute: fn must return a floating-point tensor, got ",
               result.scalar_type());
-  std::shared_ptr<SequenceTiledComputeBackward> node(new SequenceTiledComputeBackward(),
-                                                     torch::autograd::deleteNode);
+  auto node = compat::make_autograd_node<SequenceTiledComputeBackward>();
   node->fn = fn;
   for (const auto& x : inputs_to_shard) node->sharded.emplace_back(x, /*is_output=*/false);
   for (const auto& p : passthrough) node->passthrough.emplace_back(p, /*is_output=*/false);

@@ -1,5 +1,5 @@
 // local_attention (math backend) against a naive per-head, per-query loop in double precision;
-// backend resolution; LocalAttentionCore's skip mode.
+// backend resolution; SDPA on CPU against math; LocalAttentionCore's skip mode.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +11,8 @@
 #include "common/error.h"
 #include "common/torch_compat.h"
 #include "model/attention_core.h"
+
+#include <ATen/SDPBackend.h>
 
 namespace ulysses::model {
 namespace {
@@ -175,9 +177,10 @@ std::string user_error_of(const std::string& name, const at::Device& device) {
   return "";
 }
 
-TEST(ResolveAttentionBackend, AutoAndMathOnCpu) {
-  EXPECT_EQ(resolve_attention_backend("auto", at::kCPU), AttentionBackend::kMath);
+TEST(ResolveAttentionBackend, AutoIsSdpaOnEveryDevice) {
+  EXPECT_EQ(resolve_attention_backend("auto", at::kCPU), AttentionBackend::kSdpaAuto);
   EXPECT_EQ(resolve_attention_backend("math", at::kCPU), AttentionBackend::kMath);
+  EXPECT_EQ(resolve_attention_backend("flash", at::kCPU), AttentionBackend::kFlash);
   EXPECT_EQ(attention_backend_name(AttentionBackend::kEfficient), "efficient");
 }
 
@@ -185,15 +188,60 @@ TEST(ResolveAttentionBackend, ClearErrors) {
   EXPECT_EQ(
       user_error_of("fastest", at::kCPU),
       "attention.backend: unknown backend 'fastest' (expected auto|math|flash|efficient|cudnn)");
-  if (!(compat::kHasCuda && compat::kHasSdpa)) {
-    EXPECT_EQ(user_error_of("flash", at::kCPU),
-              "attention.backend: flash needs CUDA LibTorch >= 2.0");
-    EXPECT_EQ(user_error_of("efficient", at::kCPU),
-              "attention.backend: efficient needs CUDA LibTorch >= 2.0");
-  } else {
-    EXPECT_EQ(user_error_of("flash", at::kCPU),
-              "attention.backend: flash needs train.device: cuda");
+  EXPECT_EQ(user_error_of("efficient", at::kCPU),
+            "attention.backend: efficient runs on CUDA only (on CPU use auto, flash or math)");
+  EXPECT_EQ(user_error_of("cudnn", at::kCPU),
+            "attention.backend: cudnn runs on CUDA only (on CPU use auto, flash or math)");
+}
+
+// SDPA on CPU (auto and the forced flash kernel) equals the math reference, forward and backward,
+// for GQA / MQA / MHA with and without packed documents. Tolerance: fp32 kernels that sum in a
+// different order, 1e-5 absolute on O(1) values.
+class CpuSdpaTest
+    : public ::testing::TestWithParam<std::tuple<AttentionBackend, int64_t, bool>> {};
+
+TEST_P(CpuSdpaTest, MatchesMathForwardAndBackward) {
+  const auto [backend, hkv, packed] = GetParam();
+  torch::manual_seed(3);
+  const int64_t bs = 2, sl = 9, hq = 8, hd = 16;
+  at::Tensor q = torch::randn({bs, sl, hq, hd}), k = torch::randn({bs, sl, hkv, hd}),
+             v = torch::randn({bs, sl, hkv, hd}), grad_out = torch::randn({bs, sl, hq, hd});
+  at::Tensor doc = packed ? example_doc_ids(bs, sl) : at::Tensor();
+  std::vector<at::Tensor> grads[2];
+  at::Tensor outs[2];
+  const AttentionBackend backends[2] = {AttentionBackend::kMath, backend};
+  for (int i = 0; i < 2; ++i) {
+    at::Tensor qi = q.clone().requires_grad_(), ki = k.clone().requires_grad_(),
+               vi = v.clone().requires_grad_();
+    outs[i] = local_attention(qi, ki, vi, doc, backends[i]);
+    outs[i].backward(grad_out);
+    grads[i] = {qi.grad(), ki.grad(), vi.grad()};
   }
+  EXPECT_TRUE(at::allclose(outs[1], outs[0], 0, 1e-5));
+  for (int g = 0; g < 3; ++g) EXPECT_TRUE(at::allclose(grads[1][g], grads[0][g], 0, 1e-5)) << g;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, CpuSdpaTest,
+    ::testing::Combine(::testing::Values(AttentionBackend::kSdpaAuto, AttentionBackend::kFlash),
+                       ::testing::Values(int64_t{2}, int64_t{1}, int64_t{8}),
+                       ::testing::Bool()));
+
+// On CPU, SDPA with our inputs selects the fused flash kernel (no [sl, sl] scores), for causal
+// GQA and for the packed-document mask alike.
+TEST(CpuSdpa, SelectsTheFusedFlashKernel) {
+  const int64_t bs = 1, sl = 64, hq = 8, hkv = 2, hd = 32;
+  at::Tensor q = torch::randn({bs, hq, sl, hd}), k = torch::randn({bs, hkv, sl, hd}),
+             v = torch::randn({bs, hkv, sl, hd});
+  at::Tensor mask = at::ones({sl, sl}, at::kBool).tril().view({1, 1, sl, sl});
+  const int64_t flash = static_cast<int64_t>(at::SDPBackend::flash_attention);
+#if ULYSSES_HAS_SDPA_GQA
+  EXPECT_EQ(at::_fused_sdp_choice(q, k, v, {}, 0.0, true, {}, true), flash);
+  EXPECT_EQ(at::_fused_sdp_choice(q, k, v, mask, 0.0, false, {}, true), flash);
+#else
+  at::Tensor k_full = k.repeat_interleave(hq / hkv, 1), v_full = v.repeat_interleave(hq / hkv, 1);
+  EXPECT_EQ(at::_fused_sdp_choice(q, k_full, v_full, {}, 0.0, true, {}), flash);
+#endif
 }
 
 }  // namespace
