@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# The main job on a CPU machine: build, then a short 4-rank (dp 2 x sp 2) training run of
-# ulysses-train launched by ulysses-tune. Writes runs/tiny-cpu/{metrics.jsonl,summary.json}.
+# The main job on a CPU machine: install what is missing, build, then the tuner end to end on
+# 4 CPU ranks: sweep the quickstart experiment (real ulysses-train trials, some out of memory by
+# design) -> recommend -> report -> launch the tuned job for a short run. Everything goes to
+# runs/quickstart/ (results.db, recommended/, report/, tuned/), made fresh on each run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/build.sh ulysses_train ulysses_tune
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-build/bin/ulysses-tune launch experiments/runs/tiny-cpu.yaml --nproc 4 "$@"
-echo "metrics: runs/tiny-cpu/metrics.jsonl  summary: runs/tiny-cpu/summary.json"
+out=runs/quickstart
+rm -rf "$out"
+mkdir -p "$out"
+tune=build/bin/ulysses-tune
+$tune sweep experiments/quickstart-cpu.yaml --db "$out/results.db"
+$tune recommend --db "$out/results.db" --out "$out/recommended"
+$tune report --db "$out/results.db" --out "$out/report"
+# The tuned job through the launch.sh that recommend wrote (it expects build/bin on PATH).
+PATH="$root/build/bin:$PATH" "$out/recommended/launch.sh" --set train.steps=4 \
+  --set output.dir="$root/$out/tuned" "$@"
+echo "sweep: $out/results.db  recommendation: $out/recommended/WHY.md  report: $out/report/README.md"
+echo "tuned run: $out/tuned/metrics.jsonl"

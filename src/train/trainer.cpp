@@ -198,8 +198,18 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     if (checkpoints) mesh.world().barrier();  // nobody races ahead of a checkpoint being written
   }
   if (evaluating && config.train.steps == 0) run_eval(0);  // evaluation-only run
+  // The tuner compares peaks against a per-rank limit: the largest rank's peak is what counts.
+  at::Tensor peaks = at::tensor({memory::peak_host_bytes(),
+                                 device.is_cuda() ? memory::peak_device_bytes(device)
+                                                  : memory::peak_host_bytes()},
+                                at::kLong)
+                         .to(device);  // [2]: host, device
+  mesh.world().all_reduce(peaks, comm::ReduceOp::kMax);
+  peaks = peaks.cpu();
   if (is_rank0 && metrics) {
-    metrics->write_summary({{"world_size", mesh.world().size()},
+    metrics->write_summary({{"max_rank_peak_host_bytes", peaks[0].item<int64_t>()},
+                            {"max_rank_peak_mem_bytes", peaks[1].item<int64_t>()},
+                            {"world_size", mesh.world().size()},
                             {"dp", mesh.dp_size()},
                             {"sp", mesh.sp_size()},
                             {"sequence_length", loader.padded_length()},

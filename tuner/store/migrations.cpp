@@ -51,6 +51,72 @@ CREATE TABLE profiles (
   details          TEXT NOT NULL DEFAULT '{}'  -- JSON: the same figures per device
 );
 )sql"},
+      {2, "sweeps, their trials, per-step metrics and per-phase times",
+       R"sql(
+CREATE TABLE sweeps (
+  id               INTEGER PRIMARY KEY,
+  name             TEXT NOT NULL UNIQUE,
+  created_at       TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%SZ', 'now')),
+  finished_at      TEXT,            -- NULL while running or when interrupted
+  status           TEXT NOT NULL DEFAULT 'running',  -- running | finished | interrupted
+  experiment_path  TEXT NOT NULL DEFAULT '',
+  experiment_yaml  TEXT NOT NULL DEFAULT '',         -- the experiment file as read
+  search           TEXT NOT NULL DEFAULT 'smart',    -- smart | grid
+  objective        TEXT NOT NULL DEFAULT 'throughput',
+  environment      TEXT NOT NULL DEFAULT '{}',       -- JSON: host, cpu, devices, versions, git
+  summary          TEXT NOT NULL DEFAULT '{}'        -- JSON: counts (ran, pruned, skipped, grid)
+);
+CREATE TABLE trials (
+  id                    INTEGER PRIMARY KEY,
+  sweep_id              INTEGER NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
+  key                   TEXT NOT NULL,   -- canonical point + length + probe flag; unique per sweep
+  point                 TEXT NOT NULL DEFAULT '{}',  -- JSON: the space's axis values
+  config_yaml           TEXT NOT NULL DEFAULT '',    -- the full run config given to the ranks
+  config_json           TEXT NOT NULL DEFAULT '{}',  -- the same as JSON
+  seqlen                INTEGER NOT NULL,
+  probe                 INTEGER NOT NULL DEFAULT 0,  -- 1: attention.skip_all_but_last probe
+  world_size            INTEGER NOT NULL,
+  dp                    INTEGER NOT NULL,
+  sp                    INTEGER NOT NULL,
+  status                TEXT NOT NULL,   -- running | ok | oom | failed | timeout | killed |
+                                         -- pruned | invalid | skipped
+  exit_code             INTEGER,         -- exit status, 128+signal when killed; NULL if not run
+  error                 TEXT NOT NULL DEFAULT '',    -- last error line of the failing rank
+  reason                TEXT NOT NULL DEFAULT '',    -- why pruned / invalid / skipped
+  started_at            TEXT,
+  finished_at           TEXT,
+  wall_s                REAL,
+  run_dir               TEXT NOT NULL DEFAULT '',
+  step_ms               REAL,            -- median after warmup
+  tokens_per_s          REAL,            -- whole job, median after warmup
+  tokens_per_s_per_rank REAL,
+  peak_mem_bytes        INTEGER,         -- max over steps (device on CUDA, host RSS on CPU)
+  peak_host_bytes       INTEGER,
+  final_loss            REAL,
+  limit_bytes           INTEGER,         -- per-rank memory limit the trial ran (or was pruned) under
+  predicted_peak_bytes  INTEGER,         -- memory model, before the run
+  predicted_step_ms     REAL,            -- time model, before the run
+  summary               TEXT NOT NULL DEFAULT '{}',  -- summary.json of the run
+  UNIQUE (sweep_id, key)
+);
+CREATE INDEX trials_by_sweep ON trials(sweep_id, status);
+CREATE TABLE trial_steps (
+  trial_id        INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  step            INTEGER NOT NULL,
+  loss            REAL,
+  grad_norm       REAL,
+  step_ms         REAL,
+  tokens_per_s    REAL,
+  peak_mem_bytes  INTEGER,
+  PRIMARY KEY (trial_id, step)
+);
+CREATE TABLE trial_phases (
+  trial_id  INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  phase     TEXT NOT NULL,   -- a phase of metrics.jsonl, or a category total (compute, comm, ...)
+  ms        REAL NOT NULL,   -- median per step after warmup
+  PRIMARY KEY (trial_id, phase)
+);
+)sql"},
   };
   return list;
 }

@@ -1,0 +1,574 @@
+// Tests of tuner/export: the DeepSpeed JSON, ArcticTraining recipe and Accelerate config of a run
+// config, over meshes 1x1, dp2xsp2, dp1xsp4, dp4xsp1, dp2xsp4 and offload none / activations /
+// optimizer / both in fp32 and bf16 (micro_batch 2, grad_accum 4): every field, the batch
+// arithmetic and exactly the warnings that apply; then every written file is loaded by its real
+// consumer (tests/clients/check_exports.py: DeepSpeedConfig, ArcticTraining's TrainerConfig,
+// Accelerate's launcher + ParallelismConfig), in one Python process ($ULYSSES_PYTHON).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/error.h"
+#include "config/hf_config.h"
+#include "config/run_config.h"
+#include "tuner/export/accelerate_config.h"
+#include "tuner/export/arctic_recipe.h"
+#include "tuner/export/deepspeed_config.h"
+#include "tuner/export/export_files.h"
+
+namespace ulysses::exports {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int64_t kMicroBatch = 2;
+constexpr int64_t kGradAccum = 4;
+constexpr int64_t kSeqLength = 4096;
+constexpr int64_t kSteps = 10;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::path(::testing::TempDir()) / "export-test-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = fs::canonical(pattern);  // the checker prints resolved paths
+  }
+  ~TempDir() {
+    if (keep_) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  void keep() { keep_ = true; }
+
+ private:
+  fs::path path_;
+  bool keep_ = false;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The part of each warning before its first ": " (the run config keys it names).
+std::vector<std::string> warning_keys(const std::vector<std::string>& warnings) {
+  std::vector<std::string> keys;
+  for (const std::string& warning : warnings) {
+    EXPECT_EQ(warning.find('\n'), std::string::npos) << "not one line: " << warning;
+    keys.push_back(warning.substr(0, warning.find(": ")));
+  }
+  return keys;
+}
+
+enum class Offload { kNone, kActivations, kOptimizer, kBoth };
+
+const char* offload_name(Offload offload) {
+  switch (offload) {
+    case Offload::kNone: return "none";
+    case Offload::kActivations: return "activations";
+    case Offload::kOptimizer: return "optimizer";
+    case Offload::kBoth: return "both";
+  }
+  return "?";
+}
+
+// One run config of the matrix, with what every consumer must compute from it.
+struct Case {
+  int64_t dp = 1;
+  int64_t sp = 1;
+  Offload offload = Offload::kNone;
+  bool bf16 = false;
+  std::string tiled_mlp = "1";   // "1", "4" or "auto"
+  std::string tiled_loss = "1";
+  std::string model_load;        // "" = ArcticTraining model placeholder
+  std::string schedule = "constant";
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+
+  int64_t world() const { return dp * sp; }
+  bool offload_activations() const {
+    return offload == Offload::kActivations || offload == Offload::kBoth;
+  }
+  bool offload_optimizer() const {
+    return offload == Offload::kOptimizer || offload == Offload::kBoth;
+  }
+  std::string name() const {
+    return "dp" + std::to_string(dp) + "_sp" + std::to_string(sp) + "_" + offload_name(offload) +
+           (bf16 ? "_bf16" : "_fp32") + (schedule == "constant" && warmup_steps == 0
+                                              ? ""
+                                              : "_" + schedule + std::to_string(warmup_steps));
+  }
+  std::string yaml() const {
+    std::string text;
+    if (!model_load.empty()) text += "model: {load: " + model_load + "}\n";
+    text += "mesh: {dp: " + std::to_string(dp) + ", sp: " + std::to_string(sp) + "}\n";
+    text += "sequence: {length: " + std::to_string(kSeqLength) +
+            ", micro_batch: " + std::to_string(kMicroBatch) +
+            ", grad_accum: " + std::to_string(kGradAccum) + "}\n";
+    text += "memory: {tiled_mlp: " + tiled_mlp + ", tiled_loss: " + tiled_loss +
+            ", offload_activations: " + (offload_activations() ? "true" : "false") +
+            ", offload_optimizer: " + (offload_optimizer() ? "true" : "false") +
+            ", precision: " + (bf16 ? "bf16" : "fp32") + "}\n";
+    text += std::string("train: {steps: ") + std::to_string(kSteps) +
+            ", device: " + (bf16 ? "cuda" : "cpu") + "}\n";
+    text += "optim: {schedule: " + schedule + ", warmup_steps: " + std::to_string(warmup_steps) +
+            ", min_lr: " + std::to_string(min_lr) + "}\n";
+    return text;
+  }
+  config::RunConfig run() const { return config::parse_run_config_yaml(yaml()); }
+
+  // What check_exports.py asserts the consumers compute (tests/clients/check_exports.py).
+  json expect() const {
+    return {{"world", world()},
+            {"dp", dp},
+            {"sp", sp},
+            {"micro_batch", kMicroBatch},
+            {"grad_accum", kGradAccum},
+            {"train_batch_size", kMicroBatch * kGradAccum * dp},
+            {"zero_stage", offload_optimizer() ? 1 : 0},
+            {"offload_optimizer", offload_optimizer()},
+            {"bf16", bf16},
+            {"grad_clip", 1.0},
+            {"lr", 1.0e-3},
+            {"betas", {0.9, 0.95}},
+            {"eps", 1.0e-8},
+            {"weight_decay", 0.0},
+            {"tiled_mlp", tiled_mlp != "1"},
+            {"offload_activations", offload_activations()},
+            {"checkpointing", offload_activations()},
+            {"seq_length", kSeqLength},
+            {"train_steps", kSteps},
+            {"warmup_steps", warmup_steps},
+            {"schedule", schedule},
+            {"min_lr", min_lr},
+            {"model_load", model_load}};
+  }
+};
+
+// The switches DeepSpeed JSON and Accelerate cannot express, as the warning names them.
+std::string alst_key(const Case& c) {
+  std::vector<std::string> names;
+  if (c.tiled_mlp != "1") names.push_back("memory.tiled_mlp=" + c.tiled_mlp);
+  if (c.tiled_loss != "1") names.push_back("memory.tiled_loss=" + c.tiled_loss);
+  if (c.offload_activations()) names.push_back("memory.offload_activations=true");
+  std::string key;
+  for (const std::string& name : names) key += (key.empty() ? "" : ", ") + name;
+  return key;
+}
+
+bool torch_warning_applies(const Case& c) { return c.sp > 1 && c.sp < c.world(); }
+
+std::vector<std::string> expected_deepspeed_keys(const Case& c) {
+  std::vector<std::string> keys;
+  if (torch_warning_applies(c)) keys.push_back("mesh");
+  if (!alst_key(c).empty()) keys.push_back(alst_key(c));
+  return keys;
+}
+
+std::vector<std::string> expected_arctic_keys(const Case& c) {
+  std::vector<std::string> keys;
+  if (torch_warning_applies(c)) keys.push_back("mesh");
+  if (c.model_load.empty()) keys.push_back("model.load");
+  keys.push_back("data.source");
+  if (c.tiled_mlp != "1" && c.tiled_mlp != "auto") {
+    keys.push_back("memory.tiled_mlp=" + c.tiled_mlp);
+  }
+  if (c.tiled_loss != "1" && (c.sp == 1 || c.tiled_loss != "auto")) {
+    keys.push_back("memory.tiled_loss=" + c.tiled_loss);
+  }
+  return keys;
+}
+
+json expected_deepspeed_config(const Case& c) {
+  json zero = {{"stage", c.offload_optimizer() ? 1 : 0}};
+  if (c.offload_optimizer()) zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  return {{"train_micro_batch_size_per_gpu", kMicroBatch},
+          {"gradient_accumulation_steps", kGradAccum},
+          {"train_batch_size", kMicroBatch * kGradAccum * c.dp},
+          {"sequence_parallel_size", c.sp},
+          {"data_parallel_size", c.dp},
+          {"zero_optimization", zero},
+          {"bf16", {{"enabled", c.bf16}}},
+          {"seq_parallel_communication_data_type", c.bf16 ? "bf16" : "fp32"},
+          {"gradient_clipping", 1.0},
+          {"optimizer",
+           {{"type", "AdamW"},
+            {"params",
+             {{"lr", 1.0e-3}, {"betas", {0.9, 0.95}}, {"eps", 1.0e-8}, {"weight_decay", 0.0}}}}}};
+}
+
+// Writes an HF Llama config.json (the default ModelOptions) into dir; returns dir.
+std::string write_model_dir(const fs::path& dir) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << config::to_hf_config_json(config::ModelOptions{}).dump(2);
+  return dir.string();
+}
+
+// Meshes dp x sp, each with its own tile switches so that the ALST warning varies with them.
+struct MeshSpec {
+  int64_t dp, sp;
+  const char* tiled_mlp;
+  const char* tiled_loss;
+};
+constexpr MeshSpec kMeshes[] = {
+    {1, 1, "1", "1"}, {2, 2, "auto", "1"}, {1, 4, "1", "4"}, {4, 1, "4", "1"}, {2, 4, "1", "auto"}};
+constexpr Offload kOffloads[] = {Offload::kNone, Offload::kActivations, Offload::kOptimizer,
+                                 Offload::kBoth};
+
+// Every mesh x offload x precision; bf16 cases load the model from `model_dir`, fp32 cases leave
+// the ArcticTraining model placeholder.
+std::vector<Case> matrix(const std::string& model_dir) {
+  std::vector<Case> cases;
+  for (const MeshSpec& mesh : kMeshes) {
+    for (Offload offload : kOffloads) {
+      for (bool bf16 : {false, true}) {
+        Case c;
+        c.dp = mesh.dp;
+        c.sp = mesh.sp;
+        c.tiled_mlp = mesh.tiled_mlp;
+        c.tiled_loss = mesh.tiled_loss;
+        c.offload = offload;
+        c.bf16 = bf16;
+        if (bf16) c.model_load = model_dir;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fields, batch arithmetic and warnings of every case (no Python)
+
+TEST(Export, DeepSpeedConfigOfEveryCase) {
+  TempDir dir;
+  for (const Case& c : matrix(write_model_dir(dir.path() / "model"))) {
+    SCOPED_TRACE(c.name());
+    const DeepSpeedExport exported = deepspeed_config(c.run());
+    EXPECT_EQ(exported.config, expected_deepspeed_config(c)) << exported.config.dump(2);
+    EXPECT_EQ(exported.config["train_batch_size"].get<int64_t>(),
+              exported.config["train_micro_batch_size_per_gpu"].get<int64_t>() *
+                  exported.config["gradient_accumulation_steps"].get<int64_t>() * c.world() /
+                  c.sp);
+    EXPECT_EQ(warning_keys(exported.warnings), expected_deepspeed_keys(c));
+    for (const std::string& warning : exported.warnings) {
+      if (warning.rfind("mesh: ", 0) == 0) {
+        EXPECT_NE(warning.find("PyTorch >= 2.3"), std::string::npos) << warning;
+        EXPECT_NE(warning.find("weighted all-reduce"), std::string::npos) << warning;
+      } else {
+        EXPECT_NE(warning.find("arctic_recipe.yaml"), std::string::npos) << warning;
+      }
+    }
+  }
+}
+
+TEST(Export, ArcticRecipeOfEveryCase) {
+  TempDir dir;
+  for (const Case& c : matrix(write_model_dir(dir.path() / "model"))) {
+    SCOPED_TRACE(c.name());
+    const ArcticRecipeExport exported = arctic_recipe(c.run());
+    const YAML::Node recipe = YAML::Load(exported.yaml);
+    EXPECT_EQ(recipe["type"].as<std::string>(), "causal");
+    EXPECT_EQ(recipe["micro_batch_size"].as<int64_t>(), kMicroBatch);
+    EXPECT_EQ(recipe["gradient_accumulation_steps"].as<int64_t>(), kGradAccum);
+    EXPECT_EQ(recipe["sequence_parallel_size"].as<int64_t>(), c.sp);
+    EXPECT_EQ(recipe["tiled_mlp_compute"].as<bool>(), c.tiled_mlp != "1");
+    EXPECT_EQ(recipe["activation_checkpoint_cpu_offload"].as<bool>(), c.offload_activations());
+    EXPECT_EQ(recipe["train_iters"].as<int64_t>(), kSteps);
+    const YAML::Node model = recipe["model"];
+    EXPECT_EQ(model["name_or_path"].as<std::string>(),
+              c.model_load.empty() ? kArcticModelPlaceholder : c.model_load);
+    EXPECT_EQ(model["dtype"].as<std::string>(), c.bf16 ? "bf16" : "fp32");
+    EXPECT_EQ(model["attn_implementation"].as<std::string>(), "sdpa");
+    EXPECT_EQ(model["disable_activation_checkpoint"].as<bool>(), !c.offload_activations());
+    EXPECT_EQ(recipe["data"]["max_length"].as<int64_t>(), kSeqLength);
+    EXPECT_EQ(recipe["data"]["sources"][0].as<std::string>(), kArcticDataPlaceholder);
+    EXPECT_EQ(recipe["optimizer"]["type"].as<std::string>(),
+              c.offload_optimizer() ? "cpu_adam" : "fused_adam");
+    EXPECT_EQ(recipe["optimizer"]["learning_rate"].as<double>(), 1.0e-3);
+    EXPECT_EQ(recipe["optimizer"]["betas"][1].as<double>(), 0.95);
+    EXPECT_EQ(recipe["scheduler"]["name"].as<std::string>(), "constant");
+    const YAML::Node zero = recipe["deepspeed"]["zero_optimization"];
+    EXPECT_EQ(zero["stage"].as<int>(), c.offload_optimizer() ? 1 : 0);
+    EXPECT_EQ(static_cast<bool>(zero["offload_optimizer"]), c.offload_optimizer());
+    EXPECT_EQ(recipe["deepspeed"]["gradient_clipping"].as<double>(), 1.0);
+    EXPECT_FALSE(recipe["deepspeed"]["train_batch_size"]) << "ArcticTraining computes it";
+    EXPECT_EQ(warning_keys(exported.warnings), expected_arctic_keys(c));
+  }
+}
+
+TEST(Export, AccelerateConfigOfEveryCase) {
+  TempDir dir;
+  for (const Case& c : matrix(write_model_dir(dir.path() / "model"))) {
+    SCOPED_TRACE(c.name());
+    const AccelerateExport exported = accelerate_config(c.run(), "ds_config.json");
+    const YAML::Node file = YAML::Load(exported.yaml);
+    std::vector<std::string> keys;
+    for (const auto& item : file) keys.push_back(item.first.as<std::string>());
+    EXPECT_EQ(keys, (std::vector<std::string>{"compute_environment", "debug", "distributed_type",
+                                              "deepspeed_config", "machine_rank", "num_machines",
+                                              "num_processes", "use_cpu", "parallelism_config"}));
+    EXPECT_EQ(file["compute_environment"].as<std::string>(), "LOCAL_MACHINE");
+    EXPECT_EQ(file["distributed_type"].as<std::string>(), "DEEPSPEED");
+    EXPECT_EQ(file["deepspeed_config"].size(), 1u);
+    EXPECT_EQ(file["deepspeed_config"]["deepspeed_config_file"].as<std::string>(),
+              "ds_config.json");
+    EXPECT_EQ(file["num_processes"].as<int64_t>(), c.world());
+    const YAML::Node parallelism = file["parallelism_config"];
+    EXPECT_EQ(parallelism["parallelism_config_dp_replicate_size"].as<int64_t>(), 1);
+    EXPECT_EQ(parallelism["parallelism_config_dp_shard_size"].as<int64_t>(), c.dp);
+    EXPECT_EQ(parallelism["parallelism_config_sp_size"].as<int64_t>(), c.sp);
+    EXPECT_EQ(parallelism["parallelism_config_sp_backend"].as<std::string>(), "deepspeed");
+    EXPECT_TRUE(parallelism["parallelism_config_sp_seq_length_is_variable"].as<bool>());
+    EXPECT_EQ(parallelism["parallelism_config_sp_attn_implementation"].as<std::string>(), "sdpa");
+    EXPECT_EQ(warning_keys(exported.warnings), expected_deepspeed_keys(c));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedules, single switches, file writing
+
+TEST(Export, DeepSpeedSchedulers) {
+  Case c;
+  config::RunConfig run = c.run();
+  EXPECT_FALSE(deepspeed_config(run).config.contains("scheduler")) << "constant, no warmup";
+
+  run.optim.warmup_steps = 5;
+  DeepSpeedExport exported = deepspeed_config(run);
+  EXPECT_EQ(exported.config["scheduler"],
+            json::parse(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0.0,
+              "warmup_max_lr": 0.001, "warmup_num_steps": 5, "warmup_type": "linear"}})"));
+  EXPECT_TRUE(exported.warnings.empty());
+
+  run.optim.schedule = "linear";
+  run.optim.warmup_steps = 2;
+  run.optim.min_lr = 1.0e-5;
+  exported = deepspeed_config(run);
+  EXPECT_EQ(exported.config["scheduler"],
+            json::parse(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 10,
+              "warmup_min_lr": 1e-05, "warmup_max_lr": 0.001, "warmup_num_steps": 2,
+              "warmup_type": "linear"}})"));
+  EXPECT_EQ(warning_keys(exported.warnings), std::vector<std::string>{"optim.min_lr"});
+
+  run.optim.schedule = "cosine";
+  run.optim.warmup_steps = 0;
+  run.optim.min_lr = 1.0e-4;
+  exported = deepspeed_config(run);
+  EXPECT_EQ(exported.config["scheduler"]["type"], "WarmupCosineLR");
+  EXPECT_DOUBLE_EQ(exported.config["scheduler"]["params"]["cos_min_ratio"].get<double>(), 0.1);
+  EXPECT_EQ(exported.config["scheduler"]["params"]["warmup_num_steps"], 1);
+  EXPECT_EQ(warning_keys(exported.warnings), std::vector<std::string>{"optim.warmup_steps"});
+}
+
+TEST(Export, ArcticWarmupRatioGivesExactlyTheWarmupSteps) {
+  Case c;
+  config::RunConfig run = c.run();
+  run.optim.schedule = "cosine";
+  for (int64_t steps : {10, 22, 43, 1000}) {
+    run.train.steps = steps;
+    for (int64_t warmup = 0; warmup <= steps + 1; ++warmup) {
+      run.optim.warmup_steps = warmup;
+      const YAML::Node recipe = YAML::Load(arctic_recipe(run).yaml);
+      const double ratio = recipe["scheduler"]["warmup_ratio"].as<double>();
+      ASSERT_LE(ratio, 1.0);
+      // ArcticTraining's HFSchedulerFactory: int(warmup_ratio * training_horizon).
+      EXPECT_EQ(static_cast<int64_t>(ratio * static_cast<double>(steps)), std::min(warmup, steps))
+          << "steps " << steps << " warmup " << warmup << " ratio " << ratio;
+    }
+  }
+  run.train.steps = 10;
+  run.optim.warmup_steps = 3;
+  run.optim.min_lr = 1.0e-5;
+  YAML::Node recipe = YAML::Load(arctic_recipe(run).yaml);
+  EXPECT_EQ(recipe["scheduler"]["name"].as<std::string>(), "cosine_with_min_lr");
+  EXPECT_EQ(recipe["scheduler"]["scheduler_specific_kwargs"]["min_lr"].as<double>(), 1.0e-5);
+  run.optim.schedule = "constant";
+  EXPECT_EQ(YAML::Load(arctic_recipe(run).yaml)["scheduler"]["name"].as<std::string>(),
+            "constant_with_warmup");
+  run.optim.schedule = "linear";
+  const ArcticRecipeExport linear = arctic_recipe(run);
+  EXPECT_EQ(YAML::Load(linear.yaml)["scheduler"]["name"].as<std::string>(), "linear");
+  EXPECT_EQ(warning_keys(linear.warnings),
+            (std::vector<std::string>{"model.load", "data.source", "optim.min_lr"}));
+}
+
+TEST(Export, ArcticWarnsAboutWhatItCannotExpress) {
+  Case c;
+  c.tiled_loss = "auto";  // sp == 1: ArcticTraining does not tile the loss
+  config::RunConfig run = c.run();
+  run.optim.eps = 1.0e-6;
+  run.optim.weight_decay = 0.1;
+  run.optim.warmup_steps = 20;  // > train.steps
+  run.memory.checkpointing = true;
+  const ArcticRecipeExport exported = arctic_recipe(run);
+  EXPECT_EQ(warning_keys(exported.warnings),
+            (std::vector<std::string>{"model.load", "data.source", "memory.tiled_loss=auto",
+                                      "optim.eps", "optim.weight_decay", "optim.warmup_steps"}));
+  const YAML::Node recipe = YAML::Load(exported.yaml);
+  EXPECT_FALSE(recipe["model"]["disable_activation_checkpoint"].as<bool>());
+  EXPECT_FALSE(recipe["activation_checkpoint_cpu_offload"].as<bool>());
+  EXPECT_EQ(recipe["optimizer"]["weight_decay"].as<double>(), 0.1);
+
+  // Checkpointing alone is an ALST switch for DeepSpeed JSON and Accelerate too.
+  EXPECT_EQ(warning_keys(deepspeed_config(run).warnings),
+            (std::vector<std::string>{"memory.tiled_loss=auto, memory.checkpointing=true"}));
+  EXPECT_EQ(warning_keys(accelerate_config(run).warnings),
+            (std::vector<std::string>{"memory.tiled_loss=auto, memory.checkpointing=true"}));
+}
+
+TEST(Export, WriteExportsWritesThreeFilesAndMergesWarnings) {
+  TempDir dir;
+  Case c;
+  c.dp = 2;
+  c.sp = 2;
+  const fs::path out = dir.path() / "nested" / "out";
+  ExportFiles files = write_exports(c.run(), out.string());
+  EXPECT_EQ(files.deepspeed_path, (out / "ds_config.json").string());
+  EXPECT_EQ(json::parse(read_text(files.deepspeed_path)), expected_deepspeed_config(c));
+  EXPECT_EQ(YAML::LoadFile(files.arctic_path)["sequence_parallel_size"].as<int64_t>(), 2);
+  EXPECT_EQ(YAML::LoadFile(files.accelerate_path)["num_processes"].as<int64_t>(), 4);
+  // The PyTorch warning of all three exports appears once.
+  EXPECT_EQ(warning_keys(files.warnings),
+            (std::vector<std::string>{"mesh", "model.load", "data.source"}));
+  files = write_exports(c.run(), out.string());  // replaces, leaves no temporary behind
+  int entries = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(out)) ++entries;
+  EXPECT_EQ(entries, 3);
+
+  std::ofstream(dir.path() / "a-file") << "x";
+  try {
+    write_exports(c.run(), (dir.path() / "a-file").string());
+    ADD_FAILURE() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind((dir.path() / "a-file").string() + ": cannot write", 0),
+              0u)
+        << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real consumers
+
+// Runs `command` through the shell; returns its exit status and stdout.
+int run_command(const std::string& command, std::string& output) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void write_case(const Case& c, const fs::path& dir) {
+  write_exports(c.run(), dir.string());
+  std::ofstream(dir / "expect.json") << c.expect().dump(2);
+}
+
+TEST(Export, EveryFileLoadsInItsRealConsumer) {
+  const char* python = getenv("ULYSSES_PYTHON");
+  ASSERT_TRUE(python != nullptr && *python != '\0')
+      << "ULYSSES_PYTHON is not set: it must name the project venv's Python (cmake sets it for"
+         " every ctest test; when running the binary directly, export"
+         " ULYSSES_PYTHON=/path/to/.venv/bin/python)";
+  ASSERT_EQ(access(python, X_OK), 0)
+      << "ULYSSES_PYTHON=" << python << " is not an executable interpreter";
+  const std::string checker = std::string(ULYSSES_SOURCE_DIR) + "/tests/clients/check_exports.py";
+  ASSERT_TRUE(fs::exists(checker)) << checker;
+
+  TempDir dir;
+  const std::string model_dir = write_model_dir(dir.path() / "model");
+  std::vector<fs::path> good;
+  // Every case of the matrix, all in one Python process (importing DeepSpeed and ArcticTraining
+  // costs most of its time; each case adds a fraction of a second).
+  for (const Case& c : matrix(model_dir)) {
+    good.push_back(dir.path() / c.name());
+    write_case(c, good.back());
+  }
+  // Schedules through DeepSpeed's and ArcticTraining's own scheduler classes.
+  for (auto [schedule, warmup, min_lr] : {std::tuple{"cosine", 3, 1.0e-5},
+                                          std::tuple{"linear", 2, 0.0},
+                                          std::tuple{"constant", 5, 0.0}}) {
+    Case c;
+    c.dp = 2;
+    c.sp = 2;
+    c.schedule = schedule;
+    c.warmup_steps = warmup;
+    c.min_lr = min_lr;
+    good.push_back(dir.path() / c.name());
+    write_case(c, good.back());
+  }
+  // Broken files the consumers must reject (the checker is not vacuous): DeepSpeed's batch
+  // assertion (train_batch_size over the whole world instead of dp), Accelerate's refusal of
+  // mixed_precision beside deepspeed_config_file, ArcticTraining's unknown-key check.
+  Case base;
+  base.dp = 2;
+  base.sp = 2;
+  const fs::path bad_batch = dir.path() / "bad_train_batch_size";
+  write_case(base, bad_batch);
+  json ds = json::parse(read_text(bad_batch / "ds_config.json"));
+  ds["train_batch_size"] = kMicroBatch * kGradAccum * base.world();
+  std::ofstream(bad_batch / "ds_config.json") << ds.dump(2);
+  const fs::path bad_precision = dir.path() / "bad_mixed_precision";
+  write_case(base, bad_precision);
+  std::ofstream(bad_precision / "accelerate_config.yaml", std::ios::app)
+      << "mixed_precision: bf16\n";
+  const fs::path bad_key = dir.path() / "bad_recipe_key";
+  write_case(base, bad_key);
+  std::ofstream(bad_key / "arctic_recipe.yaml", std::ios::app) << "tiled_mlp: true\n";
+
+  std::string command = std::string(python) + " " + checker;
+  for (const fs::path& path : good) command += " " + path.string();
+  for (const fs::path& path : {bad_batch, bad_precision, bad_key}) command += " " + path.string();
+  const fs::path log = dir.path() / "checker-stderr.log";
+  command += " 2>" + log.string();
+  std::string output;
+  const int status = run_command(command, output);
+  std::cout << "check_exports.py (the bad_* cases must be rejected, everything else accepted):\n"
+            << output;
+
+  EXPECT_EQ(status, 1) << "the checker must fail on the broken files (exit 1), not crash";
+  for (const fs::path& path : good) {
+    for (const char* file : {"ds_config.json", "arctic_recipe.yaml", "accelerate_config.yaml"}) {
+      EXPECT_NE(output.find("OK   " + (path / file).string() + ": "), std::string::npos)
+          << "not accepted: " << (path / file).string();
+    }
+  }
+  for (const fs::path& path : {bad_batch / "ds_config.json",
+                               bad_precision / "accelerate_config.yaml",
+                               bad_key / "arctic_recipe.yaml"}) {
+    EXPECT_NE(output.find("FAIL " + path.string() + ": "), std::string::npos)
+        << "not rejected: " << path.string();
+  }
+  EXPECT_NE(output.find("SKIPPED "), std::string::npos) << "the checker must say what it skipped";
+  if (HasFailure()) {
+    dir.keep();
+    std::cout << "kept " << dir.path() << "; checker stderr (tail):\n";
+    const std::string errors = read_text(log);
+    std::cout << errors.substr(errors.size() > 8000 ? errors.size() - 8000 : 0) << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace ulysses::exports

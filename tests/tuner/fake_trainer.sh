@@ -1,0 +1,42 @@
+#!/bin/sh
+# A stand-in for ulysses-train in the sweep tests: reads the run config the tuner wrote, decides
+# from a synthetic memory function whether it "runs out of memory" (exit 12, like the real one)
+# and otherwise writes metrics.jsonl and summary.json (rank 0) with a synthetic throughput.
+# memory (MiB) = 100 + length / sp / 4 x (0.5 if tiled_loss > 1) x (0.6 if offload_activations)
+# against memory.limit_gib. FAKE_HANG_AT=<length> hangs at that length; FAKE_SLEEP=<s> delays
+# every rank (to kill a sweep in the middle of a trial).
+[ "$1" = --version ] && { echo "fake trainer"; exit 0; }
+cfg=$2
+get() {
+  awk -v s="$1" -v k="$2" '$0 ~ "^" s ":" { f = 1; next } /^[a-z]/ { f = 0 }
+                           f && $1 == k ":" { print $2; exit }' "$cfg"
+}
+len=$(get sequence length); sp=$(get mesh sp); tl=$(get memory tiled_loss)
+off=$(get memory offload_activations); limit=$(get memory limit_gib); out=$(get output dir)
+[ -n "$FAKE_SLEEP" ] && sleep "$FAKE_SLEEP"
+[ "$FAKE_HANG_AT" = "$len" ] && exec sleep 300
+eval "$(awk -v len="$len" -v sp="$sp" -v tl="$tl" -v off="$off" -v limit="$limit" 'BEGIN {
+  mem = 100 + len / sp / 4 * (tl == "1" ? 1 : 0.5) * (off == "true" ? 0.6 : 1)
+  tps = 10000 / (1 + 0.1 * (sp - 1)) * (tl == "1" ? 1 : 0.95) * (off == "true" ? 0.8 : 1)
+  printf "mem=%d tps=%.1f oom=%d\n", mem, tps, (limit > 0 && mem > limit * 1024)
+}')"
+if [ "$oom" = 1 ]; then
+  echo "out of memory: fake trainer needs $mem MiB at length $len" >&2
+  exit 12
+fi
+if [ "${RANK:-0}" = 0 ]; then
+  mkdir -p "$out"
+  bytes=$((mem * 1048576))
+  : > "$out/metrics.jsonl"
+  for step in 1 2 3; do
+    echo "{\"step\": $step, \"loss\": 5.0, \"grad_norm\": 1.0, \"step_ms\": 100.0, \"tokens_per_s\": $tps, \"peak_mem_bytes\": $bytes, \"peak_host_bytes\": $bytes}" >> "$out/metrics.jsonl"
+  done
+  cat > "$out/summary.json" <<JSON
+{"measured_steps": 2, "step_ms_median": 100.0, "tokens_per_s_median": $tps,
+ "tokens_per_s_per_rank_median": $tps, "final_loss": 5.0, "peak_mem_bytes": $bytes,
+ "peak_host_bytes": $bytes, "phases_ms_median": {"attention": 40.0, "a2a": 10.0},
+ "compute_ms_median": 70.0, "comm_ms_median": 20.0, "offload_ms_median": 0.0,
+ "optimizer_ms_median": 5.0}
+JSON
+fi
+exit 0

@@ -1,0 +1,246 @@
+// The generic search engine (tuner/search/) against synthetic memory and speed functions: grid,
+// max-length bisection with probes and implications, pruning, dominance, invalid points, budget.
+// Each smart search must reach the grid's answer with fewer runs.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "tuner/search/engine.h"
+#include "tuner/search/knowledge.h"
+
+namespace ulysses::search {
+namespace {
+
+// tiles {1, 4, auto}: 1 saves nothing; 4 and auto save (incomparable); offload {none, act, both}.
+// sp {1, 2}: unordered. Lengths 1K..16K step 1K.
+Space test_space() {
+  Space s;
+  s.axes.push_back({"mesh.sp", {"1", "2"}, {}});
+  s.axes.push_back({"memory.tiled_mlp", {"1", "4", "auto"}, {0, 1, 1}});
+  s.axes.push_back({"memory.offload", {"none", "activations", "both"}, {0, 1, 2}});
+  for (int64_t l = 1024; l <= 16384; l += 1024) s.lengths.push_back(l);
+  return s;
+}
+
+// Memory per rank in MiB: monotone in the savings and in the length. Speed (tokens/s): savings
+// cost time. sp=2 halves activations but costs 10% speed.
+struct Synthetic : Host {
+  const Space& space;
+  double limit_mib = 10000;
+  double probe_factor = 0.9;  // probes need 90% of the real memory
+  std::set<Point> invalid;
+  std::optional<double> prune_above_mib;  // the "memory model" prunes above this
+  int64_t max_runs = 0;
+  int64_t next_id = 1;
+  std::vector<std::tuple<Point, int64_t, bool>> runs;
+  std::map<std::string, int64_t> records;  // status -> count
+  std::map<std::pair<Point, int64_t>, std::pair<bool, double>> real_results;  // (fits, speed)
+
+  explicit Synthetic(const Space& s) : space(s) {}
+
+  double memory_mib(const Point& p, int64_t length) const {
+    const double sp = p[0] == 0 ? 1 : 2;
+    const double tiles = p[1] == 0 ? 1.0 : (p[1] == 1 ? 0.6 : 0.55);
+    const double offload = p[2] == 0 ? 1.0 : (p[2] == 1 ? 0.5 : 0.45);
+    return 1000 + length / sp * tiles * offload;
+  }
+  double speed(const Point& p) const {
+    return 1000.0 * (p[0] == 0 ? 1.0 : 0.9) * (p[1] == 0 ? 1.0 : 0.95) *
+           (p[2] == 0 ? 1.0 : (p[2] == 1 ? 0.8 : 0.7));
+  }
+  std::optional<std::string> invalid_reason(const Point& p) override {
+    if (invalid.count(p)) return std::string("mesh.sp: does not fit the heads");
+    return std::nullopt;
+  }
+  std::optional<std::string> prune_reason(const Point& p, int64_t length) override {
+    if (prune_above_mib && memory_mib(p, length) > *prune_above_mib) return std::string("model");
+    return std::nullopt;
+  }
+  RunOutcome run(const Point& p, int64_t length, bool probe) override {
+    runs.emplace_back(p, length, probe);
+    const double need = memory_mib(p, length) * (probe ? probe_factor : 1.0);
+    RunOutcome out;
+    out.trial_id = next_id++;
+    out.result = need <= limit_mib ? Result::kFits : Result::kOom;
+    out.value = out.result == Result::kFits ? speed(p) : 0.0;
+    if (!probe) real_results[{p, length}] = {out.result == Result::kFits, out.value};
+    return out;
+  }
+  void record(const Point&, int64_t, const std::string& status, const std::string&) override {
+    ++records[status];
+  }
+  bool budget_left() override { return max_runs == 0 || static_cast<int64_t>(runs.size()) < max_runs; }
+
+  // The best (length, speed) measured by real runs: max-seqlen order.
+  std::pair<int64_t, double> best_max_length() const {
+    std::pair<int64_t, double> best{0, 0};
+    for (const auto& [key, r] : real_results) {
+      if (!r.first) continue;
+      if (key.second > best.first || (key.second == best.first && r.second > best.second)) {
+        best = {key.second, r.second};
+      }
+    }
+    return best;
+  }
+  double best_speed_at(int64_t length) const {
+    double best = 0;
+    for (const auto& [key, r] : real_results) {
+      if (r.first && key.second == length) best = std::max(best, r.second);
+    }
+    return best;
+  }
+  // Ground truth: the longest fitting length of p on the lattice (0 = none).
+  int64_t true_max(const Point& p) const {
+    int64_t best = 0;
+    for (int64_t l : space.lengths) {
+      if (memory_mib(p, l) <= limit_mib) best = l;
+    }
+    return best;
+  }
+};
+
+TEST(SearchSpace, PartialOrderOfSavings) {
+  const Space s = test_space();
+  EXPECT_EQ(all_points(s).size(), 18u);
+  EXPECT_TRUE(saves_at_least(s, {0, 1, 2}, {0, 0, 0}));
+  EXPECT_TRUE(saves_at_least(s, {0, 1, 1}, {0, 1, 1}));
+  EXPECT_FALSE(saves_at_least(s, {0, 1, 0}, {0, 2, 0}));  // 4 tiles vs auto: incomparable
+  EXPECT_FALSE(saves_at_least(s, {1, 1, 2}, {0, 0, 0}));  // different sp: incomparable
+  EXPECT_FALSE(saves_at_least(s, {0, 0, 0}, {0, 1, 0}));
+  EXPECT_EQ(saving_score(s, {1, 2, 2}), 3);
+  EXPECT_EQ(describe(s, {1, 2, 0}), "mesh.sp=2 memory.tiled_mlp=auto memory.offload=none");
+  EXPECT_EQ(point_json(s, {1, 2, 0}),
+            R"({"mesh.sp":"2","memory.tiled_mlp":"auto","memory.offload":"none"})");
+}
+
+TEST(SearchKnowledge, ImplicationsFollowTheOrderAndTheLength) {
+  const Space s = test_space();
+  Knowledge k(s);
+  k.add({0, 0, 0}, 5, /*fits=*/true, /*probe=*/false, 7);
+  k.add({0, 1, 1}, 9, /*fits=*/false, /*probe=*/false, 8);
+  k.add({1, 0, 0}, 3, /*fits=*/false, /*probe=*/true, 9);
+  EXPECT_EQ(k.implied_fit({0, 1, 2}, 4, false), 7);   // saves more, shorter
+  EXPECT_FALSE(k.implied_fit({0, 1, 2}, 6, false));   // longer: unknown
+  EXPECT_FALSE(k.implied_fit({1, 1, 2}, 4, false));   // other mesh
+  EXPECT_EQ(k.implied_oom({0, 0, 1}, 9, false), 8);   // saves less, same length
+  EXPECT_FALSE(k.implied_oom({0, 1, 2}, 12, false));  // saves more: unknown
+  EXPECT_EQ(k.implied_oom({1, 0, 0}, 3, false), 9);   // a probe OOM is a real OOM
+  EXPECT_FALSE(k.implied_oom({0, 0, 1}, 9, true));    // a real OOM says nothing of a probe
+  EXPECT_EQ(k.implied_fit({0, 0, 0}, 5, true), 7);    // a real fit is a probe fit
+  EXPECT_EQ(k.dominating_fit({0, 1, 0}, 5), 7);
+  EXPECT_FALSE(k.dominating_fit({0, 0, 0}, 5));       // not by itself
+}
+
+TEST(SearchEngine, GridRunsEveryValidPointAtEveryLength) {
+  const Space s = test_space();
+  Synthetic host(s);
+  host.invalid = {{1, 0, 0}, {1, 1, 0}};
+  Options o;
+  o.method = "grid";
+  const Summary sum = run_search(s, o, host);
+  EXPECT_EQ(sum.invalid, 2);
+  EXPECT_EQ(sum.grid_runs, 16 * 16);
+  EXPECT_EQ(sum.runs, 16 * 16);
+  EXPECT_EQ(host.records["invalid"], 2);
+  for (const auto& [p, length, probe] : host.runs) EXPECT_FALSE(host.invalid.count(p));
+}
+
+class MaxLengthSearch : public ::testing::TestWithParam<bool> {};  // probe on/off
+
+TEST_P(MaxLengthSearch, FindsTheGridsLongestLengthWithAThirdOfItsRuns) {
+  const Space s0 = test_space();
+  Space s = s0;
+  s.search_max = true;
+  Synthetic grid_host(s);
+  grid_host.limit_mib = 4000;
+  Options grid;
+  grid.method = "grid";
+  const Summary grid_sum = run_search(s, grid, grid_host);
+
+  Synthetic host(s);
+  host.limit_mib = 4000;
+  Options smart;
+  smart.probe = GetParam();
+  const Summary sum = run_search(s, smart, host);
+  EXPECT_EQ(host.best_max_length(), grid_host.best_max_length());
+  EXPECT_GT(host.best_max_length().first, 0);
+  EXPECT_LE(3 * (sum.runs + sum.probes), grid_sum.runs) << sum.runs << " + " << sum.probes;
+  EXPECT_GT(sum.skipped, 0);
+  // The most-saving point of each mesh had its exact boundary measured by a real run.
+  for (const Point& top : {Point{0, 2, 2}, Point{1, 2, 2}}) {
+    const int64_t truth = host.true_max(top);
+    ASSERT_GT(truth, 0);
+    const auto measured = host.real_results.find({top, truth});
+    EXPECT_TRUE(measured != host.real_results.end() && measured->second.first)
+        << describe(s, top) << " at " << truth;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Probe, MaxLengthSearch, ::testing::Bool());
+
+TEST(SearchEngine, ProbeOutOfMemoryIsNeverConfirmedByARealRun) {
+  Space s = test_space();
+  s.search_max = true;
+  Synthetic host(s);
+  host.limit_mib = 4000;
+  Options o;
+  run_search(s, o, host);
+  std::set<std::pair<Point, int64_t>> probe_oom;
+  for (const auto& [p, length, probe] : host.runs) {
+    if (probe && host.memory_mib(p, length) * host.probe_factor > host.limit_mib) {
+      probe_oom.insert({p, length});
+    }
+  }
+  EXPECT_FALSE(probe_oom.empty());
+  for (const auto& [p, length, probe] : host.runs) {
+    if (!probe) EXPECT_FALSE(probe_oom.count({p, length})) << describe(s, p) << " " << length;
+  }
+}
+
+TEST(SearchEngine, PrunedPairsAreRecordedAndNeverRun) {
+  Space s = test_space();
+  s.search_max = true;
+  Synthetic host(s);
+  host.limit_mib = 4000;
+  host.prune_above_mib = 4500;  // above the limit: prunes only what cannot fit
+  Options o;
+  const Summary sum = run_search(s, o, host);
+  EXPECT_GT(sum.pruned, 0);
+  EXPECT_EQ(host.records["pruned"], sum.pruned);
+  for (const auto& [p, length, probe] : host.runs) EXPECT_LE(host.memory_mib(p, length), 4500);
+  Synthetic plain(s);
+  plain.limit_mib = 4000;
+  run_search(s, o, plain);
+  EXPECT_EQ(host.best_max_length(), plain.best_max_length());
+}
+
+TEST(SearchEngine, ThroughputSkipsDominatedPointsAndMatchesTheGrid) {
+  Space s = test_space();
+  s.lengths = {4096, 8192};
+  Synthetic grid_host(s), host(s);
+  grid_host.limit_mib = host.limit_mib = 5000;
+  Options grid;
+  grid.method = "grid";
+  const Summary grid_sum = run_search(s, grid, grid_host);
+  const Summary sum = run_search(s, Options{}, host);
+  for (int64_t l : s.lengths) EXPECT_EQ(host.best_speed_at(l), grid_host.best_speed_at(l)) << l;
+  EXPECT_GT(sum.skipped, 0);
+  EXPECT_LT(sum.runs, grid_sum.runs);
+  // A skipped point is never faster than the best measured at its length (speed model).
+  EXPECT_EQ(host.records["skipped"], sum.skipped);
+}
+
+TEST(SearchEngine, BudgetStopsStartingRuns) {
+  Space s = test_space();
+  s.search_max = true;
+  Synthetic host(s);
+  host.limit_mib = 4000;
+  host.max_runs = 5;
+  const Summary sum = run_search(s, Options{}, host);
+  EXPECT_TRUE(sum.budget_exhausted);
+  EXPECT_EQ(host.runs.size(), 5u);
+}
+
+}  // namespace
+}  // namespace ulysses::search

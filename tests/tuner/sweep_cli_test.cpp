@@ -1,0 +1,279 @@
+// The tuner end to end through the ulysses-tune binary, with a fake trainer (fake_trainer.sh:
+// a synthetic memory function, exit 12 when over the limit) so that it is fast and exact:
+// sweep (smart and grid) -> recommend -> export -> report; SIGKILL in the middle of a sweep and
+// --resume; a hanging trial classified `timeout`; bad input as one line with a non-zero exit.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+#include "common/paths.h"
+#include "config/run_config.h"
+#include "tuner/store/store.h"
+#include "tuner/store/sweep_store.h"
+
+namespace ulysses::sweep {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The fake's memory (MiB) = 100 + L / sp / 4 x (0.5 tiled loss) x (0.6 offload) under
+// 0.9 x 1 GiB = 921.6 MiB (head-room 0.1): sp 4 with both savings fits the longest length.
+constexpr const char* kExperiment = R"(name: fake
+hardware: cpu-local
+world_size: 4
+memory_limit_gib: 1.0
+headroom: 0.1
+base:
+  model: {hidden_size: 32, num_layers: 1, num_heads: 4, num_kv_heads: 2, intermediate_size: 64,
+          vocab_size: 128}
+  train: {device: cpu, steps: 5}
+space:
+  mesh.sp: auto
+  memory.tiled_loss: [1, 8]
+  memory.offload: [none, activations]
+  sequence.length: {search: max, from: 1024, to: 32768, step: 1024}
+objective: max-seqlen
+budget: {trial_timeout_s: 30}
+trial: {warmup_steps: 1, steps: 2}
+)";
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+class SweepCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("sweep-cli-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    tune_ = sibling_binary("ulysses-tune");
+    fake_ = (fs::path(project_home()) / "tests/tuner/fake_trainer.sh").string();
+    db_ = (dir_ / "results.db").string();
+    experiment_ = (dir_ / "fake.yaml").string();
+    std::ofstream(experiment_) << kExperiment;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs ulysses-tune with `args` (and environment assignments in `env`), capturing its output.
+  Result tune(const std::string& args, const std::string& env = "") {
+    const std::string cmd = env + " '" + tune_ + "' " + args + " > '" + (dir_ / "out").string() +
+                            "' 2> '" + (dir_ / "err").string() + "'";
+    const int raw = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    r.out = read_text(dir_ / "out");
+    r.err = read_text(dir_ / "err");
+    return r;
+  }
+  std::string sweep_args(const std::string& extra = "") const {
+    return "sweep '" + experiment_ + "' --db '" + db_ + "' --trainer '" + fake_ + "' " + extra;
+  }
+  std::vector<store::TrialRecord> trials(const std::string& sweep_name) {
+    store::Store store = store::Store::open(db_);
+    store::SweepStore sweeps(store.db());
+    return sweeps.trials(sweeps.find_sweep(sweep_name)->id);
+  }
+  static int64_t count(const std::vector<store::TrialRecord>& trials, const std::string& status,
+                       bool only_real = false) {
+    int64_t n = 0;
+    for (const auto& t : trials) n += t.status == status && !(only_real && t.probe);
+    return n;
+  }
+
+  fs::path dir_;
+  std::string tune_, fake_, db_, experiment_;
+};
+
+TEST_F(SweepCliTest, SmartSearchMatchesTheGridWithAThirdOfItsTrials) {
+  Result smart = tune(sweep_args());
+  ASSERT_EQ(smart.status, 0) << smart.out << smart.err;
+  EXPECT_NE(smart.out.find("the exhaustive grid would run 384"), std::string::npos) << smart.out;
+  Result grid = tune(sweep_args("--search grid"));
+  ASSERT_EQ(grid.status, 0) << grid.err;
+
+  const auto smart_trials = trials("fake"), grid_trials = trials("fake-grid");
+  int64_t smart_runs = 0, grid_runs = 0;
+  for (const auto& t : smart_trials) smart_runs += t.ran();
+  for (const auto& t : grid_trials) grid_runs += t.ran();
+  EXPECT_EQ(grid_runs, 12 * 32);
+  EXPECT_LE(3 * smart_runs, grid_runs) << smart_runs;
+  EXPECT_GT(count(smart_trials, "oom"), 0);
+  EXPECT_GT(count(smart_trials, "skipped"), 0);
+  for (const auto& t : smart_trials) EXPECT_NE(t.status, "running");
+
+  // Both recommend the same length and configuration: sp 4, tiled loss, offload.
+  for (const std::string name : {"fake", "fake-grid"}) {
+    const fs::path out = dir_ / ("rec-" + name);
+    Result rec = tune("recommend --db '" + db_ + "' --sweep " + name + " --out '" + out.string() + "'");
+    ASSERT_EQ(rec.status, 0) << rec.err;
+    for (const char* file : {"recommended.yaml", "ds_config.json", "accelerate_config.yaml",
+                             "launch.sh", "WHY.md"}) {
+      EXPECT_TRUE(fs::exists(out / file)) << file;
+    }
+    const config::RunConfig c = config::load_run_config((out / "recommended.yaml").string());
+    EXPECT_EQ(c.mesh.sp, 4);
+    EXPECT_EQ(c.mesh.dp, 1);
+    EXPECT_EQ(c.memory.tiled_loss.value, 8);
+    EXPECT_TRUE(c.memory.offload_activations);
+    EXPECT_EQ(c.sequence.length, 32768);  // 100 + 32768/4/4*0.3 = 714 MiB < 921 MiB
+    EXPECT_EQ(c.train.steps, 5);           // the base's length of training, not the trial's
+    EXPECT_FALSE(c.attention.skip_all_but_last);
+    EXPECT_NE(read_text(out / "WHY.md").find("out of memory at"), std::string::npos);
+  }
+
+  // export of the best trial in every format; report of the sweep.
+  int64_t best = 0;
+  for (const auto& t : smart_trials) {
+    if (t.status == "ok" && !t.probe && t.seqlen == 32768 && t.sp == 4) best = t.id;
+  }
+  ASSERT_GT(best, 0);
+  for (const char* format : {"native", "deepspeed", "arctic", "accelerate"}) {
+    Result ex = tune("export --db '" + db_ + "' --trial " + std::to_string(best) + " --format " + format);
+    EXPECT_EQ(ex.status, 0) << format << ": " << ex.err;
+    EXPECT_FALSE(ex.out.empty()) << format;
+  }
+  Result report = tune("report --db '" + db_ + "' --sweep fake --out '" + (dir_ / "report").string() + "'");
+  EXPECT_EQ(report.status, 0) << report.err;
+  EXPECT_TRUE(fs::exists(dir_ / "report" / "README.md"));
+  EXPECT_TRUE(fs::exists(dir_ / "report" / "trials.csv"));
+}
+
+TEST_F(SweepCliTest, SigkillLeavesAValidDatabaseAndResumeKeepsFinishedTrials) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("FAKE_SLEEP", "0.3", 1);
+    const std::string out = (dir_ / "killed.out").string();
+    freopen(out.c_str(), "w", stdout);
+    freopen(out.c_str(), "a", stderr);
+    execl(tune_.c_str(), tune_.c_str(), "sweep", experiment_.c_str(), "--db", db_.c_str(),
+          "--trainer", fake_.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Kill it once a few trials are stored, while the next one runs.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int64_t done = 0;
+  while (done < 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (!fs::exists(db_)) continue;
+    try {
+      store::Store store = store::Store::open(db_);
+      store::SweepStore sweeps(store.db());
+      if (auto s = sweeps.find_sweep("fake")) {
+        done = 0;
+        for (const auto& t : sweeps.trials(s->id)) done += t.ran() && t.status != "running";
+      }
+    } catch (const UserError&) {
+    }
+  }
+  ASSERT_GE(done, 4) << read_text(dir_ / "killed.out");
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+
+  std::map<int64_t, std::string> finished;  // id -> finished_at
+  {
+    store::Store store = store::Store::open(db_);
+    store::Statement check = store.db().prepare("PRAGMA integrity_check");
+    ASSERT_TRUE(check.step());
+    EXPECT_EQ(check.column_text(0), "ok");
+  }
+  for (const auto& t : trials("fake")) {
+    if (t.ran() && t.status != "running") finished[t.id] = t.finished_at;
+  }
+  ASSERT_GE(finished.size(), 4u);
+
+  EXPECT_EQ(tune(sweep_args()).status, 2);  // exists: needs --resume
+  Result resumed = tune(sweep_args("--resume"));
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("not re-run"), std::string::npos);
+  const auto after = trials("fake");
+  for (const auto& t : after) EXPECT_NE(t.status, "running") << t.key;
+  for (const auto& [id, finished_at] : finished) {
+    bool kept = false;
+    for (const auto& t : after) kept |= t.id == id && t.finished_at == finished_at;
+    EXPECT_TRUE(kept) << "trial " << id << " was re-run or lost";
+  }
+  // The resumed sweep reaches the same answer as one that was never killed.
+  Result rec = tune("recommend --db '" + db_ + "' --out '" + (dir_ / "rec").string() + "'");
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  EXPECT_EQ(config::load_run_config((dir_ / "rec/recommended.yaml").string()).sequence.length,
+            32768);
+}
+
+TEST_F(SweepCliTest, HangingTrialIsATimeoutAndTheSweepGoesOn) {
+  std::string text = kExperiment;
+  text.replace(text.find("trial_timeout_s: 30"), 19, "trial_timeout_s: 2");
+  text.replace(text.find("mesh.sp: auto"), 13, "mesh.sp: [4]");
+  std::ofstream(experiment_) << text;
+  Result r = tune(sweep_args(), "FAKE_HANG_AT=2048");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto all = trials("fake");
+  EXPECT_GT(count(all, "timeout"), 0);
+  EXPECT_GT(count(all, "ok"), 0);
+  for (const auto& t : all) {
+    if (t.status == "timeout") {
+      EXPECT_EQ(t.seqlen, 2048);
+      EXPECT_EQ(t.exit_code, 124);
+    }
+  }
+}
+
+TEST_F(SweepCliTest, BadInputIsOneLineAndWritesNothing) {
+  auto expect_one_line = [&](const Result& r, const std::string& needle) {
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  };
+  std::ofstream(experiment_) << std::string(kExperiment) + "colour: blue\n";
+  expect_one_line(tune(sweep_args()), "colour: unknown key");
+  std::ofstream(experiment_) << "name: x\nhardware: cpu-local\nspace: {}\n";
+  expect_one_line(tune(sweep_args()), "space: empty");
+  std::ofstream(experiment_) << "name: x\nhardware: no-such-gpu\nspace: {sequence.length: [8]}\n";
+  expect_one_line(tune(sweep_args()), "hardware: no profile 'no-such-gpu'");
+  std::string bad_axis = kExperiment;
+  bad_axis.replace(bad_axis.find("memory.tiled_loss"), 17, "memory.tiled_los");
+  std::ofstream(experiment_) << bad_axis;
+  expect_one_line(tune(sweep_args()), "memory.tiled_los: unknown key");
+  EXPECT_FALSE(fs::exists(db_));  // nothing was written for any of them
+
+  expect_one_line(tune("recommend --db '" + db_ + "' --out '" + (dir_ / "rec").string() + "'"),
+                  "no such file");
+  std::ofstream(dir_ / "corrupt.db") << "this is not a database, just text that goes on and on";
+  expect_one_line(tune("recommend --db '" + (dir_ / "corrupt.db").string() + "' --out '" +
+                       (dir_ / "rec").string() + "'"),
+                  "corrupt.db");
+  EXPECT_FALSE(fs::exists(dir_ / "rec"));
+
+  std::ofstream(experiment_) << kExperiment;
+  ASSERT_EQ(tune(sweep_args()).status, 0);
+  expect_one_line(tune("export --db '" + db_ + "' --trial 99999 --format deepspeed"),
+                  "no trial 99999");
+  expect_one_line(tune("recommend --db '" + db_ + "' --sweep nope --out '" +
+                       (dir_ / "rec").string() + "'"),
+                  "no sweep 'nope'");
+  EXPECT_FALSE(fs::exists(dir_ / "rec"));
+}
+
+}  // namespace
+}  // namespace ulysses::sweep

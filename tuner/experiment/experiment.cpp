@@ -1,0 +1,260 @@
+// Reading and checking experiment files (see experiment.h).
+#include "tuner/experiment/experiment.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+#include "config/yaml_reader.h"
+#include "config/yaml_values.h"
+#include "tuner/calibrate/hardware_profile.h"
+
+namespace ulysses::experiment {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kTopKeys = {
+    "name",     "description", "hardware", "model",     "world_size", "nproc",
+    "memory_limit_gib", "base", "space",   "objective", "target_length", "headroom",
+    "budget",   "trial",       "search",   "runner"};
+
+// Errors name the file and the key: "<source>: <key>: <what>".
+struct Reader {
+  std::string source;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw UserError(source + ": " + key + ": " + what);
+  }
+  // Re-throws a config reader's "<key>: <what>" with the file in front.
+  template <typename T>
+  void read(const YAML::Node& node, const std::string& key, T& out) const {
+    try {
+      config::read_value(node, key, out);
+    } catch (const UserError& e) {
+      throw UserError(source + ": " + e.what());
+    }
+  }
+  void keys(const YAML::Node& map, const std::string& prefix,
+            const std::vector<std::string>& known) const {
+    try {
+      config::check_keys(map, prefix, known);
+    } catch (const UserError& e) {
+      throw UserError(source + ": " + e.what());
+    }
+  }
+};
+
+// A profile given as a name (profiles/<kind>/<name>.yaml) or as a path to a .yaml file.
+std::string resolve_profile(const Reader& r, const std::string& key, const std::string& value,
+                            const std::string& profiles_dir, const std::string& kind,
+                            const std::string& experiment_dir) {
+  std::vector<fs::path> candidates;
+  if (value.find('/') != std::string::npos || value.ends_with(".yaml")) {
+    candidates.push_back(fs::path(value));
+    if (!experiment_dir.empty()) candidates.push_back(fs::path(experiment_dir) / value);
+  } else {
+    candidates.push_back(fs::path(profiles_dir) / kind / (value + ".yaml"));
+  }
+  for (const fs::path& p : candidates) {
+    if (fs::is_regular_file(p)) return p.string();
+  }
+  r.fail(key, "no profile '" + value + "' (looked for " + candidates.front().string() + ")");
+}
+
+std::vector<std::string> scalar_list(const Reader& r, const YAML::Node& node,
+                                     const std::string& key) {
+  std::vector<std::string> values;
+  if (node.IsScalar()) {
+    values.push_back(node.Scalar());
+  } else if (node.IsSequence()) {
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar()) r.fail(key, "expected a list of values, got " + config::describe(item));
+      values.push_back(item.Scalar());
+    }
+  } else {
+    r.fail(key, "expected a value or a list of values, got " + config::describe(node));
+  }
+  if (values.empty()) r.fail(key, "empty list of values");
+  for (size_t i = 0; i < values.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (values[i] == values[j]) r.fail(key, "value '" + values[i] + "' listed twice");
+    }
+  }
+  return values;
+}
+
+LengthSpec read_lengths(const Reader& r, const YAML::Node& node) {
+  const std::string key = "space.sequence.length";
+  LengthSpec spec;
+  if (config::is_mapping(node)) {
+    r.keys(node, key + ".", {"search", "from", "to", "step"});
+    std::string search;
+    int64_t from = 0, to = 0, step = 0;
+    if (!node["search"].IsDefined()) r.fail(key + ".search", "missing (search: max)");
+    r.read(node["search"], key + ".search", search);
+    if (search != "max") r.fail(key + ".search", "expected max, got '" + search + "'");
+    for (auto [name, out] : {std::pair{"from", &from}, {"to", &to}, {"step", &step}}) {
+      if (!node[name].IsDefined()) r.fail(key + "." + name, "missing");
+      r.read(node[name], key + "." + name, *out);
+    }
+    if (from < 1) r.fail(key + ".from", "must be >= 1, got " + std::to_string(from));
+    if (step < 1) r.fail(key + ".step", "must be >= 1, got " + std::to_string(step));
+    if (to < from) {
+      r.fail(key + ".to", std::to_string(to) + " is below from " + std::to_string(from));
+    }
+    spec.search_max = true;
+    for (int64_t l = from; l <= to; l += step) spec.values.push_back(l);
+    return spec;
+  }
+  for (const std::string& text : scalar_list(r, node, key)) {
+    int64_t length = 0;
+    r.read(YAML::Node(text), key, length);
+    if (length < 1) r.fail(key, "lengths must be >= 1, got " + text);
+    spec.values.push_back(length);
+  }
+  std::sort(spec.values.begin(), spec.values.end());
+  return spec;
+}
+
+}  // namespace
+
+Experiment parse_experiment(const std::string& text, const std::string& source,
+                            const std::string& profiles_dir) {
+  const Reader r{source};
+  const YAML::Node root = config::parse_yaml(text, source);
+  if (!config::is_mapping(root)) r.fail("experiment", "expected a mapping of keys");
+  r.keys(root, "", kTopKeys);
+  Experiment e;
+  e.path = source;
+  e.yaml = text;
+  const std::string dir = fs::path(source).parent_path().string();
+
+  if (!root["name"].IsDefined()) r.fail("name", "missing");
+  r.read(root["name"], "name", e.name);
+  if (e.name.empty()) r.fail("name", "must not be empty");
+  if (root["description"].IsDefined()) r.read(root["description"], "description", e.description);
+
+  if (!root["hardware"].IsDefined()) r.fail("hardware", "missing (a profiles/hardware/ name)");
+  r.read(root["hardware"], "hardware", e.hardware);
+  e.hardware_path = resolve_profile(r, "hardware", e.hardware, profiles_dir, "hardware", dir);
+  const calibrate::HardwareProfile hw = calibrate::load_hardware_profile(e.hardware_path);
+
+  YAML::Node base = root["base"].IsDefined() ? YAML::Clone(root["base"]) : YAML::Node();
+  if (base.IsDefined() && !base.IsNull() && !base.IsMap()) {
+    r.fail("base", "expected a run config mapping, got " + config::describe(base));
+  }
+  if (root["model"].IsDefined()) {
+    r.read(root["model"], "model", e.model);
+    resolve_profile(r, "model", e.model, profiles_dir, "models", dir);
+    if (config::is_mapping(base) && config::is_mapping(base["model"]) &&
+        base["model"]["preset"].IsDefined()) {
+      r.fail("model", "given twice (also base.model.preset)");
+    }
+    base["model"]["preset"] = e.model;
+  }
+  if (!base.IsDefined() || base.IsNull()) base = YAML::Node(YAML::NodeType::Map);
+  YAML::Emitter out;
+  out << base;
+  e.base_yaml = out.c_str();
+
+  if (root["world_size"].IsDefined() && root["nproc"].IsDefined()) {
+    r.fail("nproc", "give world_size or nproc, not both");
+  }
+  const char* world_key = root["nproc"].IsDefined() ? "nproc" : "world_size";
+  e.world_size = hw.world_size();
+  if (root[world_key].IsDefined()) r.read(root[world_key], world_key, e.world_size);
+  if (e.world_size < 1) r.fail(world_key, "must be >= 1");
+
+  e.memory_limit_gib = hw.device_memory_gib;
+  if (root["memory_limit_gib"].IsDefined()) {
+    r.read(root["memory_limit_gib"], "memory_limit_gib", e.memory_limit_gib);
+  }
+  if (e.memory_limit_gib < 0) r.fail("memory_limit_gib", "must be >= 0 (0 = no limit)");
+
+  const YAML::Node space = root["space"];
+  if (!config::is_mapping(space) || space.size() == 0) {
+    r.fail("space", "empty: give at least sequence.length and one axis");
+  }
+  for (const auto& entry : space) {
+    const std::string key = entry.first.Scalar();
+    if (key == "sequence.length") {
+      e.lengths = read_lengths(r, entry.second);
+      continue;
+    }
+    if (key.find('.') == std::string::npos) {
+      r.fail("space." + key, "expected a run-config key path such as memory.tiled_mlp");
+    }
+    for (const AxisSpec& axis : e.axes) {
+      if (axis.key == key) r.fail("space." + key, "duplicate key");
+    }
+    e.axes.push_back({key, scalar_list(r, entry.second, "space." + key)});
+  }
+  if (e.lengths.values.empty()) r.fail("space.sequence.length", "missing (a list or {search: max, ...})");
+
+  if (root["objective"].IsDefined()) r.read(root["objective"], "objective", e.objective);
+  if (e.objective != "throughput" && e.objective != "max-seqlen") {
+    r.fail("objective", "expected throughput or max-seqlen, got '" + e.objective + "'");
+  }
+  e.target_length = e.lengths.values.back();
+  if (root["target_length"].IsDefined()) {
+    if (e.objective != "throughput") r.fail("target_length", "only for objective: throughput");
+    r.read(root["target_length"], "target_length", e.target_length);
+    if (std::find(e.lengths.values.begin(), e.lengths.values.end(), e.target_length) ==
+        e.lengths.values.end()) {
+      r.fail("target_length", std::to_string(e.target_length) + " is not in space.sequence.length");
+    }
+  }
+  if (e.objective == "throughput" && e.lengths.search_max && !root["target_length"].IsDefined()) {
+    r.fail("target_length", "required for objective: throughput with a max-length search");
+  }
+  if (root["headroom"].IsDefined()) r.read(root["headroom"], "headroom", e.headroom);
+  if (e.headroom < 0 || e.headroom >= 1) r.fail("headroom", "must be in [0, 1)");
+
+  if (const YAML::Node b = root["budget"]; b.IsDefined()) {
+    r.keys(b, "budget.", {"max_trials", "wall_clock_s", "trial_timeout_s"});
+    if (b["max_trials"].IsDefined()) r.read(b["max_trials"], "budget.max_trials", e.budget.max_trials);
+    if (b["wall_clock_s"].IsDefined()) r.read(b["wall_clock_s"], "budget.wall_clock_s", e.budget.wall_clock_s);
+    if (b["trial_timeout_s"].IsDefined()) {
+      r.read(b["trial_timeout_s"], "budget.trial_timeout_s", e.budget.trial_timeout_s);
+    }
+    if (e.budget.max_trials < 0) r.fail("budget.max_trials", "must be >= 0 (0 = no limit)");
+    if (e.budget.wall_clock_s < 0) r.fail("budget.wall_clock_s", "must be >= 0 (0 = no limit)");
+    if (e.budget.trial_timeout_s <= 0) r.fail("budget.trial_timeout_s", "must be > 0");
+  }
+  if (const YAML::Node t = root["trial"]; t.IsDefined()) {
+    r.keys(t, "trial.", {"warmup_steps", "steps"});
+    if (t["warmup_steps"].IsDefined()) r.read(t["warmup_steps"], "trial.warmup_steps", e.warmup_steps);
+    if (t["steps"].IsDefined()) r.read(t["steps"], "trial.steps", e.measured_steps);
+    if (e.warmup_steps < 0) r.fail("trial.warmup_steps", "must be >= 0");
+    if (e.measured_steps < 1) r.fail("trial.steps", "must be >= 1");
+  }
+  if (const YAML::Node s = root["search"]; s.IsDefined()) {
+    r.keys(s, "search.", {"method", "probe", "prune"});
+    if (s["method"].IsDefined()) r.read(s["method"], "search.method", e.method);
+    if (s["probe"].IsDefined()) r.read(s["probe"], "search.probe", e.probe);
+    if (s["prune"].IsDefined()) r.read(s["prune"], "search.prune", e.prune);
+    if (e.method != "smart" && e.method != "grid") {
+      r.fail("search.method", "expected smart or grid, got '" + e.method + "'");
+    }
+  }
+  if (root["runner"].IsDefined()) r.read(root["runner"], "runner", e.runner);
+  if (e.runner != "local") r.fail("runner", "expected local, got '" + e.runner + "'");
+  return e;
+}
+
+Experiment load_experiment(const std::string& path, const std::string& profiles_dir) {
+  std::ifstream in(path);
+  if (!in) throw UserError(path + ": cannot read file");
+  std::stringstream text;
+  text << in.rdbuf();
+  Experiment e = parse_experiment(text.str(), path, profiles_dir);
+  e.path = path;
+  return e;
+}
+
+}  // namespace ulysses::experiment

@@ -1,0 +1,88 @@
+// Experiment files (SPEC 7): what a sweep explores, as data. A YAML file names the hardware and
+// model profiles, the ranks per trial, a base run config, the space (run-config key paths ->
+// value lists, plus the sequence length as a list or a max-length search), the objective, the
+// budget and the trial length. load_experiment checks every key before anything runs.
+//
+//   name: quickstart-cpu
+//   hardware: cpu-local            # profiles/hardware/<name>.yaml, or a path to one
+//   model: tiny                    # profiles/models/<name>.yaml (model.preset), or omit and
+//                                  # give base.model inline
+//   world_size: 4                  # ranks per trial (alias: nproc); default: the hardware's
+//   memory_limit_gib: 1.5          # per-rank limit of every trial; default: device memory_gib
+//   base: {train: {device: cpu}}   # any run-config keys (SPEC 2); the space overrides them
+//   space:
+//     mesh.sp: auto                # every sp that divides world_size and fits the heads
+//     memory.tiled_mlp: [1, auto]
+//     memory.offload: [none, activations, optimizer, both]   # shorthand for the two offloads
+//     sequence.length: {search: max, from: 512, to: 8192, step: 512}   # or a list
+//   objective: max-seqlen          # or throughput (tokens/s per rank at target_length)
+//   target_length: 4096            # throughput only; default: the longest length listed
+//   headroom: 0.1                  # recommend: peak memory <= (1 - headroom) * limit
+//   budget: {max_trials: 60, wall_clock_s: 1800, trial_timeout_s: 300}
+//   trial: {warmup_steps: 1, steps: 3}   # steps = measured steps after warmup
+//   search: {method: smart, probe: true, prune: true}   # method: smart | grid
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ulysses::experiment {
+
+// One axis of the space as written: a run-config key path (or a shorthand such as
+// memory.offload) and its values as YAML scalars in text form ("auto" for mesh.sp: auto).
+struct AxisSpec {
+  std::string key;
+  std::vector<std::string> values;
+};
+
+// The sequence length: a list, or the longest fitting length on the lattice
+// from, from + step, ..., <= to.
+struct LengthSpec {
+  bool search_max = false;
+  std::vector<int64_t> values;  // the list, or the lattice when search_max
+};
+
+struct Budget {
+  int64_t max_trials = 0;         // runs of ulysses-train (probes included); 0 = no limit
+  double wall_clock_s = 0.0;      // 0 = no limit
+  double trial_timeout_s = 600.0; // per trial
+};
+
+struct Experiment {
+  std::string path;  // the file it was read from
+  std::string yaml;  // its text
+  std::string name;
+  std::string description;
+  std::string hardware;       // profile name or path, as written
+  std::string hardware_path;  // resolved file
+  std::string model;          // preset name, "" = base.model inline
+  int64_t world_size = 0;     // resolved: written, or the hardware's
+  double memory_limit_gib = 0.0;  // resolved: written, or the hardware's device memory
+  std::string base_yaml;      // the base run config as a YAML document ("{}" when absent)
+  std::vector<AxisSpec> axes; // in file order, sequence.length excluded
+  LengthSpec lengths;
+  std::string objective = "throughput";  // throughput | max-seqlen
+  int64_t target_length = 0;  // throughput: resolved (written, or the longest listed)
+  double headroom = 0.1;
+  Budget budget;
+  int64_t warmup_steps = 1;
+  int64_t measured_steps = 2;
+  std::string method = "smart";  // smart | grid
+  bool probe = true;   // max-length search probes with attention.skip_all_but_last first
+  bool prune = true;   // skip what the memory model says cannot fit
+  std::string runner = "local";
+};
+
+// Reads and checks an experiment file. Profiles are looked up under `profiles_dir`
+// (profiles/hardware/<name>.yaml, profiles/models/<name>.yaml) unless given as paths.
+// Throws UserError "<file>: <key>: <what is wrong>" for a missing file, invalid YAML, an unknown
+// or duplicate key, a wrong type, an empty space or empty value list, a missing profile, a bad
+// length spec (from > to, step < 1), an unknown objective or method, or a budget below zero.
+Experiment load_experiment(const std::string& path, const std::string& profiles_dir);
+
+// load_experiment on text; `source` names it in errors.
+Experiment parse_experiment(const std::string& text, const std::string& source,
+                            const std::string& profiles_dir);
+
+}  // namespace ulysses::experiment

@@ -1,0 +1,221 @@
+// `ulysses-tune recommend` / `export`: pick the winner, write it for every consumer (see
+// recommend_command.h).
+#include "tuner/recommend/recommend_command.h"
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/paths.h"
+#include "config/run_config.h"
+#include "config/yaml_values.h"
+#include "tuner/experiment/experiment.h"
+#include "tuner/export/accelerate_config.h"
+#include "tuner/export/arctic_recipe.h"
+#include "tuner/export/deepspeed_config.h"
+#include "tuner/export/export_files.h"
+#include "tuner/launch/launch_plan.h"
+#include "tuner/recommend/ranking.h"
+#include "tuner/recommend/why.h"
+#include "tuner/store/store.h"
+#include "tuner/store/sweep_store.h"
+
+namespace ulysses::recommend {
+namespace {
+
+namespace fs = std::filesystem;
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out.flush()) throw UserError(path.string() + ": cannot write");
+}
+
+store::Store open_existing(const std::string& path) {
+  if (!fs::is_regular_file(path)) throw UserError(path + ": no such file (a results database)");
+  return store::Store::open(path);
+}
+
+std::string profiles_dir() {
+  const std::string home = project_home();
+  return home.empty() ? "profiles" : (fs::path(home) / "profiles").string();
+}
+
+// The winner's run config as the tuned job runs it: the base run config's length of training
+// and warmup, no probe, output into runs/<sweep>-tuned.
+config::RunConfig tuned_config(const store::TrialRecord& t, const experiment::Experiment& e,
+                               const std::string& sweep_name) {
+  const config::RunConfig base = config::parse_run_config_yaml(e.base_yaml);
+  return config::parse_run_config_yaml(
+      t.config_yaml, {"train.steps=" + std::to_string(base.train.steps),
+                      "profile.warmup_steps=" + std::to_string(base.profile.warmup_steps),
+                      "attention.skip_all_but_last=false",
+                      "memory.limit_gib=" + config::format_double(e.memory_limit_gib),
+                      "output.dir=runs/" + sweep_name + "-tuned"});
+}
+
+std::string launch_script(const config::RunConfig& c, const store::SweepRecord& sweep,
+                          const store::TrialRecord& t) {
+  const int world = static_cast<int>(c.mesh.dp * c.mesh.sp);
+  launch::LaunchOptions o;
+  o.config_path = "recommended.yaml";
+  o.nproc = world;
+  std::string text =
+      "#!/usr/bin/env bash\n"
+      "# The configuration `ulysses-tune recommend` picked from sweep '" + sweep.name +
+      "' (trial #" + std::to_string(t.id) +
+      "). Expects ulysses-tune and ulysses-train on PATH (build/bin).\n"
+      "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n\n"
+      "# This machine, " + std::to_string(world) + " local ranks (extra arguments: --set k=v):\n"
+      "exec ulysses-tune launch recommended.yaml --nproc " + std::to_string(world) + " \"$@\"\n\n";
+  o.print = "torchrun";
+  text += "# torchrun, one node of " + std::to_string(world) + " ranks:\n";
+  for (const std::string& line : launch::cluster_command_lines(o, "ulysses-train")) {
+    text += "#   " + line + "\n";
+  }
+  o.print = "srun";
+  text += "# SLURM, inside an allocation:\n";
+  for (const std::string& line : launch::cluster_command_lines(o, "ulysses-train")) {
+    text += "#   " + line + "\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+CLI::App* add_recommend_command(CLI::App& app, RecommendOptions* options) {
+  CLI::App* cmd = app.add_subcommand(
+      "recommend", "Pick a sweep's best configuration and write it for ulysses-train, DeepSpeed, "
+                   "ArcticTraining and Accelerate, with launch lines and WHY.md");
+  cmd->add_option("--db", options->db_path, "Results database")->required();
+  cmd->add_option("--sweep", options->sweep, "Sweep name (default: the newest)");
+  cmd->add_option("--objective", options->objective, "throughput | max-seqlen (default: the "
+                                                     "experiment's)")
+      ->check(CLI::IsMember({"throughput", "max-seqlen"}));
+  cmd->add_option("--out", options->out_dir, "Output directory")->required();
+  return cmd;
+}
+
+CLI::App* add_export_command(CLI::App& app, ExportOptions* options) {
+  CLI::App* cmd = app.add_subcommand("export", "Write one trial's configuration in one format");
+  cmd->add_option("--db", options->db_path, "Results database")->required();
+  cmd->add_option("--trial", options->trial_id, "Trial id (ulysses-tune list)")->required();
+  cmd->add_option("--format", options->format, "native | deepspeed | arctic | accelerate")
+      ->check(CLI::IsMember({"native", "deepspeed", "arctic", "accelerate"}))
+      ->capture_default_str();
+  cmd->add_option("--out", options->out_path, "Write to this file instead of stdout");
+  return cmd;
+}
+
+int run_recommend(const RecommendOptions& options) {
+  store::Store db = open_existing(options.db_path);
+  store::SweepStore sweeps(db.db());
+  const std::optional<store::SweepRecord> sweep =
+      options.sweep.empty() ? sweeps.latest_sweep() : sweeps.find_sweep(options.sweep);
+  if (!sweep) {
+    throw UserError(options.db_path + ": " +
+                    (options.sweep.empty() ? "holds no sweep" : "no sweep '" + options.sweep + "'"));
+  }
+  const experiment::Experiment e =
+      experiment::parse_experiment(sweep->experiment_yaml, sweep->experiment_path, profiles_dir());
+  Objective o;
+  o.kind = options.objective.empty() ? e.objective : options.objective;
+  o.target_length = e.target_length;
+  o.headroom = e.headroom;
+  o.check_peak = config::parse_run_config_yaml(e.base_yaml).train.device == "cuda";
+  const std::vector<store::TrialRecord> trials = sweeps.trials(sweep->id);
+  const std::vector<const store::TrialRecord*> ranked = rank_trials(trials, o);
+  if (ranked.empty()) {
+    throw UserError("--sweep " + sweep->name + ": no trial qualifies for " + o.kind +
+                    (o.kind == "throughput" ? " at " + std::to_string(o.target_length) + " tokens"
+                                            : std::string()) +
+                    " within the memory head-room");
+  }
+  const store::TrialRecord& winner = *ranked.front();
+  const config::RunConfig tuned = tuned_config(winner, e, sweep->name);
+  const std::vector<PointSummary> summaries = summarize_points(trials, o, winner);
+  std::vector<std::vector<store::TrialPhase>> phases;
+  for (const PointSummary& s : summaries) {
+    phases.push_back(s.best ? sweeps.trial_phases(s.best->id) : std::vector<store::TrialPhase>{});
+  }
+
+  // Everything goes into a temporary directory beside --out, renamed at the end.
+  const fs::path out = fs::absolute(options.out_dir);
+  const fs::path tmp = out.parent_path() / (out.filename().string() + ".tmp");
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw UserError("--out: cannot create " + tmp.string() + " (" + ec.message() + ")");
+  write_file(tmp / "recommended.yaml",
+             "# Recommended by ulysses-tune from sweep '" + sweep->name + "', trial #" +
+                 std::to_string(winner.id) + " (objective " + o.kind + ").\n" +
+                 config::to_yaml(tuned));
+  const exports::ExportFiles files = exports::write_exports(tuned, tmp.string());
+  write_file(tmp / "launch.sh", launch_script(tuned, *sweep, winner));
+  fs::permissions(tmp / "launch.sh", fs::perms::owner_exec | fs::perms::group_exec |
+                                         fs::perms::others_exec, fs::perm_options::add);
+  std::string why = render_why(*sweep, o, winner, summaries, phases);
+  if (!files.warnings.empty()) {
+    why += "\n## Export warnings\n\n";
+    for (const std::string& w : files.warnings) why += "- " + w + "\n";
+  }
+  write_file(tmp / "WHY.md", why);
+  fs::remove_all(out, ec);
+  fs::rename(tmp, out, ec);
+  if (ec) throw UserError("--out: cannot write " + out.string() + " (" + ec.message() + ")");
+
+  for (const std::string& w : files.warnings) std::cerr << "warning: " << w << "\n";
+  std::cout << "recommended: trial #" << winner.id << " (" << winner.seqlen << " tokens, dp "
+            << winner.dp << " x sp " << winner.sp << ", "
+            << static_cast<int64_t>(winner.tokens_per_s_per_rank.value_or(0))
+            << " tokens/s per rank)\nwrote " << out.string()
+            << "/{recommended.yaml, ds_config.json, " << exports::kArcticRecipeFile
+            << ", accelerate_config.yaml, launch.sh, WHY.md}\n";
+  return kExitOk;
+}
+
+int run_export(const ExportOptions& options) {
+  store::Store db = open_existing(options.db_path);
+  store::SweepStore sweeps(db.db());
+  const std::optional<store::TrialRecord> t = sweeps.trial(options.trial_id);
+  if (!t) {
+    throw UserError("--trial: no trial " + std::to_string(options.trial_id) + " in " +
+                    options.db_path);
+  }
+  if (t->config_yaml.empty() || t->status == "invalid") {
+    throw UserError("--trial: trial " + std::to_string(t->id) + " is " + t->status +
+                    " and has no run config to export");
+  }
+  const config::RunConfig c = config::parse_run_config_yaml(t->config_yaml);
+  std::string text;
+  std::vector<std::string> warnings;
+  if (options.format == "native") {
+    text = config::to_yaml(c);
+  } else if (options.format == "deepspeed") {
+    exports::DeepSpeedExport x = exports::deepspeed_config(c);
+    text = x.config.dump(2) + "\n";
+    warnings = x.warnings;
+  } else if (options.format == "arctic") {
+    exports::ArcticRecipeExport x = exports::arctic_recipe(c);
+    text = x.yaml, warnings = x.warnings;
+  } else {
+    exports::AccelerateExport x = exports::accelerate_config(c);
+    text = x.yaml, warnings = x.warnings;
+  }
+  for (const std::string& w : warnings) std::cerr << "warning: " << w << "\n";
+  if (options.out_path.empty()) {
+    std::cout << text;
+  } else {
+    const fs::path tmp = options.out_path + ".tmp";
+    write_file(tmp, text);
+    std::error_code ec;
+    fs::rename(tmp, options.out_path, ec);
+    if (ec) throw UserError("--out: cannot write " + options.out_path + " (" + ec.message() + ")");
+  }
+  return kExitOk;
+}
+
+}  // namespace ulysses::recommend

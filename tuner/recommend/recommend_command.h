@@ -1,0 +1,43 @@
+// `ulysses-tune recommend` and `ulysses-tune export` (SPEC 7 "Recommend / export").
+//   recommend --db F [--sweep NAME] [--objective throughput|max-seqlen] --out DIR
+//     DIR/recommended.yaml (runs as it is under `ulysses-tune launch`), ds_config.json,
+//     arctic_training.yaml, accelerate_config.yaml, launch.sh (local, torchrun, srun lines) and
+//     WHY.md. Warnings of the exports go to stderr and into WHY.md.
+//   export --db F --trial ID --format native|deepspeed|arctic|accelerate [--out FILE]
+//     one trial's configuration in one format, to stdout or FILE.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace ulysses::recommend {
+
+struct RecommendOptions {
+  std::string db_path;    // --db (required)
+  std::string sweep;      // --sweep; "" = the newest
+  std::string objective;  // --objective; "" = the experiment's
+  std::string out_dir;    // --out (required)
+};
+
+struct ExportOptions {
+  std::string db_path;
+  int64_t trial_id = -1;
+  std::string format = "native";
+  std::string out_path;  // "" = stdout
+};
+
+CLI::App* add_recommend_command(CLI::App& app, RecommendOptions* options);
+CLI::App* add_export_command(CLI::App& app, ExportOptions* options);
+
+// Returns 0 after writing every file. Throws UserError, writing nothing, for a missing or
+// corrupt database, an unknown sweep, or a sweep without a qualifying trial (the line says why:
+// e.g. "no trial fits at 8192 tokens within the head-room").
+int run_recommend(const RecommendOptions& options);
+// Returns 0. Throws UserError for a missing database, an unknown trial id, a trial that never
+// ran (pruned, invalid, skipped: it has no run config), or an unwritable --out.
+int run_export(const ExportOptions& options);
+
+}  // namespace ulysses::recommend

@@ -1,0 +1,181 @@
+// `ulysses-tune list` / `show`: sweeps and trials as terminal tables and field lists.
+#include "tuner/report/list_show_command.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "tuner/report/format.h"
+#include "tuner/report/summary_tables.h"
+#include "tuner/report/sweep_analysis.h"
+#include "tuner/report/sweep_source.h"
+#include "tuner/report/trial_table.h"
+#include "tuner/store/sweep_store.h"
+
+namespace ulysses::report {
+namespace {
+
+constexpr size_t kMaxCell = 60;  // terminal tables cut long cells (errors) here
+
+// "name: value", or "name:" and the value's lines indented when it has several.
+void print_field(std::ostream& out, const std::string& name, const std::string& value) {
+  if (value.find('\n') == std::string::npos) {
+    out << name << ": " << value << "\n";
+    return;
+  }
+  out << name << ":\n";
+  size_t begin = 0;
+  while (begin < value.size()) {
+    size_t end = value.find('\n', begin);
+    if (end == std::string::npos) end = value.size();
+    out << "    " << value.substr(begin, end - begin) << "\n";
+    begin = end + 1;
+  }
+}
+
+std::string pretty_json(const std::string& text) {
+  const auto json = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return json.is_discarded() ? text : json.dump(2);
+}
+
+Table sweeps_table(store::Database& db) {
+  store::SweepStore store(db);
+  std::vector<std::pair<store::SweepRecord, std::vector<store::TrialRecord>>> sweeps;
+  std::vector<store::TrialRecord> all;
+  for (const auto& sweep : store.sweeps()) {
+    sweeps.emplace_back(sweep, store.trials(sweep.id));
+    all.insert(all.end(), sweeps.back().second.begin(), sweeps.back().second.end());
+  }
+  const auto statuses = status_counts(all);  // the columns: statuses that occur anywhere
+  Table table;
+  table.add_column("id", true);
+  for (const char* name : {"name", "created", "status"}) table.add_column(name);
+  table.add_column("trials", true);
+  for (const auto& [status, count] : statuses) table.add_column(status, true);
+  table.add_column("best tokens/s per rank", true);
+  for (const auto& [sweep, trials] : sweeps) {
+    std::vector<std::string> row = {std::to_string(sweep.id), sweep.name, sweep.created_at,
+                                    sweep.status, std::to_string(trials.size())};
+    for (const auto& [status, total] : statuses) {
+      row.push_back(std::to_string(std::count_if(trials.begin(), trials.end(),
+                                                 [&](auto& t) { return t.status == status; })));
+    }
+    const store::TrialRecord* best = nullptr;
+    for (const auto& t : trials) {
+      if (is_measured(t) && (!best || *t.tokens_per_s_per_rank > *best->tokens_per_s_per_rank)) {
+        best = &t;
+      }
+    }
+    row.push_back(best ? fixed(best->tokens_per_s_per_rank, 1) + " (trial " +
+                             std::to_string(best->id) + ")"
+                       : "-");
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
+void show_trial(store::Database& db, int64_t id, std::ostream& out) {
+  const std::string missing = "--trial " + std::to_string(id) + ": no such trial in " + db.path();
+  if (!has_sweep_tables(db)) throw UserError(missing + " (it holds no sweeps)");
+  store::SweepStore store(db);
+  const auto trial = store.trial(id);
+  if (!trial) throw UserError(missing);
+  const auto sweep = store.sweep(trial->sweep_id);
+  out << "trial " << id << " of sweep " << (sweep ? sweep->name : "?") << "\n";
+  for (const auto& [name, value] : trial_fields(*trial)) print_field(out, name, value);
+
+  Table steps;
+  steps.add_column("step", true);
+  for (const char* name : {"loss", "grad_norm", "step ms", "tokens/s", "peak GiB"}) {
+    steps.add_column(name, true);
+  }
+  for (const auto& s : store.trial_steps(id)) {
+    steps.rows.push_back({std::to_string(s.step), fixed(s.loss, 4), fixed(s.grad_norm, 4),
+                          fixed(s.step_ms, 2), fixed(s.tokens_per_s, 1), gib(s.peak_mem_bytes)});
+  }
+  out << "\nsteps:\n" << (steps.rows.empty() ? "(none recorded)\n" : render_terminal(steps));
+  Table phases;
+  phases.add_column("phase");
+  phases.add_column("ms per step", true);
+  for (const auto& p : store.trial_phases(id)) phases.rows.push_back({p.phase, fixed(p.ms, 3)});
+  out << "\nphases:\n" << (phases.rows.empty() ? "(none recorded)\n" : render_terminal(phases));
+  out << "\nrun dir: " << (trial->run_dir.empty() ? "(none)" : trial->run_dir) << "\n";
+}
+
+void show_sweep(store::Database& db, const std::string& name, std::ostream& out) {
+  const SweepData data = load_sweep(db, name);
+  const auto& s = data.sweep;
+  out << "sweep " << s.name << "\n";
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"id", std::to_string(s.id)},
+                                                        {"created_at", s.created_at},
+                                                        {"finished_at", s.finished_at},
+                                                        {"status", s.status},
+                                                        {"experiment_path", s.experiment_path},
+                                                        {"search", s.search},
+                                                        {"objective", s.objective}}) {
+    print_field(out, field, value);
+  }
+  print_field(out, "trials",
+              std::to_string(data.trials.size()) + ": " + status_count_text(data.trials));
+  out << "\nenvironment:\n" << render_terminal(json_table(s.environment));
+  out << "\nsearch summary:\n" << render_terminal(search_summary_table(data));
+  const Table grid = grid_comparison_table(data);
+  if (!grid.rows.empty()) out << "\n" << render_terminal(grid);
+  out << "\n";
+  print_field(out, "summary (JSON)", pretty_json(s.summary));
+  if (!s.experiment_yaml.empty()) print_field(out, "experiment_yaml", s.experiment_yaml);
+}
+
+}  // namespace
+
+CLI::App* add_list_command(CLI::App& app, ListOptions* options) {
+  CLI::App* cmd =
+      app.add_subcommand("list", "List the sweeps of a results database, or a sweep's trials");
+  cmd->add_option("--db", options->db_path, "results database (read only)")->capture_default_str();
+  cmd->add_option("--sweep", options->sweep, "list this sweep's trials");
+  return cmd;
+}
+
+CLI::App* add_show_command(CLI::App& app, ShowOptions* options) {
+  CLI::App* cmd =
+      app.add_subcommand("show", "Show one trial (--trial ID) or one sweep (--sweep NAME) in full");
+  cmd->add_option("--db", options->db_path, "results database (read only)")->capture_default_str();
+  cmd->add_option("--trial", options->trial_id, "trial id (as `list --sweep` shows)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--sweep", options->sweep, "sweep name");
+  return cmd;
+}
+
+int run_list(const ListOptions& options, std::ostream& out) {
+  store::Database db = open_results(options.db_path);
+  if (!options.sweep.empty()) {
+    const SweepData data = load_sweep(db, options.sweep);
+    out << "sweep " << data.sweep.name << " (id " << data.sweep.id << ", " << data.sweep.status
+        << "): " << data.trials.size() << " trials: " << status_count_text(data.trials) << "\n";
+    if (!data.trials.empty()) out << render_terminal(trials_table(data.trials), kMaxCell);
+    return 0;
+  }
+  if (!has_sweep_tables(db) || store::SweepStore(db).sweeps().empty()) {
+    out << options.db_path << ": no sweeps\n";
+    return 0;
+  }
+  out << render_terminal(sweeps_table(db), kMaxCell);
+  return 0;
+}
+
+int run_show(const ShowOptions& options, std::ostream& out) {
+  if ((options.trial_id != 0) == !options.sweep.empty()) {
+    throw UserError("show: give one of --trial ID and --sweep NAME");
+  }
+  store::Database db = open_results(options.db_path);
+  if (options.trial_id != 0) {
+    show_trial(db, options.trial_id, out);
+  } else {
+    show_sweep(db, options.sweep, out);
+  }
+  return 0;
+}
+
+}  // namespace ulysses::report

@@ -1,0 +1,234 @@
+// gnuplot data and script for the report's plots (see plot_script.h).
+#include "tuner/report/plot_script.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "tuner/report/format.h"
+#include "tuner/report/sweep_analysis.h"
+
+namespace ulysses::report {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double to_gib(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
+
+// Starts one plot: resets settings, opens its PNG with the terminal chosen at the top.
+std::string begin_plot(const std::string& png, const std::string& title, int width, int height) {
+  return "\nreset\neval sprintf('set terminal %s noenhanced size %d,%d', png_terminal, " +
+         std::to_string(width) + ", " + std::to_string(height) + ")\nset output " +
+         gnuplot_quote(png) + "\nset title " + gnuplot_quote(title) + "\nset grid\n";
+}
+
+// Log scale in x when the lengths span a factor of 4 or more (they usually double).
+std::string length_axis(const std::vector<int64_t>& lengths) {
+  std::string out = "set xlabel 'sequence length (tokens)'\nset format x '%.0f'\n";
+  const auto [lo, hi] = std::minmax_element(lengths.begin(), lengths.end());
+  if (*lo > 0 && *hi >= 4 * *lo) out += "set logscale x 2\n";
+  return out + "set offsets graph 0.05, graph 0.05, 0, 0\n";
+}
+
+// Measured trials grouped by configuration (first-seen order), each group sorted by length.
+std::vector<std::pair<std::string, std::vector<TrialRecord>>> by_configuration(
+    const std::vector<TrialRecord>& trials) {
+  std::vector<std::pair<std::string, std::vector<TrialRecord>>> groups;
+  for (const auto& t : trials) {
+    const std::string name = configuration(t);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == name; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {name, {}});
+    it->second.push_back(t);
+  }
+  for (auto& [name, group] : groups) {
+    std::stable_sort(group.begin(), group.end(),
+                     [](auto& a, auto& b) { return a.seqlen < b.seqlen; });
+  }
+  return groups;
+}
+
+std::vector<TrialRecord> measured(const std::vector<TrialRecord>& trials) {
+  std::vector<TrialRecord> out;
+  std::copy_if(trials.begin(), trials.end(), std::back_inserter(out), is_measured);
+  return out;
+}
+
+constexpr const char* kNoMeasured =
+    "no trial was measured (no `ok` trial that is not a memory probe)";
+
+void throughput_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
+  const auto trials = measured(data.trials);
+  if (trials.empty()) {
+    plot.omitted = std::string("Not drawn: ") + kNoMeasured + ".";
+    return;
+  }
+  dat = "# seqlen tokens_per_s_per_rank trial_id; one block per configuration\n";
+  std::vector<int64_t> lengths;
+  std::string plot_cmd = "plot ";
+  int index = 0;
+  for (const auto& [name, group] : by_configuration(trials)) {
+    dat += "# " + name + "\n";
+    for (const auto& t : group) {
+      dat += std::to_string(t.seqlen) + " " + exact(t.tokens_per_s_per_rank) + " " +
+             std::to_string(t.id) + "\n";
+      lengths.push_back(t.seqlen);
+    }
+    dat += "\n\n";
+    plot_cmd += std::string(index == 0 ? "'throughput.dat'" : ", \\\n     ''") + " index " +
+                std::to_string(index) + " using 1:2 with linespoints lw 2 pt 7 title " +
+                gnuplot_quote(name);
+    ++index;
+  }
+  gp += begin_plot(plot.file, plot.title, 1000, 620) + length_axis(lengths) +
+        "set ylabel 'tokens/s per rank'\nset yrange [0:*]\nset key below\n" + plot_cmd + "\n";
+}
+
+void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
+  std::vector<TrialRecord> fit, probes, oom;
+  std::set<int64_t> limits;
+  for (const auto& t : data.trials) {
+    if (t.limit_bytes && *t.limit_bytes > 0) limits.insert(*t.limit_bytes);
+    if (t.status == "ok" && t.peak_mem_bytes) (t.probe ? probes : fit).push_back(t);
+    if (t.status == "oom" && (t.peak_mem_bytes || (t.limit_bytes && *t.limit_bytes > 0))) {
+      oom.push_back(t);
+    }
+  }
+  if (fit.empty() && probes.empty() && oom.empty()) {
+    plot.omitted =
+        "Not drawn: no `ok` trial recorded its peak memory and no trial ran out of memory "
+        "under a known limit.";
+    return;
+  }
+  std::vector<std::pair<std::string, std::vector<TrialRecord>>> groups = by_configuration(fit);
+  if (!probes.empty()) groups.emplace_back("memory probes", probes);
+  dat = "# seqlen peak_GiB trial_id; blocks: configurations, then probes, then out of memory\n";
+  std::vector<int64_t> lengths;
+  double top = 0.0;
+  std::string plot_cmd = "plot ";
+  int index = 0;
+  auto add_block = [&](const std::string& name, const std::vector<TrialRecord>& group,
+                       const std::string& style) {
+    dat += "# " + name + "\n";
+    for (const auto& t : group) {
+      const double y = to_gib(t.peak_mem_bytes ? *t.peak_mem_bytes : *t.limit_bytes);
+      dat += std::to_string(t.seqlen) + " " + exact(y) + " " + std::to_string(t.id) + "\n";
+      lengths.push_back(t.seqlen);
+      top = std::max(top, y);
+    }
+    dat += "\n\n";
+    plot_cmd += std::string(index == 0 ? "'memory.dat'" : ", \\\n     ''") + " index " +
+                std::to_string(index) + " using 1:2 " + style + " title " + gnuplot_quote(name);
+    ++index;
+  };
+  for (const auto& [name, group] : groups) {
+    add_block(name, group,
+              name == "memory probes" ? "with points pt 6 ps 1.5" : "with linespoints lw 2 pt 7");
+  }
+  if (!oom.empty()) add_block("out of memory", oom, "with points pt 2 ps 2 lw 2 lc rgb 'red'");
+  std::string limit_lines;
+  for (int64_t limit : limits) {
+    const std::string y = exact(to_gib(limit));
+    top = std::max(top, to_gib(limit));
+    limit_lines += "set arrow from graph 0, first " + y + " to graph 1, first " + y +
+                   " nohead dt 2 lw 2 lc rgb 'red'\nset label " +
+                   gnuplot_quote("limit " + gib(limit) + " GiB per rank") +
+                   " at graph 0.01, first " + y + " offset 0,0.7 tc rgb 'red'\n";
+  }
+  gp += begin_plot(plot.file, plot.title, 1000, 620) + length_axis(lengths) +
+        "set ylabel 'peak memory per rank (GiB)'\nset yrange [0:" + fixed(top * 1.15 + 0.01, 2) +
+        "]\nset key below\n" + limit_lines + plot_cmd + "\n";
+}
+
+void breakdown_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
+  std::vector<TrialRecord> trials;
+  for (const auto& t : measured(data.trials)) {
+    if (t.step_ms) trials.push_back(t);
+  }
+  if (trials.empty()) {
+    plot.omitted = std::string("Not drawn: ") + kNoMeasured + ".";
+    return;
+  }
+  dat = "# label compute_ms comm_ms offload_ms optimizer_ms other_ms trial_id\n";
+  for (const auto& t : trials) {
+    const auto it = data.phases.find(t.id);
+    const TimeBreakdown b =
+        time_breakdown(t, it == data.phases.end() ? std::vector<TrialPhase>{} : it->second);
+    dat += "\"" + std::to_string(t.id) + ": " + mesh(t) + " sl=" + std::to_string(t.seqlen) +
+           "\" " + exact(b.compute_ms) + " " + exact(b.comm_ms) + " " + exact(b.offload_ms) + " " +
+           exact(b.optimizer_ms) + " " + exact(b.other_ms) + " " + std::to_string(t.id) + "\n";
+  }
+  const int width = std::clamp(220 + 45 * static_cast<int>(trials.size()), 900, 4000);
+  gp += begin_plot(plot.file, plot.title, width, 620) +
+        "set ylabel 'ms per step'\nset xlabel 'trial: mesh dp x sp, sequence length'\n"
+        "set style data histograms\nset style histogram rowstacked\n"
+        "set style fill solid 0.85 border -1\nset boxwidth 0.75\nset xtics rotate by -40\n"
+        "set yrange [0:*]\nset key outside right top\n"
+        "plot 'phases.dat' using 2:xtic(1) title 'compute', '' using 3 title 'comm', "
+        "'' using 4 title 'offload', '' using 5 title 'optimizer', '' using 6 title 'other'\n";
+}
+
+void pareto_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
+  std::vector<LengthThroughput> points;
+  for (const auto& t : measured(data.trials)) {
+    points.push_back({t.seqlen, *t.tokens_per_s_per_rank, t.id});
+  }
+  if (points.empty()) {
+    plot.omitted = std::string("Not drawn: ") + kNoMeasured + ".";
+    return;
+  }
+  std::vector<int64_t> lengths;
+  dat = "# seqlen tokens_per_s_per_rank trial_id; block 0: measured trials, block 1: the front\n";
+  for (const auto& p : points) {
+    dat += std::to_string(p.seqlen) + " " + exact(p.tokens_per_s_per_rank) + " " +
+           std::to_string(p.trial_id) + "\n";
+    lengths.push_back(p.seqlen);
+  }
+  dat += "\n\n";
+  for (const auto& p : pareto_front(points)) {
+    dat += std::to_string(p.seqlen) + " " + exact(p.tokens_per_s_per_rank) + " " +
+           std::to_string(p.trial_id) + "\n";
+  }
+  gp += begin_plot(plot.file, plot.title, 1000, 620) + length_axis(lengths) +
+        "set ylabel 'tokens/s per rank'\nset yrange [0:*]\nset key below\n"
+        "plot 'pareto.dat' index 0 using 1:2 with points pt 6 ps 1.3 lc rgb 'gray50' "
+        "title 'measured trials', \\\n"
+        "     '' index 1 using 1:2 with linespoints lw 2 pt 7 ps 1.6 lc rgb 'red' "
+        "title 'Pareto front (longer and faster is better)', \\\n"
+        "     '' index 1 using 1:2:(sprintf('trial %d', $3)) with labels offset 0,1.2 notitle\n";
+}
+
+}  // namespace
+
+std::string gnuplot_quote(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+    out += c == '\'' ? std::string("''") : std::string(1, c);
+  }
+  return out + "'";
+}
+
+PlotFiles make_plot_files(const SweepData& data) {
+  PlotFiles out;
+  out.plots = {{"throughput_vs_seqlen.png", "Throughput vs sequence length", ""},
+               {"memory_vs_seqlen.png", "Peak memory vs sequence length", ""},
+               {"time_breakdown.png", "Where a step's time goes", ""},
+               {"pareto_front.png", "Pareto front: sequence length vs throughput", ""}};
+  std::string gp = "# Plots of sweep " + data.sweep.name +
+                   " (written by ulysses-tune report). To redraw: gnuplot plots.gp, run in this "
+                   "directory.\npng_terminal = strstrt(GPVAL_TERMINALS, 'pngcairo') > 0 ? "
+                   "'pngcairo' : 'png'\n";
+  const char* dat_names[] = {"throughput.dat", "memory.dat", "phases.dat", "pareto.dat"};
+  void (*builders[])(const SweepData&, Plot&, std::string&, std::string&) = {
+      throughput_plot, memory_plot, breakdown_plot, pareto_plot};
+  for (size_t i = 0; i < out.plots.size(); ++i) {
+    std::string dat;
+    builders[i](data, out.plots[i], dat, gp);
+    if (!dat.empty()) out.files.emplace_back(dat_names[i], dat);
+  }
+  gp += "\nset output\n";
+  out.files.emplace_back("plots.gp", gp);
+  return out;
+}
+
+}  // namespace ulysses::report

@@ -1,0 +1,37 @@
+// The report's four plots as gnuplot input (SPEC 7 "Report"): data files plus one script,
+// plots.gp, that draws them as PNGs when run by gnuplot in the report directory. Pure: builds
+// text, writes nothing (plots.h writes the files and runs gnuplot).
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tuner/report/sweep_source.h"
+
+namespace ulysses::report {
+
+// One plot of the report.
+struct Plot {
+  std::string file;     // the PNG's name inside the report directory
+  std::string title;    // a heading for the README
+  std::string omitted;  // "" when drawn; else a sentence saying why it is not
+};
+
+struct PlotFiles {
+  // In this order: throughput_vs_seqlen.png (tokens/s per rank vs length, one line per
+  // configuration, measured trials), memory_vs_seqlen.png (peak GiB vs length, the per-rank
+  // limits as dashed lines, OOM trials as crosses at their peak or, unknown, at their limit),
+  // time_breakdown.png (stacked compute / comm / offload / optimizer / other ms per measured
+  // trial), pareto_front.png (length vs throughput of measured trials, the front highlighted).
+  std::vector<Plot> plots;
+  // (file name, content): plots.gp and the .dat files it reads. plots.gp draws exactly the plots
+  // whose `omitted` is "", choosing pngcairo when gnuplot has it and png otherwise.
+  std::vector<std::pair<std::string, std::string>> files;
+};
+
+PlotFiles make_plot_files(const SweepData& data);
+
+// `text` as a gnuplot single-quoted string: 'it''s'.
+std::string gnuplot_quote(const std::string& text);
+
+}  // namespace ulysses::report

@@ -1,0 +1,105 @@
+// The markdown report (see report_writer.h).
+#include "tuner/report/report_writer.h"
+
+#include "tuner/report/summary_tables.h"
+#include "tuner/report/trial_table.h"
+
+namespace ulysses::report {
+namespace {
+
+std::string code(const std::string& text) {
+  return text.find('`') == std::string::npos ? "`" + text + "`" : "``" + text + "``";
+}
+
+std::string sweep_table(const SweepData& data) {
+  const auto& s = data.sweep;
+  Table table;
+  table.add_column("sweep");
+  table.add_column(s.name);
+  table.rows = {
+      {"id", std::to_string(s.id)},
+      {"experiment", s.experiment_path.empty() ? "-" : code(s.experiment_path)},
+      {"status", s.status},
+      {"created (UTC)", s.created_at},
+      {"finished (UTC)", s.finished_at.empty() ? "-" : s.finished_at},
+      {"search", s.search},
+      {"objective", s.objective},
+      {"trials", std::to_string(data.trials.size()) + ": " + status_count_text(data.trials)}};
+  return render_markdown(table);
+}
+
+std::string plots_section(const std::vector<Plot>& plots) {
+  std::string out = "## Plots\n\n";
+  const char* captions[] = {
+      "Tokens/s per rank of every measured trial (status `ok`, not a memory probe), one line per "
+      "mesh and configuration.",
+      "Peak memory per rank; dashed: the per-rank limit the trials ran under; crosses: trials "
+      "that ran out of memory (at their measured peak, or at the limit when none was measured).",
+      "Median ms per step of each measured trial by category (trial_phases `compute_ms`, "
+      "`comm_ms`, `offload_ms`, `optimizer_ms`); other = step ms minus their sum (0 when the "
+      "phases overlap).",
+      "Every measured trial in the plane of sequence length and throughput; the Pareto front "
+      "holds the trials no other trial beats in both."};
+  for (size_t i = 0; i < plots.size(); ++i) {
+    out += "### " + plots[i].title + "\n\n";
+    if (plots[i].omitted.empty()) {
+      out += "![" + plots[i].title + "](" + plots[i].file + ")\n\n";
+      if (i < std::size(captions)) out += std::string(captions[i]) + "\n\n";
+    } else {
+      out += plots[i].omitted + "\n\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
+                          const std::string& command) {
+  std::string out = "# Sweep " + code(data.sweep.name) + "\n\nMade with " + code(command) +
+                    ". Every trial, every column: [trials.csv](trials.csv).\n\n";
+  out += sweep_table(data) + "\n";
+
+  out += "## Environment\n\n";
+  const Table environment = json_table(data.sweep.environment);
+  out += environment.rows.empty() ? "No environment was recorded.\n\n"
+                                  : render_markdown(environment) + "\n";
+
+  out += "## Search summary\n\n" + render_markdown(search_summary_table(data)) + "\n";
+  const Table grid = grid_comparison_table(data);
+  if (!grid.rows.empty()) {
+    out += "### Comparison with the exhaustive grid\n\n" + render_markdown(grid) + "\n";
+  }
+
+  out += "## Best per mesh\n\n";
+  if (data.trials.empty()) {
+    out += "The sweep has no trials.\n\n";
+  } else {
+    out += "Measured trials only (status `ok`, not memory probes); tokens/s per rank.\n\n" +
+           render_markdown(best_per_mesh_table(data.trials)) + "\n";
+  }
+
+  out += plots_section(plots);
+  out +=
+      "Plot data: `throughput.dat`, `memory.dat`, `phases.dat`, `pareto.dat` (those with data); "
+      "redraw with `gnuplot plots.gp` in this directory.\n\n";
+
+  out += "## Trials\n\n";
+  if (data.trials.empty()) {
+    out += "The sweep has no trials.\n";
+  } else {
+    out +=
+        "Peak and limit are per rank, in GiB; a probe is a memory probe run "
+        "(`attention.skip_all_but_last`).\n\n" +
+        render_markdown(trials_table(data.trials));
+  }
+
+  if (!data.sweep.experiment_yaml.empty()) {
+    out += "\n<details><summary>Experiment file</summary>\n\n````yaml\n" +
+           data.sweep.experiment_yaml + (data.sweep.experiment_yaml.back() == '\n' ? "" : "\n") +
+           "````\n\n</details>\n";
+  }
+  return out;
+}
+
+}  // namespace ulysses::report

@@ -1,0 +1,17 @@
+// The report's README.md (SPEC 7 "Report"): the sweep, its environment and search summary, the
+// best trial per mesh, the plots (or why each is missing) and a table of every trial.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "tuner/report/plot_script.h"
+#include "tuner/report/sweep_source.h"
+
+namespace ulysses::report {
+
+// The whole README. `command` is the command line that made the report (shown in it); `plots`
+// as write_plots() returned them (PNG names relative to the README).
+std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
+                          const std::string& command);
+
+}  // namespace ulysses::report

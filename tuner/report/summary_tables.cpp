@@ -1,0 +1,124 @@
+// Key-value tables of the sweep's JSON columns (see summary_tables.h).
+#include "tuner/report/summary_tables.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "tuner/report/format.h"
+#include "tuner/report/sweep_analysis.h"
+#include "tuner/report/trial_table.h"
+
+namespace ulysses::report {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string scalar_text(const Json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_null()) return "";
+  return value.dump();
+}
+
+void flatten(const Json& value, const std::string& key, Table& table) {
+  if (value.is_object()) {
+    for (const auto& [k, v] : value.items()) flatten(v, key.empty() ? k : key + "." + k, table);
+  } else if (value.is_array() && std::all_of(value.begin(), value.end(),
+                                             [](const Json& v) { return v.is_primitive(); })) {
+    std::string joined;
+    for (const auto& v : value) joined += (joined.empty() ? "" : ", ") + scalar_text(v);
+    table.rows.push_back({key, joined});
+  } else if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i)
+      flatten(value[i], key + "." + std::to_string(i), table);
+  } else {
+    table.rows.push_back({key, scalar_text(value)});
+  }
+}
+
+Table key_value_table(const std::string& key_header) {
+  Table table;
+  table.add_column(key_header);
+  table.add_column("value");
+  return table;
+}
+
+Json parse_object(const std::string& text) {
+  Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return json.is_object() ? json : Json();
+}
+
+// "trial 7: dp=1 sp=2 tiled_mlp=4, seqlen 8192, 1234.5 tokens/s per rank".
+std::string describe_trial(const SweepData& data, const Json& id) {
+  if (!id.is_number_integer()) return scalar_text(id);
+  for (const auto& t : data.trials) {
+    if (t.id != id.get<int64_t>()) continue;
+    std::string text = "trial " + std::to_string(t.id) + ": " + configuration(t) + ", seqlen " +
+                       std::to_string(t.seqlen);
+    if (t.tokens_per_s_per_rank)
+      text += ", " + fixed(t.tokens_per_s_per_rank, 1) + " tokens/s per rank";
+    return text;
+  }
+  return "trial " + id.dump() + " (not in this sweep)";
+}
+
+}  // namespace
+
+Table json_table(const std::string& json_text, const std::vector<std::string>& skip) {
+  Table table = key_value_table("key");
+  const Json json = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) {
+    table.rows.push_back({"(not JSON)", json_text});
+    return table;
+  }
+  for (const auto& [key, value] : json.items()) {
+    if (std::find(skip.begin(), skip.end(), key) == skip.end()) flatten(value, key, table);
+  }
+  return table;
+}
+
+Table search_summary_table(const SweepData& data) {
+  static const std::pair<const char*, const char*> kKnown[] = {
+      {"trials_run", "trials run"},
+      {"pruned", "pruned by the memory model (not run)"},
+      {"skipped", "skipped: outcome known or cannot win (not run)"},
+      {"invalid", "invalid configurations (not run)"},
+      {"grid_trials", "trials an exhaustive grid would run"},
+      {"best_trial", "best trial"}};
+  Table table = key_value_table("quantity");
+  const Json summary = parse_object(data.sweep.summary);
+  table.rows.push_back({"trials stored, by status", std::to_string(data.trials.size()) + ": " +
+                                                        status_count_text(data.trials)});
+  if (!summary.is_object()) return table;
+  std::vector<std::string> known;
+  for (const auto& [key, label] : kKnown) {
+    known.push_back(key);
+    if (!summary.contains(key)) continue;
+    const Json& value = summary[key];
+    table.rows.push_back({label, key == std::string("best_trial") ? describe_trial(data, value)
+                                                                  : scalar_text(value)});
+  }
+  if (summary.contains("trials_run") && summary.contains("grid_trials") &&
+      summary["trials_run"].is_number() && summary["grid_trials"].is_number() &&
+      summary["grid_trials"].get<double>() > 0) {
+    const double run = summary["trials_run"].get<double>();
+    const double grid = summary["grid_trials"].get<double>();
+    table.rows.push_back({"fraction of the grid run", fixed(100.0 * run / grid, 1) + " %"});
+  }
+  known.push_back("grid_comparison");
+  for (const auto& [key, value] : summary.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) flatten(value, key, table);
+  }
+  return table;
+}
+
+Table grid_comparison_table(const SweepData& data) {
+  Table table = key_value_table("grid comparison");
+  const Json summary = parse_object(data.sweep.summary);
+  if (summary.is_object() && summary.contains("grid_comparison")) {
+    const Json& grid = summary["grid_comparison"];
+    flatten(grid, grid.is_object() ? "" : "grid_comparison", table);
+  }
+  return table;
+}
+
+}  // namespace ulysses::report

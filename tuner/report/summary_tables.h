@@ -1,0 +1,26 @@
+// The sweep's environment and search summary (sweeps.environment / sweeps.summary JSON) as
+// key-value tables, for the report and `ulysses-tune show`.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "tuner/report/sweep_source.h"
+#include "tuner/report/table.h"
+
+namespace ulysses::report {
+
+// The sweeps.environment or sweeps.summary JSON as (key, value) rows: nested objects flattened
+// to dotted keys ("devices.0.name" for arrays of objects), arrays of scalars joined with ", ".
+// Text that is not a JSON object gives one row ("(not JSON)", text). `skip` names top-level keys
+// left out.
+Table json_table(const std::string& json_text, const std::vector<std::string>& skip = {});
+
+// The search summary (sweeps.summary): the known counts first with readable names (trials_run,
+// pruned, skipped, invalid, grid_trials, best_trial, described with the trial it names), the
+// fraction of the grid that ran, then any other key. grid_comparison is left out: see
+// grid_comparison_table().
+Table search_summary_table(const SweepData& data);
+// summary.grid_comparison as a table; a table without rows when there is none.
+Table grid_comparison_table(const SweepData& data);
+
+}  // namespace ulysses::report

@@ -1,0 +1,35 @@
+// Reading sweeps for report, list and show: the results database opened read-only (never
+// created), a sweep found by name or the latest, and its trials with their phases in memory.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tuner/store/database.h"
+#include "tuner/store/trial_record.h"
+
+namespace ulysses::report {
+
+// Opens `db_path` read-only. Throws UserError "<db_path>: no such file" when it does not exist
+// (nothing is created), naming the file when it is not an SQLite database, and when its schema
+// is newer than this build.
+store::Database open_results(const std::string& db_path);
+
+// True when the database has the sweep tables (schema version >= 2); older stores hold none.
+bool has_sweep_tables(store::Database& db);
+
+// The sweep named `name`, or the newest sweep when `name` is "". Throws UserError
+// "--sweep NAME: no such sweep in DB (has: a, b)" or "DB: holds no sweeps".
+store::SweepRecord find_sweep(store::Database& db, const std::string& name);
+
+// A sweep with all its trials (id order) and each trial's phases.
+struct SweepData {
+  store::SweepRecord sweep;
+  std::vector<store::TrialRecord> trials;
+  std::map<int64_t, std::vector<store::TrialPhase>> phases;  // by trial id; absent = none
+};
+// find_sweep() and everything stored under it. Throws as find_sweep().
+SweepData load_sweep(store::Database& db, const std::string& name);
+
+}  // namespace ulysses::report

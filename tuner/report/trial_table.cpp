@@ -1,0 +1,117 @@
+// Tables of trials (see trial_table.h).
+#include "tuner/report/trial_table.h"
+
+#include "tuner/report/format.h"
+#include "tuner/report/sweep_analysis.h"
+
+namespace ulysses::report {
+
+std::vector<std::pair<std::string, std::string>> trial_fields(const store::TrialRecord& t) {
+  using I = std::optional<int64_t>;
+  return {{"id", exact(I(t.id))},
+          {"sweep_id", exact(I(t.sweep_id))},
+          {"key", t.key},
+          {"point", t.point},
+          {"config_yaml", t.config_yaml},
+          {"config_json", t.config_json},
+          {"seqlen", exact(I(t.seqlen))},
+          {"probe", t.probe ? "1" : "0"},
+          {"world_size", exact(I(t.world_size))},
+          {"dp", exact(I(t.dp))},
+          {"sp", exact(I(t.sp))},
+          {"status", t.status},
+          {"exit_code", exact(t.exit_code)},
+          {"error", t.error},
+          {"reason", t.reason},
+          {"started_at", t.started_at},
+          {"finished_at", t.finished_at},
+          {"wall_s", exact(t.wall_s)},
+          {"run_dir", t.run_dir},
+          {"step_ms", exact(t.step_ms)},
+          {"tokens_per_s", exact(t.tokens_per_s)},
+          {"tokens_per_s_per_rank", exact(t.tokens_per_s_per_rank)},
+          {"peak_mem_bytes", exact(t.peak_mem_bytes)},
+          {"peak_host_bytes", exact(t.peak_host_bytes)},
+          {"final_loss", exact(t.final_loss)},
+          {"limit_bytes", exact(t.limit_bytes)},
+          {"predicted_peak_bytes", exact(t.predicted_peak_bytes)},
+          {"predicted_step_ms", exact(t.predicted_step_ms)},
+          {"summary", t.summary}};
+}
+
+Table trial_fields_table(const std::vector<store::TrialRecord>& trials) {
+  Table table;
+  for (const auto& [name, value] : trial_fields(store::TrialRecord{})) table.add_column(name);
+  for (const auto& trial : trials) {
+    std::vector<std::string> row;
+    for (auto& [name, value] : trial_fields(trial)) row.push_back(std::move(value));
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
+Table trials_table(const std::vector<store::TrialRecord>& trials) {
+  const auto keys = axis_keys(trials);
+  Table table;
+  table.add_column("id", true);
+  table.add_column("status");
+  table.add_column("mesh (dp x sp)");
+  table.add_column("seqlen", true);
+  for (const auto& header : axis_headers(keys)) table.add_column(header);
+  for (const char* name : {"tokens/s per rank", "step ms", "peak GiB", "limit GiB"}) {
+    table.add_column(name, true);
+  }
+  table.add_column("error / reason");
+  for (const auto& t : trials) {
+    std::vector<std::string> row = {std::to_string(t.id), t.status + (t.probe ? " (probe)" : ""),
+                                    mesh(t), std::to_string(t.seqlen)};
+    for (const auto& key : keys) row.push_back(axis_value(t, key));
+    row.push_back(fixed(t.tokens_per_s_per_rank, 1));
+    row.push_back(fixed(t.step_ms, 1));
+    row.push_back(gib(t.peak_mem_bytes));
+    row.push_back(gib(t.limit_bytes));
+    row.push_back(t.error.empty() ? t.reason : t.error);
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
+Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials) {
+  Table table;
+  table.add_column("mesh (dp x sp)");
+  table.add_column("trials", true);
+  table.add_column("measured", true);
+  table.add_column("best tokens/s per rank", true);
+  table.add_column("at seqlen", true);
+  table.add_column("configuration");
+  table.add_column("trial", true);
+  table.add_column("longest seqlen", true);
+  table.add_column("tokens/s per rank there", true);
+  for (const MeshBest& best : best_per_mesh(trials)) {
+    std::vector<std::string> row = {std::to_string(best.dp) + "x" + std::to_string(best.sp),
+                                    std::to_string(best.trials), std::to_string(best.measured)};
+    if (best.fastest) {
+      const auto& f = *best.fastest;
+      for (auto cell : {fixed(f.tokens_per_s_per_rank, 1), std::to_string(f.seqlen),
+                        configuration(f), std::to_string(f.id)}) {
+        row.push_back(cell);
+      }
+      row.push_back(std::to_string(best.longest->seqlen));
+      row.push_back(fixed(best.longest->tokens_per_s_per_rank, 1));
+    } else {
+      row.insert(row.end(), {"-", "-", "no trial measured", "-", "-", "-"});
+    }
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
+std::string status_count_text(const std::vector<store::TrialRecord>& trials) {
+  std::string out;
+  for (const auto& [status, count] : status_counts(trials)) {
+    out += (out.empty() ? "" : ", ") + status + " " + std::to_string(count);
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace ulysses::report

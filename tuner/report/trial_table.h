@@ -1,0 +1,32 @@
+// The sweep's tables, built from the store's records (one result schema, several printers:
+// table.h renders them for the terminal, markdown and CSV).
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tuner/report/table.h"
+#include "tuner/store/trial_record.h"
+
+namespace ulysses::report {
+
+// Every column of a TrialRecord as (name, text), in the order and with the names of the store's
+// `trials` table; exact values (format.h exact()), "" for unset optionals, probe as 0/1.
+std::vector<std::pair<std::string, std::string>> trial_fields(const store::TrialRecord& trial);
+
+// All of trial_fields() for each trial: the rows of trials.csv.
+Table trial_fields_table(const std::vector<store::TrialRecord>& trials);
+
+// One row per trial, for people: id, status ("ok (probe)" for probes), mesh dp x sp, seqlen, one
+// column per axis of the space (sweep_analysis.h), tokens/s per rank, step ms, peak memory GiB,
+// limit GiB, and the error (or the reason a trial did not run).
+Table trials_table(const std::vector<store::TrialRecord>& trials);
+
+// One row per mesh (best_per_mesh()): trials, measured, the fastest trial (tokens/s per rank,
+// seqlen, configuration, id) and the longest measured sequence with its throughput.
+Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials);
+
+// "ok 6, oom 1, pruned 2" (status_counts()), "none" for no trials.
+std::string status_count_text(const std::vector<store::TrialRecord>& trials);
+
+}  // namespace ulysses::report

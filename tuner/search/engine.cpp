@@ -1,0 +1,201 @@
+// Grid, max-length bisection with probes and implications, and dominance for throughput
+// (see engine.h).
+#include "tuner/search/engine.h"
+
+#include <algorithm>
+
+#include "tuner/search/knowledge.h"
+
+namespace ulysses::search {
+namespace {
+
+std::string trial_ref(int64_t id) { return "trial #" + std::to_string(id); }
+
+class Engine {
+ public:
+  Engine(const Space& space, const Options& options, Host& host)
+      : space_(space), options_(options), host_(host), knowledge_(space),
+        n_(static_cast<int>(space.lengths.size())) {}
+
+  Summary run() {
+    std::vector<Point> valid;
+    for (const Point& p : all_points(space_)) {
+      if (std::optional<std::string> why = host_.invalid_reason(p)) {
+        host_.record(p, 0, "invalid", *why);
+        ++summary_.invalid;
+      } else {
+        valid.push_back(p);
+      }
+    }
+    summary_.grid_runs = static_cast<int64_t>(valid.size()) * n_;
+    if (options_.method == "grid") {
+      grid(valid);
+    } else if (space_.search_max) {
+      max_length(valid);
+    } else {
+      throughput(valid);
+    }
+    return summary_;
+  }
+
+ private:
+  // Every valid point at every length, no implications, no pruning.
+  void grid(const std::vector<Point>& valid) {
+    for (const Point& p : valid) {
+      for (int i = 0; i < n_; ++i) {
+        if (!start_run()) return;
+        execute(p, i, false);
+      }
+    }
+  }
+
+  // Each length, fastest-looking points (fewest savings) first; skip what is implied out of
+  // memory, pruned, or dominated by a point with fewer savings that fits.
+  void throughput(std::vector<Point> valid) {
+    std::stable_sort(valid.begin(), valid.end(), [&](const Point& a, const Point& b) {
+      return saving_score(space_, a) < saving_score(space_, b);
+    });
+    for (int i = 0; i < n_; ++i) {
+      for (const Point& p : valid) {
+        if (std::optional<int64_t> id = knowledge_.implied_oom(p, i, false)) {
+          skip(p, i, "out of memory implied by " + trial_ref(*id) +
+                         " (saves at least as much memory at a length <= this one)");
+        } else if (std::optional<int64_t> id = knowledge_.dominating_fit(p, i);
+                   id && options_.saving_costs_time) {
+          skip(p, i, "dominated by " + trial_ref(*id) +
+                         ": it fits at this length with fewer memory savings (savings cost time)");
+        } else if (!pruned(p, i)) {
+          if (!start_run()) return;
+          execute(p, i, false);
+        }
+      }
+    }
+  }
+
+  // The longest fitting length of each point, most-saving points first (their out-of-memory
+  // bounds every point below them); points that cannot reach the best length are skipped.
+  void max_length(std::vector<Point> valid) {
+    std::stable_sort(valid.begin(), valid.end(), [&](const Point& a, const Point& b) {
+      return saving_score(space_, a) > saving_score(space_, b);
+    });
+    int best = -1;
+    for (const Point& p : valid) {
+      int lo = -1, hi = n_;
+      std::optional<int64_t> hi_id;
+      for (int i = 0; i < n_; ++i) {
+        if (knowledge_.implied_fit(p, i, false)) lo = i;
+      }
+      for (int i = n_ - 1; i > lo; --i) {
+        if (std::optional<int64_t> id = knowledge_.implied_oom(p, i, false)) hi = i, hi_id = id;
+      }
+      if (hi <= best) {
+        skip(p, -1, "cannot reach the longest fitting length so far (" +
+                       std::to_string(space_.lengths[best]) + "): out of memory at " +
+                       std::to_string(space_.lengths[hi]) + " implied by " + trial_ref(*hi_id));
+        continue;
+      }
+      if (best >= 0 && lo < best) {  // one run at the best length decides whether p competes
+        std::optional<Result> r = test(p, best, false);
+        if (!r) return;
+        if (*r != Result::kFits) continue;
+        lo = best;
+      }
+      if (options_.probe && hi - lo > 1) {
+        int probe_lo = lo, probe_hi = hi;
+        for (int i = lo + 1; i < hi; ++i) {
+          if (knowledge_.implied_fit(p, i, true)) probe_lo = i;
+        }
+        for (int i = hi - 1; i > probe_lo; --i) {
+          if (knowledge_.implied_oom(p, i, true)) probe_hi = i;
+        }
+        std::optional<int> probe_max = bisect(p, probe_lo, probe_hi, true, false);
+        if (!probe_max) return;
+        hi = std::min(hi, *probe_max + 1);  // a probe's out-of-memory is a real one
+      }
+      std::optional<int> max = bisect(p, lo, hi, false, options_.probe);
+      if (!max) return;
+      best = std::max(best, *max);
+    }
+  }
+
+  // The largest fitting index in (lo, hi) given lo fits (or is -1) and hi does not (or is n):
+  // brackets upward by doubling the length while no upper bound is known, then bisects.
+  // confirm_first: try hi - 1 first (the boundary a probe search found). nullopt: budget spent.
+  std::optional<int> bisect(const Point& p, int lo, int hi, bool probe, bool confirm_first) {
+    bool first = true;
+    while (hi - lo > 1) {
+      int mid;
+      if (first && confirm_first && hi < n_) {
+        mid = hi - 1;
+      } else if (lo < 0) {
+        mid = 0;
+      } else if (hi >= n_) {
+        const int64_t doubled = 2 * space_.lengths[lo];
+        mid = lo + 1;
+        while (mid < n_ - 1 && space_.lengths[mid] < doubled) ++mid;
+      } else {
+        mid = (lo + hi) / 2;
+      }
+      first = false;
+      std::optional<Result> r = test(p, mid, probe);
+      if (!r) return std::nullopt;
+      // A failure tells nothing about memory; going longer is not worth it either.
+      (*r == Result::kFits ? lo : hi) = mid;
+    }
+    return lo;
+  }
+
+  // The result of p at index i: implied, pruned (does not fit), or run. nullopt: budget spent.
+  std::optional<Result> test(const Point& p, int i, bool probe) {
+    if (knowledge_.implied_fit(p, i, probe)) return Result::kFits;
+    if (knowledge_.implied_oom(p, i, probe)) return Result::kOom;
+    if (pruned(p, i)) return Result::kOom;
+    if (!start_run()) return std::nullopt;
+    return execute(p, i, probe).result;
+  }
+
+  bool pruned(const Point& p, int i) {
+    if (!options_.prune) return false;
+    std::optional<std::string> why = host_.prune_reason(p, space_.lengths[i]);
+    if (!why) return false;
+    host_.record(p, space_.lengths[i], "pruned", *why);
+    ++summary_.pruned;
+    return true;
+  }
+
+  // i: a length index, or -1 for every length of p.
+  void skip(const Point& p, int i, const std::string& reason) {
+    host_.record(p, i < 0 ? 0 : space_.lengths[i], "skipped", reason);
+    ++summary_.skipped;
+  }
+
+  bool start_run() {
+    if (host_.budget_left()) return true;
+    summary_.budget_exhausted = true;
+    return false;
+  }
+
+  RunOutcome execute(const Point& p, int i, bool probe) {
+    RunOutcome out = host_.run(p, space_.lengths[i], probe);
+    ++(probe ? summary_.probes : summary_.runs);
+    if (out.result != Result::kFailed) {
+      knowledge_.add(p, i, out.result == Result::kFits, probe, out.trial_id);
+    }
+    return out;
+  }
+
+  const Space& space_;
+  const Options& options_;
+  Host& host_;
+  Knowledge knowledge_;
+  const int n_;
+  Summary summary_;
+};
+
+}  // namespace
+
+Summary run_search(const Space& space, const Options& options, Host& host) {
+  return Engine(space, options, host).run();
+}
+
+}  // namespace ulysses::search

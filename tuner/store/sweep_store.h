@@ -1,0 +1,62 @@
+// Sweeps and trials in the results database (SPEC 7 "Store"; records in trial_record.h, schema
+// version 2 in migrations.cpp). Every write is one transaction, so a killed sweep leaves each
+// trial either absent, `running` (re-run by --resume) or complete with its steps and phases.
+// Errors are UserError naming the database file (database.h). Optional fields and "" timestamps
+// are stored as NULL; SQLite stores NaN as NULL too, so a NaN optional reads back as nullopt and
+// a NaN TrialStep field (a NULL column) reads back as NaN.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tuner/store/database.h"
+#include "tuner/store/trial_record.h"
+
+namespace ulysses::store {
+
+// Borrows a Database whose schema is at least version 2 (Store::open migrates it).
+class SweepStore {
+ public:
+  explicit SweepStore(Database& db) : db_(db) {}
+
+  // Inserts a sweep; returns its id. created_at "" = now (UTC). Throws UserError when a sweep of
+  // that name exists.
+  int64_t create_sweep(const SweepRecord& sweep);
+  // The sweep of that name / id, or nullopt.
+  std::optional<SweepRecord> find_sweep(const std::string& name);
+  std::optional<SweepRecord> sweep(int64_t id);
+  // Every sweep, oldest first.
+  std::vector<SweepRecord> sweeps();
+  // The newest sweep (highest id), or nullopt when there is none.
+  std::optional<SweepRecord> latest_sweep();
+  // Writes status, finished_at, environment and summary of sweep.id.
+  void update_sweep(const SweepRecord& sweep);
+
+  // Records that `trial` starts: writes it with status `running` and sets trial.id and
+  // trial.status. A row of the same sweep and key (e.g. one a killed sweep left `running`) is
+  // overwritten in place: it keeps its id and loses its steps and phases.
+  void begin_trial(TrialRecord& trial);
+  // Writes the finished trial (every column) with its steps and phases in one transaction,
+  // replacing any steps and phases the row had. Phases whose ms is not finite are not stored.
+  // REQUIRES: trial.id from begin_trial (a bug otherwise: c10::Error).
+  void finish_trial(const TrialRecord& trial, const std::vector<TrialStep>& steps,
+                    const std::vector<TrialPhase>& phases);
+  // Writes a trial that does not run (pruned, invalid, skipped) in one transaction, as it is
+  // (status included); sets trial.id. A row of the same sweep and key is overwritten as in
+  // begin_trial.
+  void add_trial(TrialRecord& trial);
+
+  // The trial of that id, or nullopt.
+  std::optional<TrialRecord> trial(int64_t id);
+  // The trials of a sweep in id order.
+  std::vector<TrialRecord> trials(int64_t sweep_id);
+  // A trial's steps in step order; its phases in the order finish_trial got them.
+  std::vector<TrialStep> trial_steps(int64_t trial_id);
+  std::vector<TrialPhase> trial_phases(int64_t trial_id);
+
+ private:
+  Database& db_;
+};
+
+}  // namespace ulysses::store

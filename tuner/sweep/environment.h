@@ -1,0 +1,16 @@
+// The environment a sweep ran in (SPEC 7 "Store"): host, CPU, devices, driver, LibTorch and NCCL
+// versions, the trainer's --version, the git revision of the source tree. Stored per sweep.
+#pragma once
+#include <string>
+
+namespace ulysses::sweep {
+
+// A JSON object text: host, cpu, cpu_cores, memory_gib, gpus (nvidia-smi's name/driver/memory
+// when it exists), trainer_version (`<trainer> --version`), git_revision (of project_home(), ""
+// outside a git checkout), ulysses_tune build info. Never throws: missing pieces are "".
+std::string capture_environment(const std::string& trainer);
+
+// The first line printed by a command run through /bin/sh (stderr discarded), "" on failure.
+std::string command_output(const std::string& command);
+
+}  // namespace ulysses::sweep

@@ -1,0 +1,187 @@
+// `ulysses-tune sweep`: experiment -> space -> engine over real trials -> store (see
+// sweep_command.h).
+#include "tuner/sweep/sweep_command.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/paths.h"
+#include "tuner/experiment/experiment.h"
+#include "tuner/experiment/trial_space.h"
+#include "tuner/search/engine.h"
+#include "tuner/store/store.h"
+#include "tuner/store/sweep_store.h"
+#include "tuner/sweep/environment.h"
+#include "tuner/sweep/sweep_host.h"
+
+namespace ulysses::sweep {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string profiles_dir() {
+  const std::string home = project_home();
+  return home.empty() ? "profiles" : (fs::path(home) / "profiles").string();
+}
+
+// About how many runs the search starts: the grid's, or for the smart search a bisection per
+// point of a max-length search and one run per point and length otherwise (an upper bound).
+int64_t expected_runs(const search::Space& space, const experiment::Experiment& e, int64_t points) {
+  const int64_t n = static_cast<int64_t>(space.lengths.size());
+  if (e.method == "grid" || !space.search_max) return points * n;
+  int64_t steps = 1;
+  while ((int64_t{1} << steps) < n) ++steps;
+  return std::min(points * n, points + (e.probe ? 2 : 1) * steps * 2);
+}
+
+void dry_run(const experiment::Experiment& e, const search::Space& space) {
+  std::printf("sweep %s: %lld ranks per trial, objective %s, search %s\n", e.name.c_str(),
+              static_cast<long long>(e.world_size), e.objective.c_str(), e.method.c_str());
+  std::printf("lengths (%s):", space.search_max ? "longest that fits" : "each");
+  for (int64_t l : space.lengths) std::printf(" %lld", static_cast<long long>(l));
+  std::printf("\n");
+  int64_t valid = 0;
+  for (const search::Point& p : search::all_points(space)) {
+    std::string why;
+    try {
+      experiment::plan_trial(e, space, p, space.lengths.front(), false, "unused");
+      ++valid;
+    } catch (const UserError& err) {
+      why = err.what();
+    }
+    std::printf("  %-60s %s\n", search::describe(space, p).c_str(),
+                why.empty() ? "valid" : ("invalid: " + why).c_str());
+  }
+  std::printf("%lld valid points; the exhaustive grid runs %lld trials\n",
+              static_cast<long long>(valid),
+              static_cast<long long>(valid * static_cast<int64_t>(space.lengths.size())));
+}
+
+}  // namespace
+
+CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
+  CLI::App* cmd = app.add_subcommand(
+      "sweep", "Explore an experiment's space with real ulysses-train trials; store every trial");
+  cmd->add_option("experiment", options->experiment_path, "Experiment file (experiments/*.yaml)")
+      ->required();
+  cmd->add_option("--db", options->db_path, "Results database (SQLite)")->capture_default_str();
+  cmd->add_option("--name", options->name,
+                  "Sweep name in the database (default: the experiment's name, + \"-grid\" for "
+                  "--search grid)");
+  cmd->add_option("--search", options->method, "smart (default) or grid (every point x length)")
+      ->check(CLI::IsMember({"smart", "grid"}));
+  cmd->add_option("--runs-dir", options->runs_dir,
+                  "Where trial run directories go (default: <db dir>/runs/<sweep name>)");
+  cmd->add_option("--trainer", options->trainer, "ulysses-train to run (default: beside ulysses-tune)");
+  cmd->add_flag("--resume", options->resume,
+                "Continue the sweep of this name: finished trials are kept, `running` ones re-run");
+  cmd->add_flag("--dry-run", options->dry_run, "Print the space and validity; run and write nothing");
+  return cmd;
+}
+
+int run_sweep(const SweepOptions& options) {
+  experiment::Experiment e = experiment::load_experiment(options.experiment_path, profiles_dir());
+  if (!options.method.empty()) e.method = options.method;
+  const search::Space space = experiment::build_space(e);
+  if (options.dry_run) {
+    dry_run(e, space);
+    return kExitOk;
+  }
+  const std::string name =
+      !options.name.empty() ? options.name : e.name + (e.method == "grid" ? "-grid" : "");
+  const std::string trainer = options.trainer.empty() ? sibling_binary("ulysses-train")
+                                                      : options.trainer;
+  if (!fs::exists(trainer)) throw UserError("--trainer: " + trainer + ": no such file");
+
+  store::Store db = store::Store::open(options.db_path);
+  store::SweepStore sweeps(db.db());
+  std::optional<store::SweepRecord> existing = sweeps.find_sweep(name);
+  if (existing && !options.resume) {
+    throw UserError(options.db_path + ": sweep '" + name +
+                    "' exists (use --resume to continue it, or --name for a new one)");
+  }
+  if (!existing && options.resume) {
+    throw UserError(options.db_path + ": no sweep '" + name + "' to resume");
+  }
+  store::SweepRecord sweep;
+  if (existing) {
+    sweep = *existing;
+  } else {
+    sweep.name = name;
+    sweep.experiment_path = fs::absolute(options.experiment_path).string();
+    sweep.experiment_yaml = e.yaml;
+    sweep.search = e.method;
+    sweep.objective = e.objective;
+    sweep.id = sweeps.create_sweep(sweep);
+  }
+  sweep.status = "running";
+  sweep.environment = capture_environment(trainer);
+  sweeps.update_sweep(sweep);
+
+  HostSettings settings;
+  settings.runs_dir =
+      !options.runs_dir.empty()
+          ? options.runs_dir
+          : (fs::absolute(options.db_path).parent_path() / "runs" / name).string();
+  settings.trainer = trainer;
+  const int64_t points = static_cast<int64_t>(search::all_points(space).size());
+  settings.expected_runs = expected_runs(space, e, points);
+  std::printf("sweep %s: %lld points x %zu lengths, %lld ranks per trial, objective %s, search %s%s\n",
+              name.c_str(), static_cast<long long>(points), space.lengths.size(),
+              static_cast<long long>(e.world_size), e.objective.c_str(), e.method.c_str(),
+              existing ? " (resumed)" : "");
+  std::fflush(stdout);
+
+  SweepHost host(e, space, sweeps, sweep.id, settings);
+  search::Options engine_options;
+  engine_options.method = e.method;
+  engine_options.probe = e.probe;
+  engine_options.prune = e.prune;
+  search::Summary summary;
+  int status = kExitOk;
+  try {
+    summary = search::run_search(space, engine_options, host);
+    sweep.status = "finished";
+  } catch (const Interrupted& stop) {
+    sweep.status = "interrupted";
+    status = kExitInterrupted;
+  }
+  nlohmann::ordered_json s;
+  s["trials_run"] = summary.runs;
+  s["probes"] = summary.probes;
+  s["replayed"] = host.replayed();
+  s["pruned"] = summary.pruned;
+  s["skipped"] = summary.skipped;
+  s["invalid_points"] = summary.invalid;
+  s["grid_trials"] = summary.grid_runs;
+  s["budget_exhausted"] = summary.budget_exhausted;
+  s["best_trial"] = host.best_trial();
+  sweep.summary = s.dump();
+  if (sweep.status == "finished") {
+    char buffer[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    sweep.finished_at = buffer;
+  }
+  sweeps.update_sweep(sweep);
+
+  std::printf(
+      "sweep %s %s: %lld trials run (%lld of them probes), %lld pruned, %lld skipped, %lld invalid "
+      "points; the exhaustive grid would run %lld%s\n",
+      name.c_str(), sweep.status.c_str(), static_cast<long long>(summary.runs + summary.probes),
+      static_cast<long long>(summary.probes), static_cast<long long>(summary.pruned),
+      static_cast<long long>(summary.skipped), static_cast<long long>(summary.invalid),
+      static_cast<long long>(summary.grid_runs),
+      summary.budget_exhausted ? " (budget exhausted)" : "");
+  if (host.best_trial() > 0) {
+    std::printf("best: trial #%lld (ulysses-tune show --db %s --trial %lld)\n",
+                static_cast<long long>(host.best_trial()), options.db_path.c_str(),
+                static_cast<long long>(host.best_trial()));
+  }
+  return status;
+}
+
+}  // namespace ulysses::sweep

@@ -1,0 +1,35 @@
+// `ulysses-tune sweep EXPERIMENT.yaml [--db F] [--resume] [--dry-run] [--search grid|smart]`:
+// validates the experiment, explores its space with the search engine on real ulysses-train
+// trials, stores every trial (SQLite) and prints progress and a summary.
+#pragma once
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace ulysses::sweep {
+
+struct SweepOptions {
+  std::string experiment_path;      // positional
+  std::string db_path = "results.db";  // --db
+  std::string name;                 // --name; default: the experiment's name (+ "-grid")
+  std::string method;               // --search smart|grid; "" = the experiment's
+  std::string runs_dir;             // --runs-dir; default <db dir>/runs/<sweep name>
+  std::string trainer;              // --trainer; default ulysses-train beside ulysses-tune
+  bool resume = false;              // --resume
+  bool dry_run = false;             // --dry-run
+};
+
+// Adds the `sweep` subcommand; parsing writes into *options (which must outlive the parse).
+CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options);
+
+// Runs the sweep. Returns 0 when it finished (whatever its trials' statuses), kExitInterrupted
+// when SIGINT/SIGTERM stopped it (the sweep is marked `interrupted`; --resume continues it).
+// Throws UserError before anything runs or is written for a bad experiment, a sweep name that
+// exists without --resume, --resume without such a sweep, or a database that is not one.
+// --dry-run prints the space (each point valid or why not) and writes nothing.
+// REQUIRES: called from the main thread (trials are supervised child processes).
+int run_sweep(const SweepOptions& options);
+
+}  // namespace ulysses::sweep

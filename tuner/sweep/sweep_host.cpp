@@ -1,0 +1,198 @@
+// Running, replaying, pruning and recording trials for the engine (see sweep_host.h).
+#include "tuner/sweep/sweep_host.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "config/run_config.h"
+#include "tuner/costmodel/memory_model.h"
+#include "tuner/experiment/trial_space.h"
+#include "tuner/trial/trial_runner.h"
+
+namespace ulysses::sweep {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string gib(double bytes) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.2f GiB", bytes / kGiB);
+  return buffer;
+}
+
+std::string utc_now() {
+  char buffer[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buffer;
+}
+
+bool finished(const std::string& status) {
+  return status == "ok" || status == "oom" || status == "failed" || status == "timeout" ||
+         status == "killed";
+}
+
+}  // namespace
+
+std::string trial_key(const search::Space& space, const search::Point& p, int64_t length,
+                      bool probe) {
+  return search::describe(space, p) + " L=" + std::to_string(length) + (probe ? " probe" : "");
+}
+
+SweepHost::SweepHost(const experiment::Experiment& e, const search::Space& space,
+                     store::SweepStore& store, int64_t sweep_id, const HostSettings& settings)
+    : e_(e), space_(space), store_(store), sweep_id_(sweep_id), settings_(settings),
+      progress_(settings.expected_runs) {
+  on_cuda_ = config::parse_run_config_yaml(e.base_yaml).train.device == "cuda";
+  for (store::TrialRecord& r : store_.trials(sweep_id)) previous_[r.key] = std::move(r);
+}
+
+int64_t SweepHost::trial_limit_bytes() const {
+  return static_cast<int64_t>(experiment::trial_memory_limit_gib(e_) * kGiB);
+}
+
+store::TrialRecord SweepHost::base_record(const search::Point& p, int64_t length, bool probe) {
+  store::TrialRecord r;
+  r.sweep_id = sweep_id_;
+  r.key = trial_key(space_, p, length, probe);
+  r.point = search::point_json(space_, p);
+  r.seqlen = length;
+  r.probe = probe;
+  r.world_size = e_.world_size;
+  r.dp = r.sp = 0;  // unknown until planned
+  if (e_.memory_limit_gib > 0) r.limit_bytes = trial_limit_bytes();
+  return r;
+}
+
+std::optional<std::string> SweepHost::invalid_reason(const search::Point& p) {
+  try {
+    experiment::plan_trial(e_, space_, p, space_.lengths.front(), false, "unused");
+    return std::nullopt;
+  } catch (const UserError& err) {
+    return std::string(err.what());
+  }
+}
+
+std::optional<std::string> SweepHost::prune_reason(const search::Point& p, int64_t length) {
+  if (e_.memory_limit_gib <= 0) return std::nullopt;
+  const experiment::TrialPlan plan = experiment::plan_trial(e_, space_, p, length, false, "unused");
+  const int64_t predicted = costmodel::lower_bound_peak(plan.config).total_bytes();
+  if (predicted <= trial_limit_bytes()) return std::nullopt;
+  return "memory model: at least " + gib(predicted) + " per rank > limit " +
+         gib(static_cast<double>(trial_limit_bytes()));
+}
+
+search::RunOutcome SweepHost::outcome_of(const store::TrialRecord& r) {
+  search::RunOutcome o;
+  o.trial_id = r.id;
+  if (r.status == "oom") {
+    o.result = search::Result::kOom;
+  } else if (r.status != "ok") {
+    o.result = search::Result::kFailed;
+  } else if (on_cuda_ && r.limit_bytes && r.peak_mem_bytes &&
+             *r.peak_mem_bytes > (1.0 - e_.headroom) * static_cast<double>(*r.limit_bytes)) {
+    o.result = search::Result::kOom;  // fits, but without the head-room the recommendation keeps
+  } else {
+    o.result = search::Result::kFits;
+    o.value = r.tokens_per_s_per_rank.value_or(0.0);
+  }
+  return o;
+}
+
+void SweepHost::note_best(const store::TrialRecord& r, const search::RunOutcome& o) {
+  if (o.result != search::Result::kFits || r.probe) return;
+  const bool better = e_.objective == "max-seqlen"
+                          ? (r.seqlen > best_length_ ||
+                             (r.seqlen == best_length_ && o.value > best_value_))
+                          : (r.seqlen == e_.target_length && o.value > best_value_);
+  if (!better) return;
+  best_id_ = r.id, best_length_ = r.seqlen, best_value_ = o.value;
+  char text[256];
+  std::snprintf(text, sizeof text, "#%lld L=%lld %.0f tok/s/rank", static_cast<long long>(r.id),
+                static_cast<long long>(r.seqlen), o.value);
+  progress_.set_best(text);
+}
+
+search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool probe) {
+  const std::string key = trial_key(space_, p, length, probe);
+  if (auto it = previous_.find(key); it != previous_.end() && finished(it->second.status)) {
+    ++replayed_;
+    const search::RunOutcome o = outcome_of(it->second);
+    note_best(it->second, o);
+    progress_.finished(key, it->second.status, "(stored, not re-run)");
+    return o;
+  }
+  store::TrialRecord r = base_record(p, length, probe);
+  store_.begin_trial(r);  // `running` until its result is stored
+  ++started_;
+  const std::string run_dir = (fs::path(settings_.runs_dir) / std::to_string(r.id)).string();
+  const experiment::TrialPlan plan =
+      experiment::plan_trial(e_, space_, p, length, probe, run_dir + "/out");
+  r.config_yaml = plan.yaml;
+  r.dp = plan.config.mesh.dp;
+  r.sp = plan.config.mesh.sp;
+  r.run_dir = run_dir;
+  r.predicted_peak_bytes = costmodel::lower_bound_peak(plan.config).total_bytes();
+  r.started_at = utc_now();
+
+  trial::TrialSpec spec;
+  spec.run_dir = run_dir;
+  spec.config_yaml = plan.yaml;
+  spec.output_dir = run_dir + "/out";
+  spec.nproc = static_cast<int>(e_.world_size);
+  spec.timeout_s = e_.budget.trial_timeout_s;
+  spec.trainer = settings_.trainer;
+  const trial::TrialOutcome outcome = trial::run_trial(spec);
+  if (outcome.status == "running") throw Interrupted(outcome.interrupt_signal);
+  trial::apply_outcome(outcome, &r);
+  r.finished_at = utc_now();
+  store_.finish_trial(r, outcome.steps, outcome.phases);
+  const search::RunOutcome o = outcome_of(r);
+  note_best(r, o);
+
+  std::string detail;
+  if (r.status == "ok") {
+    char text[160];
+    std::snprintf(text, sizeof text, "%.0f tok/s/rank, peak %s, %.1f s", o.value,
+                  gib(static_cast<double>(r.peak_mem_bytes.value_or(0))).c_str(), outcome.wall_s);
+    detail = text;
+    if (o.result == search::Result::kOom) detail += " (over the head-room)";
+  } else {
+    detail = "(" + r.error.substr(0, 100) + ")";
+  }
+  progress_.finished("#" + std::to_string(r.id) + " " + key, r.status, detail);
+  return o;
+}
+
+void SweepHost::record(const search::Point& p, int64_t length, const std::string& status,
+                       const std::string& reason) {
+  store::TrialRecord r = base_record(p, length, false);
+  if (length == 0) r.key = search::describe(space_, p) + " all lengths";
+  r.status = status;
+  r.reason = reason;
+  if (status != "invalid") {
+    const experiment::TrialPlan plan =
+        experiment::plan_trial(e_, space_, p, length > 0 ? length : space_.lengths.front(),
+                               false, "unused");
+    r.config_yaml = plan.yaml;
+    r.dp = plan.config.mesh.dp;
+    r.sp = plan.config.mesh.sp;
+    r.predicted_peak_bytes = costmodel::lower_bound_peak(plan.config).total_bytes();
+  }
+  store_.add_trial(r);
+  progress_.not_run(r.key, status, reason);
+}
+
+bool SweepHost::budget_left() {
+  if (e_.budget.max_trials > 0 && started_ + replayed_ >= e_.budget.max_trials) return false;
+  if (e_.budget.wall_clock_s > 0 && progress_.elapsed_s() >= e_.budget.wall_clock_s) return false;
+  return true;
+}
+
+}  // namespace ulysses::sweep

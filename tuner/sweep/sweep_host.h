@@ -1,0 +1,73 @@
+// The search engine's Host for a real sweep: plans each trial's run config from the experiment,
+// prunes with the memory model, runs trials as real ulysses-train ranks (trial/trial_runner.h),
+// stores every result in its own transaction, replays finished trials on --resume, enforces the
+// budget and prints progress.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "tuner/experiment/experiment.h"
+#include "tuner/search/engine.h"
+#include "tuner/store/sweep_store.h"
+#include "tuner/sweep/progress.h"
+
+namespace ulysses::sweep {
+
+// Thrown by SweepHost::run when SIGINT/SIGTERM stopped a trial: the sweep ends `interrupted`
+// and the trial stays `running` in the store (re-run by --resume).
+struct Interrupted : std::runtime_error {
+  explicit Interrupted(int signal) : std::runtime_error("interrupted"), signal(signal) {}
+  int signal;
+};
+
+struct HostSettings {
+  std::string runs_dir;  // trial i runs in <runs_dir>/<trial id>/
+  std::string trainer;   // ulysses-train
+  int64_t expected_runs = 0;
+};
+
+// Invariants: sweep_id names an existing sweep; every trial it writes belongs to it.
+class SweepHost : public search::Host {
+ public:
+  SweepHost(const experiment::Experiment& e, const search::Space& space, store::SweepStore& store,
+            int64_t sweep_id, const HostSettings& settings);
+
+  std::optional<std::string> invalid_reason(const search::Point& p) override;
+  std::optional<std::string> prune_reason(const search::Point& p, int64_t length) override;
+  search::RunOutcome run(const search::Point& p, int64_t length, bool probe) override;
+  void record(const search::Point& p, int64_t length, const std::string& status,
+              const std::string& reason) override;
+  bool budget_left() override;
+
+  // Trials replayed from the store instead of run (--resume).
+  int64_t replayed() const { return replayed_; }
+  // The id of the best fitting real trial so far by the experiment's objective, or 0.
+  int64_t best_trial() const { return best_id_; }
+
+ private:
+  store::TrialRecord base_record(const search::Point& p, int64_t length, bool probe);
+  search::RunOutcome outcome_of(const store::TrialRecord& r);
+  void note_best(const store::TrialRecord& r, const search::RunOutcome& o);
+  int64_t trial_limit_bytes() const;
+
+  const experiment::Experiment& e_;
+  const search::Space& space_;
+  store::SweepStore& store_;
+  int64_t sweep_id_;
+  HostSettings settings_;
+  bool on_cuda_ = false;
+  std::map<std::string, store::TrialRecord> previous_;  // by key: what an earlier run stored
+  Progress progress_;
+  int64_t started_ = 0, replayed_ = 0;
+  int64_t best_id_ = 0, best_length_ = 0;
+  double best_value_ = 0.0;
+};
+
+// The trial key: "<point> L=<length>[ probe]".
+std::string trial_key(const search::Space& space, const search::Point& p, int64_t length,
+                      bool probe);
+
+}  // namespace ulysses::sweep

@@ -1,0 +1,131 @@
+// Runs one trial's ranks under the supervisor and turns the result into a TrialOutcome (see
+// trial_runner.h).
+#include "tuner/trial/trial_runner.h"
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "tuner/launch/free_port.h"
+#include "tuner/launch/launch_plan.h"
+#include "tuner/launch/supervisor.h"
+#include "tuner/trial/classify.h"
+#include "tuner/trial/measurements.h"
+
+namespace fs = std::filesystem;
+
+namespace ulysses::trial {
+namespace {
+
+std::string rank_log(const TrialSpec& spec, int rank, const char* stream) {
+  return spec.run_dir + "/rank-" + std::to_string(rank) + "." + stream;
+}
+
+// Creates run_dir, writes run.yaml and removes outputs an earlier run of this trial left.
+void prepare_run_dir(const TrialSpec& spec) {
+  std::error_code ec;
+  fs::create_directories(spec.run_dir, ec);
+  if (ec) throw UserError("run_dir: cannot create " + spec.run_dir + ": " + ec.message());
+  const std::string config_path = spec.run_dir + "/run.yaml";
+  {
+    std::ofstream out(config_path, std::ios::trunc);
+    out << spec.config_yaml;
+    if (!out) throw UserError("run_dir: cannot write " + config_path);
+  }
+  fs::remove(spec.output_dir + "/summary.json", ec);
+  fs::remove(spec.output_dir + "/metrics.jsonl", ec);
+}
+
+// One process per rank: the trainer with torchrun's variables, logs in run_dir.
+std::vector<launch::ProcessSpec> rank_specs(const TrialSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> extra;
+  for (const auto& entry : spec.extra_env) {
+    const size_t eq = entry.find('=');
+    TORCH_CHECK(eq != std::string::npos && eq > 0, "run_trial: extra_env entry '", entry,
+                "' is not KEY=VALUE");
+    extra.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  const std::vector<std::string> base =
+      launch::merge_environment(launch::current_environment(), extra);
+  launch::LaunchOptions plan;
+  plan.config_path = spec.run_dir + "/run.yaml";
+  plan.nproc = spec.nproc;
+  const int port = launch::pick_free_port();
+  std::vector<std::string> argv{spec.trainer};
+  if (spec.trainer_args.empty()) {
+    argv.insert(argv.end(), {"--config", plan.config_path});
+  } else {
+    argv.insert(argv.end(), spec.trainer_args.begin(), spec.trainer_args.end());
+  }
+  std::vector<launch::ProcessSpec> specs;
+  for (int rank = 0; rank < spec.nproc; ++rank) {
+    launch::ProcessSpec process;
+    process.argv = argv;
+    process.env = launch::merge_environment(base, launch::rank_variables(plan, rank, port, base));
+    process.stdout_path = rank_log(spec, rank, "out");
+    process.stderr_path = rank_log(spec, rank, "err");
+    specs.push_back(std::move(process));
+  }
+  return specs;
+}
+
+}  // namespace
+
+TrialOutcome run_trial(const TrialSpec& spec) {
+  TORCH_CHECK(spec.nproc >= 1, "run_trial: nproc must be >= 1, got ", spec.nproc);
+  TORCH_CHECK(!spec.run_dir.empty() && !spec.output_dir.empty() && !spec.trainer.empty(),
+              "run_trial: run_dir, output_dir and trainer must be set");
+  TORCH_CHECK(spec.timeout_s >= 0 && spec.grace_s >= 0, "run_trial: negative timeout or grace");
+  prepare_run_dir(spec);
+  const std::vector<launch::ProcessSpec> processes = rank_specs(spec);
+  launch::SupervisorOptions options;
+  options.grace_s = spec.grace_s;
+  options.timeout_s = spec.timeout_s;
+
+  const auto start = std::chrono::steady_clock::now();
+  const launch::SupervisionResult result = launch::supervise(processes, options);
+  TrialOutcome outcome;
+  outcome.wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  Measurements m = read_measurements(spec.output_dir);
+  std::vector<std::string> last_lines;
+  for (int rank = 0; rank < spec.nproc; ++rank) {
+    last_lines.push_back(last_nonempty_line(rank_log(spec, rank, "err")));
+  }
+  Classification c = classify(result, m.summary_found, last_lines, spec.timeout_s);
+  outcome.status = std::move(c.status);
+  outcome.exit_code = c.exit_code;
+  outcome.error = std::move(c.error);
+  outcome.failed_rank = c.rank;
+  outcome.interrupt_signal = result.interrupt_signal;
+  outcome.step_ms = m.step_ms;
+  outcome.tokens_per_s = m.tokens_per_s;
+  outcome.tokens_per_s_per_rank = m.tokens_per_s_per_rank;
+  outcome.final_loss = m.final_loss;
+  outcome.peak_mem_bytes = m.peak_mem_bytes;
+  outcome.peak_host_bytes = m.peak_host_bytes;
+  outcome.summary_json = std::move(m.summary_json);
+  outcome.steps = std::move(m.steps);
+  outcome.phases = std::move(m.phases);
+  return outcome;
+}
+
+void apply_outcome(const TrialOutcome& outcome, store::TrialRecord* record) {
+  record->status = outcome.status;
+  record->exit_code = outcome.exit_code;
+  record->error = outcome.error;
+  record->wall_s = outcome.wall_s;
+  record->step_ms = outcome.step_ms;
+  record->tokens_per_s = outcome.tokens_per_s;
+  record->tokens_per_s_per_rank = outcome.tokens_per_s_per_rank;
+  record->peak_mem_bytes = outcome.peak_mem_bytes;
+  record->peak_host_bytes = outcome.peak_host_bytes;
+  record->final_loss = outcome.final_loss;
+  record->summary = outcome.summary_json;
+}
+
+}  // namespace ulysses::trial
