@@ -8,11 +8,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#if defined(ULYSSES_WITH_CUDA) && defined(USE_C10D_NCCL)
+#include "common/torch_compat.h"
+#if ULYSSES_HAS_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#define ULYSSES_HAS_NCCL 1
-#else
-#define ULYSSES_HAS_NCCL 0
 #endif
 
 #include <algorithm>

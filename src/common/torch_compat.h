@@ -1,5 +1,6 @@
 // What differs between the LibTorch releases we support (>= 2.3, SPEC 4) and the build's
-// features. Nothing else in the tree tests TORCH_VERSION_* or USE_* macros.
+// features. Nothing else in the tree tests TORCH_VERSION_* or USE_* macros (but common/build_info.cpp,
+// which reports them for --version without pulling in LibTorch headers).
 #pragma once
 #include <torch/csrc/autograd/function.h>
 #include <torch/version.h>
@@ -16,6 +17,13 @@ static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERS
 // at::scaled_dot_product_attention takes enable_gqa (k/v with fewer heads than q) from 2.5 on;
 // before, k/v are expanded to hq heads.
 #define ULYSSES_HAS_SDPA_GQA (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5)
+
+// NCCL process groups: a CUDA build of LibTorch with c10d's NCCL backend compiled in.
+#if defined(ULYSSES_WITH_CUDA) && defined(USE_C10D_NCCL)
+#define ULYSSES_HAS_NCCL 1
+#else
+#define ULYSSES_HAS_NCCL 0
+#endif
 
 namespace ulysses::compat {
 

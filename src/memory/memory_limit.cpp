@@ -1,6 +1,8 @@
 // memory.limit_gib: RLIMIT_AS above the baseline on CPU, allocator fraction on CUDA (see header).
 #include "memory/memory_limit.h"
 
+#include <malloc.h>
+
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
 
@@ -11,6 +13,7 @@
 #include "memory/memory_stats.h"
 
 #ifdef ULYSSES_WITH_CUDA
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
@@ -36,6 +39,10 @@ void reserve_thread_pool() {
 
 MemoryLimit apply_host_limit(int64_t limit_bytes) {
   reserve_thread_pool();
+  // Threads started after the baseline (Gloo's, on a collective's first use) would each reserve
+  // a 64 MiB malloc arena of address space and hit the cap without using memory: make them share
+  // the arenas that exist (glibc).
+  mallopt(M_ARENA_MAX, 1);
   MemoryLimit out;
   out.limit_bytes = limit_bytes;
   out.baseline_bytes = virtual_memory_bytes();
@@ -66,6 +73,11 @@ MemoryLimit apply_device_limit(int64_t limit_bytes, const c10::Device& device) {
     throw UserError("memory.limit_gib: " + gib(limit_bytes) + " is more than " + device.str() +
                     " has (" + gib(static_cast<int64_t>(total_bytes)) + ")");
   }
+  // The caching allocator exists per device only after LibTorch's lazy CUDA init, which the
+  // first CUDA tensor triggers; before it (a 1-rank job has allocated nothing yet),
+  // setMemoryFraction fails "Allocator not initialized ... did you call init?". An empty tensor
+  // runs that init on every LibTorch 2.x (lazyInitCUDA / lazyInitDevice differ by release).
+  (void)at::empty({0}, at::TensorOptions().device(device));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(
       static_cast<double>(limit_bytes) / static_cast<double>(total_bytes), device.index());
   MemoryLimit out;

@@ -120,12 +120,12 @@ class Engine {
 
   // The largest fitting index in (lo, hi) given lo fits (or is -1) and hi does not (or is n):
   // brackets upward by doubling the length while no upper bound is known, then bisects.
-  // confirm_first: try hi - 1 first (the boundary a probe search found). nullopt: budget spent.
+  // confirm_first: try hi - 1 first (the longest length a probe fitted at). nullopt: budget spent.
   std::optional<int> bisect(const Point& p, int lo, int hi, bool probe, bool confirm_first) {
     bool first = true;
     while (hi - lo > 1) {
       int mid;
-      if (first && confirm_first && hi < n_) {
+      if (first && confirm_first) {
         mid = hi - 1;
       } else if (lo < 0) {
         mid = 0;
