@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "comm/errors.h"
+#include "common/error.h"
 
 namespace ulysses::comm {
 namespace {
@@ -77,6 +78,9 @@ void Group::run(const char* op, StartFn&& start) {
   try {
     work->wait();
   } catch (const std::exception& e) {
+    // An allocation that failed inside the backend (under memory.limit_gib, say) is this rank
+    // running out of memory, not a communication failure: it keeps its own exit status.
+    if (is_out_of_memory_text(e.what())) throw;
     throw CommError(describe_comm_failure(op, name_, timeout_s_, exception_text(e)));
   }
 }

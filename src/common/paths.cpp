@@ -1,6 +1,9 @@
 // Run-time lookup of the project home and of sibling binaries.
 #include "common/paths.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -43,6 +46,25 @@ std::string sibling_binary(const std::string& name) {
     if (fs::exists(candidate, ec)) return candidate.string();
   }
   return name;
+}
+
+bool is_executable_file(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
+}
+
+std::string find_on_path(const std::string& name) {
+  const char* path_env = std::getenv("PATH");
+  const std::string dirs = path_env ? path_env : "";
+  for (size_t begin = 0; begin <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', begin), dirs.size());
+    if (end > begin) {
+      const std::string candidate = (fs::path(dirs.substr(begin, end - begin)) / name).string();
+      if (is_executable_file(candidate)) return candidate;
+    }
+    begin = end + 1;
+  }
+  return "";
 }
 
 }  // namespace ulysses

@@ -17,4 +17,10 @@ std::string sibling_binary(const std::string& name);
 // Directory of the running executable (from /proc/self/exe).
 std::string executable_dir();
 
+// True when `path` is a regular file this process may execute.
+bool is_executable_file(const std::string& path);
+
+// The first <dir>/<name> on $PATH that is an executable file, or "" when there is none.
+std::string find_on_path(const std::string& name);
+
 }  // namespace ulysses

@@ -126,6 +126,23 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
     fields.read("eos_token_id", model.eos_token_id);
   }
   if (fields.has("rope_scaling")) read_rope_scaling(config["rope_scaling"], source, model);
+  // transformers >= 5 writes RoPE as one object, "rope_parameters": {"rope_type": "default" |
+  // "llama3", "rope_theta": ..., and llama3's scaling fields}; it wins over the legacy keys.
+  if (fields.has("rope_parameters") && !config["rope_parameters"].is_null()) {
+    const json& rope = config["rope_parameters"];
+    if (!rope.is_object()) {
+      throw UserError(source + ": rope_parameters: expected an object, got " + rope.dump());
+    }
+    const JsonFields rope_fields(rope, source, "rope_parameters.");
+    rope_fields.read("rope_theta", model.rope_theta);
+    std::string type = "default";
+    rope_fields.read("rope_type", type);
+    if (type == "default") {
+      model.rope_scaling_type.clear();
+    } else {
+      read_rope_scaling(rope, source, model);
+    }
+  }
   return model;
 }
 

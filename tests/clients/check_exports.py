@@ -3,7 +3,7 @@
 
 Usage: check_exports.py CASE_DIR [CASE_DIR ...]
 
-Each CASE_DIR holds ds_config.json, arctic_recipe.yaml and accelerate_config.yaml as
+Each CASE_DIR holds ds_config.json, arctic_training.yaml and accelerate_config.yaml as
 tuner/export/export_files.h writes them, plus expect.json: what the test that wrote them expects
 the consumers to compute (world, dp, sp, micro_batch, grad_accum, train_batch_size, zero_stage,
 offload_optimizer, bf16, grad_clip, lr, betas, eps, weight_decay, tiled_mlp, offload_activations,
@@ -15,7 +15,7 @@ Consumers (never an imitation of their rules):
                           builds from the file's sizes, and with the Ulysses mpu (parallel_state_sp)
                           that ALST passes; its scheduler is built by DeepSpeedEngine's own
                           _scheduler_from_config.
-  arctic_recipe.yaml      arctic_training.config.trainer.get_config (the pydantic TrainerConfig of
+  arctic_training.yaml      arctic_training.config.trainer.get_config (the pydantic TrainerConfig of
                           the recipe's trainer type, which also builds its DeepSpeed dict), that
                           dict through DeepSpeedConfig with the Ulysses mpu, and the scheduler from
                           ArcticTraining's HFSchedulerFactory.create_scheduler.
@@ -257,7 +257,7 @@ def check_arctic(case, exp):
     from arctic_training.scheduler.hf_factory import HFSchedulerFactory
 
     enter_world(exp["world"])
-    path = case / "arctic_recipe.yaml"
+    path = case / "arctic_training.yaml"
     text = path.read_text()
     notes = []
     expect(DATA_PLACEHOLDER in text, "data.sources placeholder missing")
@@ -390,7 +390,7 @@ def check_accelerate(case, exp):
             f"train_batch_size={ds_config.train_batch_size}")
 
 
-CHECKS = [("ds_config.json", check_deepspeed), ("arctic_recipe.yaml", check_arctic),
+CHECKS = [("ds_config.json", check_deepspeed), ("arctic_training.yaml", check_arctic),
           ("accelerate_config.yaml", check_accelerate)]
 
 SKIPPED = [
@@ -399,9 +399,9 @@ SKIPPED = [
     "the dataset; each file is checked by its consumer's config code on CPU instead",
     "collectives: the world is a fake process group of the target size (this process is rank 0), "
     "so process groups and device meshes are built but nothing is communicated",
-    "arctic_recipe.yaml data.sources: a placeholder for the user's HF dataset; validated as a "
+    "arctic_training.yaml data.sources: a placeholder for the user's HF dataset; validated as a "
     "config entry, not loaded (no network)",
-    "arctic_recipe.yaml model placeholder: replaced by a local stand-in LlamaConfig dir so that "
+    "arctic_training.yaml model placeholder: replaced by a local stand-in LlamaConfig dir so that "
     "TrainerConfig's AutoConfig lookups run offline (cases without model.load)",
     "ArcticTraining optimizer objects (FusedAdam needs CUDA, DeepSpeedCPUAdam compiles a C++ op): "
     "the optimizer type is validated against the trainer's registry, not constructed",

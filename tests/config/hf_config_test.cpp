@@ -108,6 +108,26 @@ TEST(HfConfig, ReadsLlama31_8BInstructLikeThePreset) {
   expect_same_shapes(config.model, load_model_preset("llama-3.1-8b"));
 }
 
+// transformers >= 5 writes RoPE as "rope_parameters" (theta and scaling in one object).
+TEST(HfConfig, ReadsTransformers5RopeParameters) {
+  const nlohmann::json llama3 = nlohmann::json::parse(R"({
+    "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "intermediate_size": 128, "vocab_size": 256, "rope_scaling": null,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}})");
+  const ModelOptions m = model_options_from_hf_config(llama3, "config.json");
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_EQ(m.rope_scaling_type, "llama3");
+  EXPECT_EQ(m.rope_scaling_factor, 8.0);
+  EXPECT_EQ(m.rope_original_max_position, 8192);
+  nlohmann::json plain = llama3;
+  plain["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+  const ModelOptions d = model_options_from_hf_config(plain, "config.json");
+  EXPECT_EQ(d.rope_theta, 250000.0);
+  EXPECT_EQ(d.rope_scaling_type, "");
+}
+
 TEST(HfConfig, WritesWhatTransformersExpects) {
   ModelOptions tiny = load_model_preset("tiny");
   tiny.head_dim = 0;  // written resolved

@@ -2,6 +2,7 @@
 // leave nothing behind when they fail, calibration and profile records, and one-line errors
 // for corrupt or too-new files.
 #include "tuner/store/store.h"
+#include "tuner/store/sweep_store.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -142,13 +143,22 @@ TEST_F(StoreTest, ProfileRoundTrips) {
   EXPECT_FALSE(back[1].trial_id.has_value());
 }
 
-TEST_F(StoreTest, TrialConfigNeedsATrialsTable) {
+// `profile --trial ID` re-runs a stored trial's run config (schema 2's trials table).
+TEST_F(StoreTest, TrialConfigComesFromTheTrialsTable) {
   Store store = Store::open(path_);
   EXPECT_FALSE(store.trial_config_yaml(1).has_value());
-  store.db().exec("CREATE TABLE trials (id INTEGER PRIMARY KEY, config_yaml TEXT)");
-  store.db().exec("INSERT INTO trials VALUES (3, 'mesh: {sp: 2}')");
-  EXPECT_EQ(store.trial_config_yaml(3), std::optional<std::string>("mesh: {sp: 2}"));
-  EXPECT_FALSE(store.trial_config_yaml(4).has_value());
+  SweepStore sweeps(store.db());
+  SweepRecord sweep;
+  sweep.name = "s";
+  const int64_t sweep_id = sweeps.create_sweep(sweep);
+  TrialRecord trial;
+  trial.sweep_id = sweep_id;
+  trial.key = "mesh.sp=2 L=64";
+  trial.seqlen = 64;
+  trial.config_yaml = "mesh: {sp: 2}";
+  sweeps.begin_trial(trial);
+  EXPECT_EQ(store.trial_config_yaml(trial.id), std::optional<std::string>("mesh: {sp: 2}"));
+  EXPECT_FALSE(store.trial_config_yaml(trial.id + 1).has_value());
 }
 
 TEST_F(StoreTest, CorruptFileIsAOneLineErrorNamingIt) {

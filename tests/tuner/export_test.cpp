@@ -278,7 +278,7 @@ TEST(Export, DeepSpeedConfigOfEveryCase) {
         EXPECT_NE(warning.find("PyTorch >= 2.3"), std::string::npos) << warning;
         EXPECT_NE(warning.find("weighted all-reduce"), std::string::npos) << warning;
       } else {
-        EXPECT_NE(warning.find("arctic_recipe.yaml"), std::string::npos) << warning;
+        EXPECT_NE(warning.find("arctic_training.yaml"), std::string::npos) << warning;
       }
     }
   }
@@ -536,7 +536,7 @@ TEST(Export, EveryFileLoadsInItsRealConsumer) {
       << "mixed_precision: bf16\n";
   const fs::path bad_key = dir.path() / "bad_recipe_key";
   write_case(base, bad_key);
-  std::ofstream(bad_key / "arctic_recipe.yaml", std::ios::app) << "tiled_mlp: true\n";
+  std::ofstream(bad_key / "arctic_training.yaml", std::ios::app) << "tiled_mlp: true\n";
 
   std::string command = std::string(python) + " " + checker;
   for (const fs::path& path : good) command += " " + path.string();
@@ -550,14 +550,14 @@ TEST(Export, EveryFileLoadsInItsRealConsumer) {
 
   EXPECT_EQ(status, 1) << "the checker must fail on the broken files (exit 1), not crash";
   for (const fs::path& path : good) {
-    for (const char* file : {"ds_config.json", "arctic_recipe.yaml", "accelerate_config.yaml"}) {
+    for (const char* file : {"ds_config.json", "arctic_training.yaml", "accelerate_config.yaml"}) {
       EXPECT_NE(output.find("OK   " + (path / file).string() + ": "), std::string::npos)
           << "not accepted: " << (path / file).string();
     }
   }
   for (const fs::path& path : {bad_batch / "ds_config.json",
                                bad_precision / "accelerate_config.yaml",
-                               bad_key / "arctic_recipe.yaml"}) {
+                               bad_key / "arctic_training.yaml"}) {
     EXPECT_NE(output.find("FAIL " + path.string() + ": "), std::string::npos)
         << "not rejected: " << path.string();
   }

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/test_files.h"
 #include "common/error.h"
 #include "common/paths.h"
 #include "tuner/launch/free_port.h"
@@ -39,34 +40,14 @@ constexpr double kFileDeadlineS = 60.0;
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-class TempDir {
+using testing::read_text;
+using testing::write_executable;
+
+// A TempDir named after this suite.
+class TempDir : public testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "launch-test-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+  TempDir() : testing::TempDir("launch-test") {}
 };
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void write_executable(const fs::path& path, const std::string& text) {
-  std::ofstream(path) << text;
-  fs::permissions(path, fs::perms::owner_all);
-}
 
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> lines;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "support/test_files.h"
 #include "common/paths.h"
 #include "config/run_config.h"
 #include "tuner/store/store.h"
@@ -47,12 +48,7 @@ budget: {trial_timeout_s: 30}
 trial: {warmup_steps: 1, steps: 2}
 )";
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::read_text;
 
 struct Result {
   int status = -1;
@@ -127,7 +123,8 @@ TEST_F(SweepCliTest, SmartSearchMatchesTheGridWithAThirdOfItsTrials) {
     const fs::path out = dir_ / ("rec-" + name);
     Result rec = tune("recommend --db '" + db_ + "' --sweep " + name + " --out '" + out.string() + "'");
     ASSERT_EQ(rec.status, 0) << rec.err;
-    for (const char* file : {"recommended.yaml", "ds_config.json", "accelerate_config.yaml",
+    for (const char* file : {"recommended.yaml", "ds_config.json", "arctic_training.yaml",
+                             "accelerate_config.yaml",
                              "launch.sh", "WHY.md"}) {
       EXPECT_TRUE(fs::exists(out / file)) << file;
     }

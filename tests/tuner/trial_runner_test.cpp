@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/test_files.h"
 #include "common/error.h"
 #include "common/paths.h"
 #include "tuner/launch/launch_plan.h"
@@ -41,29 +42,14 @@ constexpr double kTrialTimeoutS = 240.0;  // a hang guard for trials that must e
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-class TempDir {
+using testing::read_text;
+using testing::write_executable;
+
+// A TempDir named after this suite.
+class TempDir : public testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "trial-test-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+  TempDir() : testing::TempDir("trial-test") {}
 };
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
 

@@ -70,7 +70,7 @@ std::optional<std::string> alst_switches_warning(const config::RunConfig& run,
   for (const std::string& name : switches) names += (names.empty() ? "" : ", ") + name;
   return names + ": " + format +
          " cannot express these ALST switches; use the ArcticTraining recipe"
-         " (arctic_recipe.yaml: tiled_mlp_compute, activation_checkpoint_cpu_offload,"
+         " (arctic_training.yaml: tiled_mlp_compute, activation_checkpoint_cpu_offload,"
          " model.disable_activation_checkpoint; it tiles logits+loss itself when"
          " sequence_parallel_size > 1)";
 }

@@ -46,7 +46,7 @@ std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig
 std::vector<std::string> alst_only_switches(const config::RunConfig& run);
 
 // When alst_only_switches is not empty: one line "<the switches>: <format> cannot express these
-// ALST switches; use the ArcticTraining recipe (arctic_recipe.yaml: ...)". nullopt otherwise.
+// ALST switches; use the ArcticTraining recipe (arctic_training.yaml: ...)". nullopt otherwise.
 std::optional<std::string> alst_switches_warning(const config::RunConfig& run,
                                                  const std::string& format);
 

@@ -10,13 +10,13 @@
 namespace ulysses::exports {
 
 inline constexpr char kDeepSpeedConfigFile[] = "ds_config.json";
-inline constexpr char kArcticRecipeFile[] = "arctic_recipe.yaml";
+inline constexpr char kArcticRecipeFile[] = "arctic_training.yaml";
 inline constexpr char kAccelerateConfigFile[] = "accelerate_config.yaml";
 
 // Where write_exports put the files, and the warnings of all three exports.
 struct ExportFiles {
   std::string deepspeed_path;   // DIR/ds_config.json
-  std::string arctic_path;      // DIR/arctic_recipe.yaml
+  std::string arctic_path;      // DIR/arctic_training.yaml
   std::string accelerate_path;  // DIR/accelerate_config.yaml
   // The warnings of deepspeed_config, arctic_recipe and accelerate_config, in that order, each
   // distinct line once (the PyTorch-version warning is shared by all three).
@@ -24,7 +24,7 @@ struct ExportFiles {
 };
 
 // Creates `dir` (and parents) when missing and writes the three files: ds_config.json (indent 2,
-// trailing newline), arctic_recipe.yaml, accelerate_config.yaml (deepspeed_config_file:
+// trailing newline), arctic_training.yaml, accelerate_config.yaml (deepspeed_config_file:
 // ds_config.json). Each file is written to a temporary name in `dir` and renamed, so no reader
 // ever sees a half-written file; existing files of these names are replaced.
 // Throws UserError "<path>: cannot write (<reason>)" when a directory or file cannot be written.

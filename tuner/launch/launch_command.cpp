@@ -22,26 +22,14 @@ namespace {
 
 constexpr const char* kTrainerName = "ulysses-train";
 
-bool is_executable_file(const fs::path& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
-}
-
 // The trainer as an absolute path: a name without '/' is looked up on PATH.
 std::string resolve_trainer(const LaunchOptions& options) {
   const std::string requested =
       options.trainer.empty() ? sibling_binary(kTrainerName) : options.trainer;
   if (requested.find('/') != std::string::npos) {
     if (is_executable_file(requested)) return fs::absolute(requested).lexically_normal().string();
-  } else if (const char* path_env = std::getenv("PATH")) {
-    std::string dirs = path_env;
-    for (size_t begin = 0; begin <= dirs.size();) {
-      size_t end = dirs.find(':', begin);
-      if (end == std::string::npos) end = dirs.size();
-      const fs::path candidate = fs::path(dirs.substr(begin, end - begin)) / requested;
-      if (end > begin && is_executable_file(candidate)) return fs::absolute(candidate).string();
-      begin = end + 1;
-    }
+  } else if (const std::string found = find_on_path(requested); !found.empty()) {
+    return fs::absolute(found).string();
   }
   if (options.trainer.empty()) {
     throw UserError(std::string(kTrainerName) +

@@ -24,11 +24,6 @@ namespace fs = std::filesystem;
 namespace ulysses::profile_cmd {
 namespace {
 
-bool is_executable(const std::string& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
-}
-
 // Runs argv to completion with this process's environment; returns its exit status.
 int run_command(const std::vector<std::string>& argv) {
   std::cerr << "profile: running";
@@ -101,21 +96,11 @@ CLI::App* add_profile_command(CLI::App& app, ProfileOptions* options) {
 }
 
 std::string find_nsys(const std::string& requested) {
-  if (!requested.empty()) return is_executable(requested) ? requested : "";
+  if (!requested.empty()) return is_executable_file(requested) ? requested : "";
   if (const char* env = std::getenv("NSYS"); env != nullptr && *env != '\0') {
-    return is_executable(env) ? env : "";
+    return is_executable_file(env) ? env : "";
   }
-  if (const char* path = std::getenv("PATH")) {
-    std::string dirs = path;
-    size_t begin = 0;
-    while (begin <= dirs.size()) {
-      const size_t end = std::min(dirs.find(':', begin), dirs.size());
-      const fs::path candidate = fs::path(dirs.substr(begin, end - begin)) / "nsys";
-      if (end > begin && is_executable(candidate.string())) return candidate.string();
-      begin = end + 1;
-    }
-  }
-  return "";
+  return find_on_path("nsys");
 }
 
 std::vector<std::string> nsys_profile_command(const std::string& nsys, const std::string& out_dir,

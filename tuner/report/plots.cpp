@@ -14,16 +14,12 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "common/paths.h"
 
 namespace fs = std::filesystem;
 
 namespace ulysses::report {
 namespace {
-
-bool is_executable(const fs::path& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
-}
 
 // Runs `gnuplot script` with `dir` as working directory, stdout and stderr into `log`;
 // returns the exit status (128 + signal when killed, 127 when it could not be started).
@@ -61,22 +57,16 @@ std::string last_line(const fs::path& file) {
 
 std::optional<std::string> find_gnuplot(const std::string& requested) {
   if (!requested.empty()) {
-    if (!is_executable(requested)) {
+    if (!is_executable_file(requested)) {
       throw UserError("--gnuplot " + requested + ": not an executable file");
     }
     return requested;
   }
   if (const char* env = std::getenv("GNUPLOT"); env != nullptr && *env != '\0') {
-    return is_executable(env) ? std::optional<std::string>(env) : std::nullopt;
+    return is_executable_file(env) ? std::optional<std::string>(env) : std::nullopt;
   }
-  const char* path_env = std::getenv("PATH");
-  std::stringstream dirs(path_env ? path_env : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (!dir.empty() && is_executable(fs::path(dir) / "gnuplot")) {
-      return (fs::path(dir) / "gnuplot").string();
-    }
-  }
-  return std::nullopt;
+  const std::string found = find_on_path("gnuplot");
+  return found.empty() ? std::nullopt : std::optional<std::string>(found);
 }
 
 std::vector<Plot> write_plots(const SweepData& data, const std::string& dir,

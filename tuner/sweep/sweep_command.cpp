@@ -76,6 +76,12 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
   cmd->add_option("--runs-dir", options->runs_dir,
                   "Where trial run directories go (default: <db dir>/runs/<sweep name>)");
   cmd->add_option("--trainer", options->trainer, "ulysses-train to run (default: beside ulysses-tune)");
+  cmd->add_option("--max-trials", options->max_trials,
+                  "Override the experiment's budget.max_trials (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--wall-clock-s", options->wall_clock_s,
+                  "Override the experiment's budget.wall_clock_s (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--resume", options->resume,
                 "Continue the sweep of this name: finished trials are kept, `running` ones re-run");
   cmd->add_flag("--dry-run", options->dry_run, "Print the space and validity; run and write nothing");
@@ -85,6 +91,8 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
 int run_sweep(const SweepOptions& options) {
   experiment::Experiment e = experiment::load_experiment(options.experiment_path, profiles_dir());
   if (!options.method.empty()) e.method = options.method;
+  if (options.max_trials >= 0) e.budget.max_trials = options.max_trials;
+  if (options.wall_clock_s >= 0) e.budget.wall_clock_s = options.wall_clock_s;
   const search::Space space = experiment::build_space(e);
   if (options.dry_run) {
     dry_run(e, space);

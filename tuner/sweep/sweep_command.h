@@ -17,6 +17,8 @@ struct SweepOptions {
   std::string method;               // --search smart|grid; "" = the experiment's
   std::string runs_dir;             // --runs-dir; default <db dir>/runs/<sweep name>
   std::string trainer;              // --trainer; default ulysses-train beside ulysses-tune
+  int64_t max_trials = -1;          // --max-trials; -1 = the experiment's budget
+  double wall_clock_s = -1;         // --wall-clock-s; -1 = the experiment's budget
   bool resume = false;              // --resume
   bool dry_run = false;             // --dry-run
 };
