@@ -28,11 +28,14 @@ double Progress::elapsed_s() const {
 }
 
 void Progress::finished(const std::string& what, const std::string& status,
-                        const std::string& detail) {
+                        const std::string& detail, bool replayed) {
   ++runs_;
+  replayed_ += replayed;
   const double elapsed = elapsed_s();
   std::string eta = "?";
-  if (expected_ > runs_) eta = format_duration(elapsed / runs_ * (expected_ - runs_));
+  if (expected_ > runs_ && runs_ > replayed_) {
+    eta = format_duration(elapsed / static_cast<double>(runs_ - replayed_) * (expected_ - runs_));
+  }
   if (expected_ > 0 && expected_ <= runs_) eta = "0s";
   std::printf("[%lld/~%lld %s eta %s] %s -> %s%s%s | best: %s\n", static_cast<long long>(runs_),
               static_cast<long long>(expected_ > runs_ ? expected_ : runs_),

@@ -14,7 +14,9 @@ class Progress {
   explicit Progress(int64_t expected_runs);
 
   // Prints "[i/~N 1m02s eta 3m10s] <what> -> <status> <detail> | best: <best>" to stdout.
-  void finished(const std::string& what, const std::string& status, const std::string& detail);
+  // replayed: a stored result (--resume), counted but not used for the time per trial.
+  void finished(const std::string& what, const std::string& status, const std::string& detail,
+                bool replayed = false);
   // Prints a line for a point or length not run ("pruned", "skipped", "invalid").
   void not_run(const std::string& what, const std::string& status, const std::string& reason);
   // Sets the best so far ("" = none yet).
@@ -25,6 +27,7 @@ class Progress {
  private:
   int64_t expected_;
   int64_t runs_ = 0;
+  int64_t replayed_ = 0;
   std::chrono::steady_clock::time_point start_;
   std::string best_;
 };

@@ -119,7 +119,7 @@ int run_sweep(const SweepOptions& options) {
     sweep = *existing;
   } else {
     sweep.name = name;
-    sweep.experiment_path = fs::absolute(options.experiment_path).string();
+    sweep.experiment_path = options.experiment_path;  // as given: reports show no machine paths
     sweep.experiment_yaml = e.yaml;
     sweep.search = e.method;
     sweep.objective = e.objective;
@@ -158,7 +158,7 @@ int run_sweep(const SweepOptions& options) {
     status = kExitInterrupted;
   }
   nlohmann::ordered_json s;
-  s["trials_run"] = summary.runs;
+  s["trials_run"] = summary.runs + summary.probes;  // every ulysses-train run, probes included
   s["probes"] = summary.probes;
   s["replayed"] = host.replayed();
   s["pruned"] = summary.pruned;

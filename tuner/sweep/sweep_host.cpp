@@ -125,7 +125,7 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
     ++replayed_;
     const search::RunOutcome o = outcome_of(it->second);
     note_best(it->second, o);
-    progress_.finished(key, it->second.status, "(stored, not re-run)");
+    progress_.finished(key, it->second.status, "(stored, not re-run)", /*replayed=*/true);
     return o;
   }
   store::TrialRecord r = base_record(p, length, probe);
