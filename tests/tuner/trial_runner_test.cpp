@@ -378,6 +378,8 @@ TEST(SupervisorTimeout, StopsEveryProcessGroupAndSays124) {
 //     waits for every rank's pid file, then exits 12 / exits 13 / kills itself with SIGKILL /
 //     with SIGSEGV.
 //   hang: every rank prints a line on stderr and sleeps in a grandchild it waits for.
+//   comm_then_oom: rank 0 exits 13 at once (its peer went away); rank 1 runs out of memory and
+//     exits 12 a second later (tearing down takes that long).
 constexpr const char* kFakeTrainer = R"SH(#!/bin/sh
 env > "$FAKE_DIR/env.$RANK"
 echo "$*" > "$FAKE_DIR/args.$RANK"
@@ -408,6 +410,11 @@ case "$FAKE_MODE" in
     sleep 1000 & echo $! > "$FAKE_DIR/pid.grandchild.$RANK"
     wait ;;
 esac
+if [ "$FAKE_MODE" = comm_then_oom ]; then
+  wait_for_peers
+  if [ "$RANK" = 0 ]; then echo "error: all_to_all lost its connection to a peer" >&2; exit 13; fi
+  sleep 1; echo "out of memory: tried to allocate 24 MiB" >&2; exit 12
+fi
 if [ "$RANK" = 1 ]; then
   wait_for_peers
   echo "rank 1: starting step 3" >&2
@@ -536,6 +543,17 @@ TEST_F(FakeTrialTest, OutOfMemoryOnOneRankStopsTheOthers) {
   const std::vector<pid_t> pids = rank_pids();
   EXPECT_EQ(pids.size(), 2u);
   expect_all_gone(pids);
+}
+
+// The peer that ran out of memory decides, though it exits after the rank that lost it: the
+// runner lets the others end by themselves after a comm failure (settle window).
+TEST_F(FakeTrialTest, OutOfMemoryAfterAPeersCommFailureIsOom) {
+  const TrialOutcome outcome = run("comm_then_oom");
+  EXPECT_EQ(outcome.status, "oom");
+  EXPECT_EQ(outcome.exit_code, 12);
+  EXPECT_EQ(outcome.failed_rank, 1);
+  EXPECT_EQ(outcome.error, "out of memory: tried to allocate 24 MiB");
+  expect_all_gone(rank_pids());
 }
 
 TEST_F(FakeTrialTest, CommFailureAndBadInputAreFailed) {

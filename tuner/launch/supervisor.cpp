@@ -208,6 +208,7 @@ class Supervision {
     while (reap_finished() > 0) {
       const Clock::time_point now = Clock::now();
       if (!stopping_ && now >= timeout_deadline_) on_timeout();
+      if (!stopping_ && settle_deadline_ && now >= *settle_deadline_) begin_stopping(SIGTERM);
       if (kill_deadline_ && now >= *kill_deadline_) {
         for (auto& child : children_) signal_child(child, SIGKILL);
         kill_deadline_.reset();
@@ -215,6 +216,9 @@ class Supervision {
       double wait_s = kMaxWaitSeconds;
       if (kill_deadline_) wait_s = std::min(wait_s, seconds_until(*kill_deadline_, now));
       if (!stopping_) wait_s = std::min(wait_s, seconds_until(timeout_deadline_, now));
+      if (!stopping_ && settle_deadline_) {
+        wait_s = std::min(wait_s, seconds_until(*settle_deadline_, now));
+      }
       wait_s = std::max(wait_s, 0.0);
       timespec timeout;
       timeout.tv_sec = static_cast<time_t>(wait_s);
@@ -263,9 +267,15 @@ class Supervision {
 
   void on_exit(const ProcessExit& exit) {
     if (stopping_ || exit.status == 0) return;
-    result_.outcome = Outcome::kFailed;
-    result_.exit_status = exit.status;
-    result_.first_failure = exit;
+    if (!result_.first_failure) {
+      result_.outcome = Outcome::kFailed;
+      result_.exit_status = exit.status;
+      result_.first_failure = exit;
+      if (exit.status == kExitCommFailure && options_.settle_s > 0) {
+        settle_deadline_ = Clock::now() + to_duration(options_.settle_s);
+        return;  // let the peer that went away report its own status first
+      }
+    }
     begin_stopping(SIGTERM);
   }
 
@@ -309,6 +319,7 @@ class Supervision {
   std::vector<Child> children_;
   SupervisionResult result_;
   bool stopping_ = false;
+  std::optional<Clock::time_point> settle_deadline_;  // set while a comm failure settles
   std::optional<Clock::time_point> kill_deadline_;     // SIGKILL the rest at this time
   Clock::time_point timeout_deadline_ = Clock::time_point::max();  // stop all then; max = never
 };

@@ -31,6 +31,11 @@ struct SupervisorOptions {
   // Seconds after the start after which every process still running is stopped (kTimedOut);
   // 0 = no timeout.
   double timeout_s = 0.0;
+  // When the first failure is a communication failure (exit kExitCommFailure: a peer went away),
+  // the other processes get up to this long to end by themselves before they are stopped, so
+  // that the peer that ran out of memory or crashed reports its own status (the cause). 0 = stop
+  // at once. Any other failure in that window ends it.
+  double settle_s = 0.0;
 };
 
 // exit_status of a supervision that timed out (as timeout(1) exits).

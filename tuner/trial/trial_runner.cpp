@@ -18,6 +18,9 @@
 namespace fs = std::filesystem;
 
 namespace ulysses::trial {
+
+// Seconds the other ranks get to end by themselves after a rank's communication failure.
+constexpr double kCommFailureSettleS = 10.0;
 namespace {
 
 std::string rank_log(const TrialSpec& spec, int rank, const char* stream) {
@@ -84,6 +87,9 @@ TrialOutcome run_trial(const TrialSpec& spec) {
   launch::SupervisorOptions options;
   options.grace_s = spec.grace_s;
   options.timeout_s = spec.timeout_s;
+  // A rank that runs out of memory tears its process groups down before it exits 12, so its
+  // peers can fail first with 13: give it time to report the cause itself.
+  options.settle_s = kCommFailureSettleS;
 
   const auto start = std::chrono::steady_clock::now();
   const launch::SupervisionResult result = launch::supervise(processes, options);
