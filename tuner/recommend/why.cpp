@@ -53,7 +53,13 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
      << winner.dp << " x sp " << winner.sp << ", " << winner.seqlen << " tokens, "
      << num(winner.tokens_per_s_per_rank.value_or(0)) << " tokens/s per rank, peak "
      << num(winner.peak_mem_bytes.value_or(0) / 1073741824.0, "%.2f") << " GiB";
-  if (winner.limit_bytes) md << " of " << num(*winner.limit_bytes / 1073741824.0, "%.2f") << " GiB";
+  if (winner.limit_bytes) {
+    md << " (per-rank limit " << num(*winner.limit_bytes / 1073741824.0, "%.2f") << " GiB";
+    // On CPU the limit caps address space above each rank's start-up baseline, while the peak
+    // is the rank's whole resident set, libraries included.
+    if (!o.check_peak) md << " of address space above the rank's start-up baseline";
+    md << ")";
+  }
   md << ".\n\n";
   if (o.kind == "max-seqlen") {
     md << "It trains the longest sequence of every configuration tried; among those that reach "
