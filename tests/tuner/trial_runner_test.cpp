@@ -616,7 +616,10 @@ TEST_F(FakeTrialTest, ExitZeroWithoutSummaryFailsEvenWithAStaleOne) {
 // ---------------------------------------------------------------------------------------------
 // run_trial with the real ulysses-train: 2 CPU ranks of a tiny model
 
-TrialSpec real_trial(const fs::path& dir, double limit_gib) {
+// length: the untiled logits [length/2, 128] fp32 per rank. Under RLIMIT_AS a 1 MiB limit still
+// leaves whatever address space the process frees after the baseline (tens of MiB), so the OOM
+// case uses 32768 tokens: 16 MiB of logits per rank, with their gradients and activations.
+TrialSpec real_trial(const fs::path& dir, double limit_gib, int64_t length = 64) {
   TrialSpec spec;
   spec.run_dir = (dir / "trial").string();
   spec.output_dir = spec.run_dir + "/out";
@@ -624,7 +627,8 @@ TrialSpec real_trial(const fs::path& dir, double limit_gib) {
   config << "model: {hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2,\n"
             "        intermediate_size: 64, vocab_size: 128}\n"
             "mesh: {sp: 2, dp: 1}\n"
-            "sequence: {length: 64}\n"
+            "sequence: {length: "
+         << length << "}\n"
             "memory: {limit_gib: "
          << limit_gib << "}\n"
          << "train: {steps: 2, device: cpu}\n"
@@ -670,7 +674,7 @@ TEST(RealTrial, TinyTwoRankRunIsOk) {
 
 TEST(RealTrial, TooSmallAMemoryLimitIsOom) {
   TempDir temp;
-  const TrialSpec spec = real_trial(temp.path(), 0.001);
+  const TrialSpec spec = real_trial(temp.path(), 0.001, 32768);
   if (!fs::exists(spec.trainer)) GTEST_SKIP() << "ulysses-train not built yet";
   const TrialOutcome outcome = run_trial(spec);
   EXPECT_EQ(outcome.status, "oom") << outcome.error;
