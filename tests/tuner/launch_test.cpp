@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/processes.h"
 #include "support/test_files.h"
 #include "common/error.h"
 #include "common/paths.h"
@@ -56,22 +57,8 @@ std::vector<std::string> split_lines(const std::string& text) {
   return lines;
 }
 
-// Alive and not a zombie (a killed rank reparented to a non-reaping init stays a zombie).
-bool process_alive(pid_t pid) {
-  if (kill(pid, 0) != 0) return false;
-  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
-}
-
-bool wait_until(const std::function<bool()>& done, double deadline_s) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s);
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
+using testing::process_alive;
+using testing::wait_until;
 
 // Starts argv with stdout/stderr redirected to files and `extra_env` added to our environment.
 pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/processes.h"
 #include "support/test_files.h"
 #include "common/error.h"
 #include "common/paths.h"
@@ -53,22 +54,8 @@ class TempDir : public testing::TempDir {
 
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
 
-// Alive and not a zombie (a killed process reparented to a non-reaping init stays a zombie).
-bool process_alive(pid_t pid) {
-  if (kill(pid, 0) != 0) return false;
-  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
-}
-
-bool wait_until(const std::function<bool()>& done, double deadline_s) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s);
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
+using testing::process_alive;
+using testing::wait_until;
 
 // Every pid written to files named `prefix`* in dir (one number per file).
 std::vector<pid_t> pids_in(const fs::path& dir, const std::string& prefix) {
