@@ -268,7 +268,7 @@ TEST_F(SweepCliTest, BadInputIsOneLineAndWritesNothing) {
                   "no trial 99999");
   expect_one_line(tune("recommend --db '" + db_ + "' --sweep nope --out '" +
                        (dir_ / "rec").string() + "'"),
-                  "no sweep 'nope'");
+                  "--sweep nope: no such sweep");
   EXPECT_FALSE(fs::exists(dir_ / "rec"));
 }
 

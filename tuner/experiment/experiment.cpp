@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/paths.h"
 #include "config/yaml_reader.h"
 #include "config/yaml_values.h"
 #include "tuner/calibrate/hardware_profile.h"
@@ -158,6 +159,9 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
     base["model"]["preset"] = e.model;
   }
   if (!base.IsDefined() || base.IsNull()) base = YAML::Node(YAML::NodeType::Map);
+  if (config::is_mapping(base["train"]) && base["train"]["device"].IsDefined()) {
+    r.read(base["train"]["device"], "base.train.device", e.device);
+  }
   YAML::Emitter out;
   out << base;
   e.base_yaml = out.c_str();
@@ -245,6 +249,11 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
   if (root["runner"].IsDefined()) r.read(root["runner"], "runner", e.runner);
   if (e.runner != "local") r.fail("runner", "expected local, got '" + e.runner + "'");
   return e;
+}
+
+std::string default_profiles_dir() {
+  const std::string home = project_home();
+  return home.empty() ? "profiles" : (fs::path(home) / "profiles").string();
 }
 
 Experiment load_experiment(const std::string& path, const std::string& profiles_dir) {

@@ -72,7 +72,11 @@ struct Experiment {
   bool probe = true;   // max-length search probes with attention.skip_all_but_last first
   bool prune = true;   // skip what the memory model says cannot fit
   std::string runner = "local";
+  std::string device = "cpu";  // base.train.device: cpu | cuda
 };
+
+// profiles/ of the project home (common/paths.h), where profile names are looked up.
+std::string default_profiles_dir();
 
 // Reads and checks an experiment file. Profiles are looked up under `profiles_dir`
 // (profiles/hardware/<name>.yaml, profiles/models/<name>.yaml) unless given as paths.

@@ -129,8 +129,7 @@ std::vector<std::string> point_overrides(const search::Space& space, const searc
 }
 
 double trial_memory_limit_gib(const Experiment& e) {
-  const bool on_cuda = base_config(e, {}).train.device == "cuda";
-  return on_cuda ? e.memory_limit_gib : e.memory_limit_gib * (1.0 - e.headroom);
+  return e.device == "cuda" ? e.memory_limit_gib : e.memory_limit_gib * (1.0 - e.headroom);
 }
 
 TrialPlan plan_trial(const Experiment& e, const search::Space& space, const search::Point& p,

@@ -54,6 +54,7 @@ std::vector<PointSummary> summarize_points(const std::vector<store::TrialRecord>
   for (const store::TrialRecord& t : trials) {
     PointSummary& s = by_point[t.point];
     s.point = t.point;
+    if (!s.first) s.first = &t;
     if (t.status == "invalid" || t.status == "pruned" || t.status == "skipped") {
       not_run.emplace(t.point, t.status + ": " + t.reason);
       continue;

@@ -29,6 +29,7 @@ std::vector<const store::TrialRecord*> rank_trials(const std::vector<store::Tria
 // One configuration (a point of the space) across its trials.
 struct PointSummary {
   std::string point;                      // the point's JSON
+  const store::TrialRecord* first = nullptr;  // its first trial (names the configuration)
   const store::TrialRecord* best = nullptr;  // its best qualifying trial, if any
   int64_t longest_fit = 0;                // longest qualifying length (0 = none)
   int64_t first_oom = 0;                  // shortest real out-of-memory length (0 = none)

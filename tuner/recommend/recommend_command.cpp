@@ -20,7 +20,7 @@
 #include "tuner/launch/launch_plan.h"
 #include "tuner/recommend/ranking.h"
 #include "tuner/recommend/why.h"
-#include "tuner/store/store.h"
+#include "tuner/report/sweep_source.h"
 #include "tuner/store/sweep_store.h"
 
 namespace ulysses::recommend {
@@ -32,16 +32,6 @@ void write_file(const fs::path& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
   if (!out.flush()) throw UserError(path.string() + ": cannot write");
-}
-
-store::Store open_existing(const std::string& path) {
-  if (!fs::is_regular_file(path)) throw UserError(path + ": no such file (a results database)");
-  return store::Store::open(path);
-}
-
-std::string profiles_dir() {
-  const std::string home = project_home();
-  return home.empty() ? "profiles" : (fs::path(home) / "profiles").string();
 }
 
 // The winner's run config as the tuned job runs it: the base run config's length of training
@@ -111,31 +101,26 @@ CLI::App* add_export_command(CLI::App& app, ExportOptions* options) {
 }
 
 int run_recommend(const RecommendOptions& options) {
-  store::Store db = open_existing(options.db_path);
-  store::SweepStore sweeps(db.db());
-  const std::optional<store::SweepRecord> sweep =
-      options.sweep.empty() ? sweeps.latest_sweep() : sweeps.find_sweep(options.sweep);
-  if (!sweep) {
-    throw UserError(options.db_path + ": " +
-                    (options.sweep.empty() ? "holds no sweep" : "no sweep '" + options.sweep + "'"));
-  }
-  const experiment::Experiment e =
-      experiment::parse_experiment(sweep->experiment_yaml, sweep->experiment_path, profiles_dir());
+  store::Database db = report::open_results(options.db_path);  // read-only, never created
+  store::SweepStore sweeps(db);
+  const store::SweepRecord sweep = report::find_sweep(db, options.sweep);
+  const experiment::Experiment e = experiment::parse_experiment(
+      sweep.experiment_yaml, sweep.experiment_path, experiment::default_profiles_dir());
   Objective o;
   o.kind = options.objective.empty() ? e.objective : options.objective;
   o.target_length = e.target_length;
   o.headroom = e.headroom;
-  o.check_peak = config::parse_run_config_yaml(e.base_yaml).train.device == "cuda";
-  const std::vector<store::TrialRecord> trials = sweeps.trials(sweep->id);
+  o.check_peak = e.device == "cuda";  // on CPU the trials ran under the reduced limit
+  const std::vector<store::TrialRecord> trials = sweeps.trials(sweep.id);
   const std::vector<const store::TrialRecord*> ranked = rank_trials(trials, o);
   if (ranked.empty()) {
-    throw UserError("--sweep " + sweep->name + ": no trial qualifies for " + o.kind +
+    throw UserError("--sweep " + sweep.name + ": no trial qualifies for " + o.kind +
                     (o.kind == "throughput" ? " at " + std::to_string(o.target_length) + " tokens"
                                             : std::string()) +
                     " within the memory head-room");
   }
   const store::TrialRecord& winner = *ranked.front();
-  const config::RunConfig tuned = tuned_config(winner, e, sweep->name);
+  const config::RunConfig tuned = tuned_config(winner, e, sweep.name);
   const std::vector<PointSummary> summaries = summarize_points(trials, o, winner);
   std::vector<std::vector<store::TrialPhase>> phases;
   for (const PointSummary& s : summaries) {
@@ -150,14 +135,14 @@ int run_recommend(const RecommendOptions& options) {
   fs::create_directories(tmp, ec);
   if (ec) throw UserError("--out: cannot create " + tmp.string() + " (" + ec.message() + ")");
   write_file(tmp / "recommended.yaml",
-             "# Recommended by ulysses-tune from sweep '" + sweep->name + "', trial #" +
+             "# Recommended by ulysses-tune from sweep '" + sweep.name + "', trial #" +
                  std::to_string(winner.id) + " (objective " + o.kind + ").\n" +
                  config::to_yaml(tuned));
   const exports::ExportFiles files = exports::write_exports(tuned, tmp.string());
-  write_file(tmp / "launch.sh", launch_script(tuned, *sweep, winner));
+  write_file(tmp / "launch.sh", launch_script(tuned, sweep, winner));
   fs::permissions(tmp / "launch.sh", fs::perms::owner_exec | fs::perms::group_exec |
                                          fs::perms::others_exec, fs::perm_options::add);
-  std::string why = render_why(*sweep, o, winner, summaries, phases);
+  std::string why = render_why(sweep, o, winner, summaries, phases);
   if (!files.warnings.empty()) {
     why += "\n## Export warnings\n\n";
     for (const std::string& w : files.warnings) why += "- " + w + "\n";
@@ -178,8 +163,8 @@ int run_recommend(const RecommendOptions& options) {
 }
 
 int run_export(const ExportOptions& options) {
-  store::Store db = open_existing(options.db_path);
-  store::SweepStore sweeps(db.db());
+  store::Database db = report::open_results(options.db_path);
+  store::SweepStore sweeps(db);
   const std::optional<store::TrialRecord> t = sweeps.trial(options.trial_id);
   if (!t) {
     throw UserError("--trial: no trial " + std::to_string(options.trial_id) + " in " +

@@ -22,11 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string profiles_dir() {
-  const std::string home = project_home();
-  return home.empty() ? "profiles" : (fs::path(home) / "profiles").string();
-}
-
 // About how many runs the search starts: the grid's, or for the smart search a bisection per
 // point of a max-length search and one run per point and length otherwise (an upper bound).
 int64_t expected_runs(const search::Space& space, const experiment::Experiment& e, int64_t points) {
@@ -89,7 +84,8 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
 }
 
 int run_sweep(const SweepOptions& options) {
-  experiment::Experiment e = experiment::load_experiment(options.experiment_path, profiles_dir());
+  experiment::Experiment e =
+      experiment::load_experiment(options.experiment_path, experiment::default_profiles_dir());
   if (!options.method.empty()) e.method = options.method;
   if (options.max_trials >= 0) e.budget.max_trials = options.max_trials;
   if (options.wall_clock_s >= 0) e.budget.wall_clock_s = options.wall_clock_s;
@@ -168,12 +164,7 @@ int run_sweep(const SweepOptions& options) {
   s["budget_exhausted"] = summary.budget_exhausted;
   s["best_trial"] = host.best_trial();
   sweep.summary = s.dump();
-  if (sweep.status == "finished") {
-    char buffer[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    sweep.finished_at = buffer;
-  }
+  if (sweep.status == "finished") sweep.finished_at = utc_now();
   sweeps.update_sweep(sweep);
 
   std::printf(

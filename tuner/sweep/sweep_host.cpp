@@ -26,12 +26,16 @@ std::string gib(double bytes) {
   return buffer;
 }
 
+}  // namespace
+
 std::string utc_now() {
   char buffer[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   return buffer;
 }
+
+namespace {
 
 bool finished(const std::string& status) {
   return status == "ok" || status == "oom" || status == "failed" || status == "timeout" ||
@@ -49,7 +53,7 @@ SweepHost::SweepHost(const experiment::Experiment& e, const search::Space& space
                      store::SweepStore& store, int64_t sweep_id, const HostSettings& settings)
     : e_(e), space_(space), store_(store), sweep_id_(sweep_id), settings_(settings),
       progress_(settings.expected_runs) {
-  on_cuda_ = config::parse_run_config_yaml(e.base_yaml).train.device == "cuda";
+  on_cuda_ = e.device == "cuda";
   for (store::TrialRecord& r : store_.trials(sweep_id)) previous_[r.key] = std::move(r);
 }
 

@@ -66,6 +66,9 @@ class SweepHost : public search::Host {
   double best_value_ = 0.0;
 };
 
+// Now as UTC ISO 8601, "2026-11-22T14:25:29Z" (the store's timestamps).
+std::string utc_now();
+
 // The trial key: "<point> L=<length>[ probe]".
 std::string trial_key(const search::Space& space, const search::Point& p, int64_t length,
                       bool probe);
