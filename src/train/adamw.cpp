@@ -137,19 +137,42 @@ AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, Optimizer
 }
 
 void AdamW::step(double lr) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(slots_.size());
+  for (const Slot& slot : slots_) {
+    grads.push_back(slot.param.grad());
+  }
+  step(lr, grads);
+}
+
+void AdamW::step(double lr, const std::vector<at::Tensor>& grads) {
   TORCH_CHECK(lr >= 0.0, "AdamW::step: lr must be >= 0, got ", lr);
-  at::NoGradGuard no_grad;
-  std::vector<Slot*> on_host;  // kHost: slots whose gradient is staged in host_grad
-  for (Slot& slot : slots_) {
-    const at::Tensor& grad = slot.param.grad();
+  TORCH_CHECK(grads.size() == slots_.size(), "AdamW::step: ", grads.size(),
+              " gradients for ", slots_.size(), " parameters");
+  for (size_t i = 0; i < slots_.size(); ++i) {  // all checks before any update
+    const Slot& slot = slots_[i];
+    const at::Tensor& grad = grads[i];
     if (!grad.defined()) {
       continue;
     }
     TORCH_CHECK(grad.layout() == at::kStrided, "AdamW: sparse gradient for '", slot.name, "'");
-    TORCH_CHECK(
-        grad.sizes() == slot.param.sizes() && grad.scalar_type() == slot.param.scalar_type(),
-        "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
-        grad.scalar_type(), ", the parameter ", slot.param.sizes(), " ", slot.param.scalar_type());
+    const at::ScalarType param_dtype = slot.param.scalar_type();
+    const bool dtype_ok = grad.scalar_type() == param_dtype ||
+                          (is_reduced(param_dtype) && grad.scalar_type() == at::kFloat);
+    TORCH_CHECK(grad.sizes() == slot.param.sizes() && dtype_ok &&
+                    grad.device() == slot.param.device(),
+                "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
+                grad.scalar_type(), " device ", grad.device(), ", the parameter ",
+                slot.param.sizes(), " ", param_dtype, " ", slot.param.device());
+  }
+  at::NoGradGuard no_grad;
+  std::vector<Slot*> on_host;  // kHost: slots whose gradient is staged in host_grad
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    const at::Tensor& grad = grads[i];
+    if (!grad.defined()) {
+      continue;
+    }
     if (placement_ == OptimizerPlacement::kHost) {
       slot.host_grad.copy_(grad);  // device -> host, converted to the master dtype; blocking
       on_host.push_back(&slot);

@@ -55,6 +55,17 @@ class AdamW {
   // REQUIRES: lr >= 0; each defined grad is dense, with the parameter's shape and dtype.
   void step(double lr);
 
+  // The same step with explicit gradients instead of .grad(): grads[i] is the gradient of
+  // parameters()[i]; an undefined grads[i] skips that parameter exactly as an undefined .grad()
+  // does (no decay, its step count does not advance). step(lr) is step(lr, each .grad()).
+  // grads[i] may be in the parameter's dtype or, for a bf16/fp16 parameter, in fp32 (e.g. an fp32
+  // gradient accumulation buffer): the fp32 values then reach the fp32 master unrounded. Gradients
+  // are read, never modified, and may be released by the caller after step() returns.
+  // REQUIRES: lr >= 0; grads.size() == parameters().size(); each defined grads[i] is dense, on
+  // the parameter's device, with its shape ([param shape]) and its dtype or fp32 as above
+  // (violations trip a TORCH_CHECK naming the parameter).
+  void step(double lr, const std::vector<at::Tensor>& grads);
+
   // Number of step() calls so far (after load_state: the loaded count plus later calls).
   int64_t step_count() const { return step_count_; }
 

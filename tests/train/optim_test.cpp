@@ -286,6 +286,108 @@ TEST(AdamW, RejectsBadOptionsNamingTheKey) {
   EXPECT_THROW(AdamW(make_params(), bad_eps), UserError);
 }
 
+// The gradients set_grads(params, step) gives, as a vector (undefined where it gives none).
+std::vector<at::Tensor> grads_of_step(const std::vector<at::Tensor>& params, int64_t step) {
+  std::vector<at::Tensor> holders;
+  for (const at::Tensor& p : params) {
+    holders.push_back(at::empty(p.sizes()).set_requires_grad(true));
+  }
+  set_grads(holders, step);
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& h : holders) grads.push_back(h.grad());
+  return grads;
+}
+
+// step(lr, grads) is step(lr) with grads[i] in place of parameters()[i].grad(), on both
+// placements: same parameters and state bit for bit, undefined entries skipped.
+TEST(AdamW, ExplicitGradientsMatchDotGrad) {
+  for (OptimizerPlacement placement : {OptimizerPlacement::kDevice, OptimizerPlacement::kHost}) {
+    const NamedTensors by_grad = make_params();
+    const NamedTensors explicit_named = make_params();
+    AdamW a(by_grad, adamw_options(), placement);
+    AdamW b(explicit_named, adamw_options(), placement);
+    for (int64_t step = 1; step <= 4; ++step) {
+      set_grads(tensors_of(by_grad), step);
+      a.step(lr_of_step(step));
+      b.step(lr_of_step(step), grads_of_step(tensors_of(explicit_named), step));
+    }
+    for (const at::Tensor& p : tensors_of(explicit_named)) EXPECT_FALSE(p.grad().defined());
+    EXPECT_EQ(b.step_count(), 4);
+    const NamedTensors state_a = a.state_tensors();
+    const NamedTensors state_b = b.state_tensors();
+    ASSERT_EQ(state_a.size(), state_b.size());
+    for (size_t i = 0; i < state_a.size(); ++i) {
+      EXPECT_TRUE(torch::equal(state_a[i].second, state_b[i].second)) << state_a[i].first;
+    }
+    for (size_t i = 0; i < by_grad.size(); ++i) {
+      EXPECT_TRUE(torch::equal(by_grad[i].second, explicit_named[i].second)) << by_grad[i].first;
+    }
+    EXPECT_EQ(state_b[5].first, "b1.step");
+    EXPECT_EQ(state_b[5].second.item<int64_t>(), 2);  // b1 had no gradient on steps 2 and 4
+  }
+}
+
+// A bf16 parameter given fp32 gradients updates its fp32 master with the unrounded gradient:
+// the master equals that of an fp32 parameter starting from the same (bf16) values with the same
+// gradients, exactly, and the parameter is the master rounded to bf16.
+TEST(AdamW, Fp32GradientsOfBf16ParametersReachTheMasterUnrounded) {
+  for (OptimizerPlacement placement : {OptimizerPlacement::kDevice, OptimizerPlacement::kHost}) {
+    NamedTensors bf16;
+    NamedTensors fp32;
+    for (const auto& [name, p] : make_params()) {
+      const at::Tensor rounded = p.detach().to(at::kBFloat16);
+      bf16.emplace_back(name, rounded.clone().set_requires_grad(true));
+      fp32.emplace_back(name, rounded.to(at::kFloat).set_requires_grad(true));
+    }
+    AdamW ours(bf16, adamw_options(), placement);
+    AdamW reference(fp32, adamw_options(), placement);
+    for (int64_t step = 1; step <= 4; ++step) {
+      const std::vector<at::Tensor> grads = grads_of_step(tensors_of(fp32), step);
+      ours.step(lr_of_step(step), grads);
+      reference.step(lr_of_step(step), grads);
+    }
+    const NamedTensors state = ours.state_tensors();  // per param: exp_avg, exp_avg_sq, step, master
+    ASSERT_EQ(state.size(), 12u);
+    for (size_t i = 0; i < fp32.size(); ++i) {
+      const at::Tensor& master = state[4 * i + 3].second;
+      ASSERT_EQ(state[4 * i + 3].first, fp32[i].first + ".master");
+      EXPECT_TRUE(torch::equal(master, fp32[i].second)) << fp32[i].first;
+      EXPECT_TRUE(torch::equal(bf16[i].second, master.to(at::kBFloat16))) << fp32[i].first;
+    }
+    // Sensitive: rounding the gradients to bf16 first gives another master.
+    NamedTensors start;
+    for (const auto& [name, p] : make_params()) {
+      start.emplace_back(name, p.detach().to(at::kBFloat16).set_requires_grad(true));
+    }
+    AdamW rounded(start, adamw_options(), placement);
+    for (int64_t step = 1; step <= 4; ++step) {
+      std::vector<at::Tensor> grads = grads_of_step(tensors_of(fp32), step);
+      for (at::Tensor& g : grads) {
+        if (g.defined()) g = g.to(at::kBFloat16);
+      }
+      rounded.step(lr_of_step(step), grads);
+    }
+    EXPECT_FALSE(torch::equal(rounded.state_tensors()[3].second, state[3].second));
+  }
+}
+
+TEST(AdamW, ExplicitGradientsOfTheWrongCountOrDtypeAreRejected) {
+  const NamedTensors named = make_params();
+  AdamW adamw(named, adamw_options());
+  std::vector<at::Tensor> grads = grads_of_step(tensors_of(named), 1);
+  grads.pop_back();
+  EXPECT_THROW(adamw.step(1e-3, grads), c10::Error);
+  grads = grads_of_step(tensors_of(named), 1);
+  grads[0] = grads[0].to(at::kBFloat16);  // fp32 parameter: only fp32 gradients
+  EXPECT_THROW(adamw.step(1e-3, grads), c10::Error);
+  grads = grads_of_step(tensors_of(named), 1);
+  grads[2] = grads[2].view({12, 5});  // checked before anything is updated
+  const at::Tensor before = named[0].second.detach().clone();
+  EXPECT_THROW(adamw.step(1e-3, grads), c10::Error);
+  EXPECT_TRUE(torch::equal(named[0].second, before));
+  EXPECT_EQ(adamw.step_count(), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // lr_at: lr 1e-3, min_lr 1e-4, warmup 10, total 110 (so decay progress = (step - 10) / 100).
 
