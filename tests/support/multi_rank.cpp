@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <thread>
 #include <vector>
@@ -46,11 +47,22 @@ int next_call_index() {
   return calls++;
 }
 
+// The file a child creates just before running the body; its absence after exit 0 means the
+// child ran no test body (a filter matching nothing exits 0 in gtest).
+std::string ran_marker(const std::string& temp_dir, int rank) {
+  return temp_dir + "/ran-rank-" + std::to_string(rank);
+}
+
 }  // namespace
 
 bool in_rank_child() { return std::getenv("ULYSSES_TEST_RANK") != nullptr; }
 
 void run_ranks(int world, const std::function<void(const RankContext&)>& body, double timeout_s) {
+  run_ranks_with_filter(current_test_filter(), world, body, timeout_s);
+}
+
+void run_ranks_with_filter(const std::string& gtest_filter, int world,
+                           const std::function<void(const RankContext&)>& body, double timeout_s) {
   const int call_index = next_call_index();
   if (in_rank_child()) {
     if (call_index != std::atoi(std::getenv("ULYSSES_TEST_CALL"))) return;  // another call's ranks
@@ -61,6 +73,7 @@ void run_ranks(int world, const std::function<void(const RankContext&)>& body, d
     ctx.temp_dir = std::getenv("ULYSSES_TEST_TMP");
     int status = 0;
     try {
+      std::ofstream(ran_marker(ctx.temp_dir, ctx.rank)) << "ran\n";
       body(ctx);
       status = ::testing::Test::HasFailure() ? 1 : 0;
     } catch (const std::exception& e) {
@@ -74,7 +87,7 @@ void run_ranks(int world, const std::function<void(const RankContext&)>& body, d
 
   const std::string temp_dir = make_temp_dir();
   const std::string store = temp_dir + "/store";
-  const std::string filter = "--gtest_filter=" + current_test_filter();
+  const std::string filter = "--gtest_filter=" + gtest_filter;
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> env_strings;
@@ -125,9 +138,18 @@ void run_ranks(int world, const std::function<void(const RankContext&)>& body, d
     }
     if (remaining > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  std::vector<bool> ran(world);
+  for (int r = 0; r < world; ++r) ran[r] = std::filesystem::exists(ran_marker(temp_dir, r));
   std::error_code ec;
   std::filesystem::remove_all(temp_dir, ec);
-  for (int r = 0; r < world; ++r) EXPECT_EQ(exit_codes[r], 0) << "rank " << r << " failed";
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(exit_codes[r], 0) << "rank " << r << " failed";
+    if (exit_codes[r] == 0) {
+      EXPECT_TRUE(ran[r]) << "rank " << r << " exited 0 but ran no test body (--gtest_filter="
+                          << gtest_filter << " matched no test, or the child never reached this "
+                          << "run_ranks call)";
+    }
+  }
 }
 
 }  // namespace ulysses::testing

@@ -8,6 +8,9 @@
 // a temp dir, so tests never clash on ports. A test may call run_ranks several times: a child runs
 // only the call it was started for (the others return at once in it), so code between calls that
 // must run once belongs under `if (!in_rank_child())`.
+// A child that exits 0 without having run the body (its gtest filter matched no test, or the test
+// did not reach this run_ranks call in the child) is a failure: each child leaves a marker file in
+// the shared temp dir just before running the body, and the parent requires one per rank.
 #pragma once
 #include <functional>
 #include <string>
@@ -24,6 +27,13 @@ struct RankContext {
 // REQUIRES: called from inside a TEST body; world >= 1. timeout_s bounds the whole run.
 void run_ranks(int world, const std::function<void(const RankContext&)>& body,
                double timeout_s = 240.0);
+
+// run_ranks with the children started as `--gtest_filter=<gtest_filter>` instead of the current
+// test: for the harness's own tests (a filter matching nothing must fail the run).
+// REQUIRES: called from inside a TEST body; world >= 1.
+void run_ranks_with_filter(const std::string& gtest_filter, int world,
+                           const std::function<void(const RankContext&)>& body,
+                           double timeout_s = 240.0);
 
 // True in a child process started by run_ranks.
 bool in_rank_child();
