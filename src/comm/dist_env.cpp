@@ -156,6 +156,12 @@ DistEnv from_torchrun(const EnvReader& env) {
   out.world_size = static_cast<int>(env.required_integer("WORLD_SIZE", because));
   default_locals(out, env.integer("LOCAL_RANK"), env.integer("LOCAL_WORLD_SIZE"));
   apply_master_overrides(env, out);
+  out.agent_store = env.text("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  const long long restarts = env.integer("TORCHELASTIC_RESTART_COUNT").value_or(0);
+  if (restarts < 0) {
+    throw UserError("TORCHELASTIC_RESTART_COUNT: " + std::to_string(restarts) + " is negative");
+  }
+  out.restart_count = static_cast<int>(restarts);
   check_ranks(out, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   return out;
 }
@@ -239,7 +245,8 @@ DistEnv detect_dist_env(const EnvLookup& lookup) {
 std::string describe(const DistEnv& env) {
   return "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " (local " +
          std::to_string(env.local_rank) + " of " + std::to_string(env.local_world_size) + ", " +
-         env.source + "), master " + env.master_addr + ":" + std::to_string(env.master_port);
+         env.source + "), master " + env.master_addr + ":" + std::to_string(env.master_port) +
+         (env.agent_store ? " (agent store)" : "");
 }
 
 }  // namespace ulysses::comm

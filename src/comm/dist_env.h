@@ -16,6 +16,10 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";  // host of rank 0's TCPStore
   int master_port = 29500;
   std::string source = "single";  // torchrun | slurm | openmpi | single | test
+  // torchrun's agent already serves the TCPStore at master_addr:master_port
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank, rank 0 included, joins it as a client.
+  bool agent_store = false;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: keys of each attempt are kept apart
 };
 
 // Returns the value of an environment variable, or nullopt when it is not set.
@@ -29,7 +33,8 @@ EnvLookup env_from_map(std::map<std::string, std::string> vars);
 
 // Reads, in order of precedence:
 //   torchrun  RANK, WORLD_SIZE (both required when either is set), LOCAL_RANK, LOCAL_WORLD_SIZE,
-//             MASTER_ADDR, MASTER_PORT
+//             MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE ("True" sets agent_store),
+//             TORCHELASTIC_RESTART_COUNT
 //   SLURM     SLURM_PROCID (selects SLURM), SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
 //             SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE ("4", "4(x2)", "4(x2),3");
 //             master: MASTER_ADDR, else the first host of SLURM_JOB_NODELIST / SLURM_NODELIST
@@ -45,7 +50,8 @@ EnvLookup env_from_map(std::map<std::string, std::string> vars);
 // empty MASTER_ADDR, an unparsable SLURM task or node list.
 DistEnv detect_dist_env(const EnvLookup& lookup = process_env);
 
-// One line, e.g. "rank 3 of 4 (local 1 of 2, torchrun), master 10.0.0.1:29500".
+// One line, e.g. "rank 3 of 4 (local 1 of 2, torchrun), master 10.0.0.1:29500" (with
+// " (agent store)" appended when agent_store).
 std::string describe(const DistEnv& env);
 
 }  // namespace ulysses::comm

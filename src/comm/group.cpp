@@ -22,25 +22,22 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
 
-// Gloo has no bfloat16 kernels (LibTorch 1.13): such tensors travel as float32, which is exact
-// for every collective here except all_reduce, whose sum is then rounded once at the end.
-bool travels_as_float(const at::Tensor& t, bool is_gloo) {
-  return is_gloo && t.scalar_type() == at::kBFloat16;
-}
-
-// `t` as the contiguous tensor handed to the backend.
-at::Tensor wire_tensor(const at::Tensor& t, bool is_gloo) {
-  return travels_as_float(t, is_gloo) ? t.to(at::kFloat).contiguous() : t.contiguous();
-}
-
 int64_t sum_of(const std::vector<int64_t>& splits) {
   return std::accumulate(splits.begin(), splits.end(), int64_t{0});
 }
 
 }  // namespace
 
-Group Group::single(std::string name, int global_rank) {
+// Gloo has no bfloat16 kernels: such tensors travel as float32, which is exact for every
+// collective here except all_reduce, whose sum is then rounded once at the end.
+at::Tensor to_wire(const at::Tensor& t, const at::Device& device, bool is_gloo) {
+  const bool as_float = is_gloo && t.scalar_type() == at::kBFloat16;
+  return t.to(device, as_float ? at::kFloat : t.scalar_type()).contiguous();
+}
+
+Group Group::single(std::string name, int global_rank, const at::Device& device) {
   Group group;
+  group.device_ = device;
   group.name_ = std::move(name);
   group.global_ranks_ = {global_rank};
   group.rank_ = 0;
@@ -87,7 +84,7 @@ void Group::run(const char* op, StartFn&& start) {
 
 void Group::all_reduce(at::Tensor& t, ReduceOp op) {
   if (!backend_) return;
-  std::vector<at::Tensor> tensors = {wire_tensor(t, is_gloo_)};
+  std::vector<at::Tensor> tensors = {to_wire(t, device_, is_gloo_)};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   run("all_reduce", [&] { return backend_->allreduce(tensors, options); });
@@ -118,12 +115,12 @@ at::Tensor Group::all_to_all_single(const at::Tensor& input,
                 out_rows, " but this single rank sends ", rows);
     return input.clone(at::MemoryFormat::Contiguous);
   }
-  at::Tensor in = wire_tensor(input, is_gloo_);
+  at::Tensor in = to_wire(input, device_, is_gloo_);
   at::Tensor out = at::empty(out_shape, in.options());  // [out_rows, ...]
   std::vector<int64_t> out_counts = output_splits;
   std::vector<int64_t> in_counts = input_splits;
   run("all_to_all", [&] { return backend_->alltoall_base(out, in, out_counts, in_counts); });
-  return out.to(input.scalar_type());
+  return out.to(input.device(), input.scalar_type());
 }
 
 at::Tensor Group::all_gather(const at::Tensor& t) {
@@ -131,24 +128,24 @@ at::Tensor Group::all_gather(const at::Tensor& t) {
   for (int64_t s : t.sizes()) out_shape.push_back(s);
   if (!backend_) return t.unsqueeze(0).clone(at::MemoryFormat::Contiguous);
 
-  at::Tensor in = wire_tensor(t, is_gloo_);
+  at::Tensor in = to_wire(t, device_, is_gloo_);
   at::Tensor out = at::empty(out_shape, in.options());  // [size, ...t.shape]
   if (!is_gloo_) {                                      // NCCL gathers into one flat buffer
     run("all_gather", [&] { return backend_->_allgather_base(out, in); });
-    return out;
+    return out.to(t.device(), t.scalar_type());
   }
   std::vector<at::Tensor> inputs = {in};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int i = 0; i < size(); ++i) outputs[0].push_back(out[i]);  // contiguous views of out
   run("all_gather", [&] { return backend_->allgather(outputs, inputs); });
-  return out.to(t.scalar_type());
+  return out.to(t.device(), t.scalar_type());
 }
 
 void Group::broadcast(at::Tensor& t, int root) {
   TORCH_CHECK(root >= 0 && root < size(), "broadcast on group ", name_, ": root ", root,
               " is outside 0..", size() - 1);
   if (!backend_) return;
-  std::vector<at::Tensor> tensors = {wire_tensor(t, is_gloo_)};
+  std::vector<at::Tensor> tensors = {to_wire(t, device_, is_gloo_)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   run("broadcast", [&] { return backend_->broadcast(tensors, options); });

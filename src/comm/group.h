@@ -16,7 +16,10 @@ namespace ulysses::comm {
 enum class ReduceOp { kSum, kMax, kMin };
 
 // Every collective must be called by all members of the group, in the same order, with tensors
-// of the same dtype and device (and shapes as each call states). Collectives block until the
+// of the same dtype (and shapes as each call states).
+// Device rule: the group owns its device (device()); a tensor elsewhere (e.g. a CPU scalar on a
+// CUDA/NCCL group) is copied there for the collective and the result comes back on the caller's
+// device (in place for all_reduce / broadcast), so ProcessGroupNCCL never sees a CPU tensor. Collectives block until the
 // result can be used: on CPU the data is in place when they return; on CUDA with NCCL the
 // caller's current stream is ordered after the collective (the host does not wait).
 // Failures while the collective runs (peer died, connection lost, timeout after the group's
@@ -34,12 +37,18 @@ enum class ReduceOp { kSum, kMax, kMin };
 // collectives of one group from one thread.
 //
 // Invariants: 0 <= rank() < size() == global_ranks().size(); backend_ is null iff size() == 1.
+// The tensor a group on `device` hands to its backend for caller tensor `t`: `t` itself when it is
+// contiguous, on `device` and travels in its own dtype; else a contiguous copy on `device`, as
+// float32 when `is_gloo` and `t` is bfloat16 (Gloo has no bfloat16 kernels). Pure.
+at::Tensor to_wire(const at::Tensor& t, const at::Device& device, bool is_gloo);  // [any]
+
 class Group {
  public:
   Group() = default;  // a group of one rank named "single" (global rank 0)
 
-  // A group of one rank (global rank `global_rank`), without any backend.
-  static Group single(std::string name, int global_rank);
+  // A group of one rank (global rank `global_rank`) on `device`, without any backend.
+  static Group single(std::string name, int global_rank,
+                      const at::Device& device = at::Device(at::kCPU));
 
   // A group over `global_ranks` (sorted, containing this process's rank at index `rank`),
   // running its collectives on `backend`, which was created for exactly these ranks; `device`
@@ -55,6 +64,8 @@ class Group {
   int size() const { return static_cast<int>(global_ranks_.size()); }
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   const std::string& name() const { return name_; }
+  // Where the group's collectives run: the device given at construction.
+  const at::Device& device() const { return device_; }
   // Backend name: "gloo", "nccl", or "none" for a group of size 1.
   std::string backend_name() const;
   // The c10d backend (null for a group of size 1), for a collective this class does not wrap.

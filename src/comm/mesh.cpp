@@ -3,9 +3,11 @@
 #include "comm/mesh.h"
 
 #include <atomic>
+#include <iostream>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "comm/errors.h"
 #include "comm/rendezvous.h"
 
 namespace ulysses::comm {
@@ -40,7 +42,7 @@ struct GroupFactory {
 
   std::unique_ptr<Group> make(const std::string& name, int index, const std::vector<int>& ranks) {
     const int rank = index_of(ranks, env.rank);
-    if (ranks.size() == 1) return std::make_unique<Group>(Group::single(name, env.rank));
+    if (ranks.size() == 1) return std::make_unique<Group>(Group::single(name, env.rank, device));
     if (world_backend && static_cast<int>(ranks.size()) == env.world_size) {
       return std::make_unique<Group>(name, ranks, rank, world_backend, device, timeout_s);
     }
@@ -55,13 +57,55 @@ struct GroupFactory {
 }  // namespace
 
 DeviceMesh::DeviceMesh(DeviceMesh&&) noexcept = default;
-DeviceMesh& DeviceMesh::operator=(DeviceMesh&&) noexcept = default;
-DeviceMesh::~DeviceMesh() = default;
+DeviceMesh& DeviceMesh::operator=(DeviceMesh&& other) noexcept {
+  if (this != &other) {
+    stop_backends(/*graceful=*/false);
+    store_ = std::move(other.store_);
+    world_ = std::move(other.world_);
+    sp_ = std::move(other.sp_);
+    dp_ = std::move(other.dp_);
+    rank_ = other.rank_;
+    dp_size_ = other.dp_size_;
+    sp_size_ = other.sp_size_;
+    device_ = other.device_;
+    backend_ = std::move(other.backend_);
+    finished_ = other.finished_;
+  }
+  return *this;
+}
+
+DeviceMesh::~DeviceMesh() { stop_backends(/*graceful=*/false); }
+
+void DeviceMesh::finish() {
+  if (finished_ || !world_) return;
+  world_->barrier();  // every rank is done with the store and the backends
+  stop_backends(/*graceful=*/true);
+  finished_ = true;
+}
+
+void DeviceMesh::stop_backends(bool graceful) noexcept {
+  if (finished_ || !world_) return;
+  for (Group* group : {world_.get(), sp_.get(), dp_.get()}) {
+    if (group == nullptr || !group->backend_handle()) continue;
+    if (group != world_.get() && group->backend_handle() == world_->backend_handle()) continue;
+    try {  // NCCL: destroys (or, when a rank is failing, aborts) its communicators
+      if (graceful) {
+        group->backend_handle()->shutdown();
+      } else {
+        group->backend_handle()->abort();
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "warning: mesh: stopping the " << group->name() << " group's "
+                << group->backend_name() << " backend failed: " << exception_text(e) << std::endl;
+    }
+  }
+}
 
 DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
                               const config::CommOptions& opts, const at::Device& device) {
   check_shape(env.world_size, dp, sp);
   check_comm_options(opts);
+  activate_local_device(device, env);
   const std::string backend = resolve_backend(opts.backend, device);
 
   DeviceMesh mesh;
@@ -70,15 +114,16 @@ DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
   mesh.sp_size_ = sp;
   mesh.device_ = device;
   if (env.world_size == 1) {
-    mesh.world_ = std::make_unique<Group>(Group::single("world", 0));
-    mesh.sp_ = std::make_unique<Group>(Group::single("sp", 0));
-    mesh.dp_ = std::make_unique<Group>(Group::single("dp", 0));
+    mesh.world_ = std::make_unique<Group>(Group::single("world", 0, device));
+    mesh.sp_ = std::make_unique<Group>(Group::single("sp", 0, device));
+    mesh.dp_ = std::make_unique<Group>(Group::single("dp", 0, device));
     return mesh;
   }
   mesh.backend_ = backend;
   mesh.store_ = create_store(env, opts);
   const std::string key_prefix = "ulysses/mesh" + std::to_string(g_meshes_created++);
-  wait_for_all_ranks(*mesh.store_, key_prefix, env.world_size, rendezvous_timeout(opts));
+  wait_for_all_ranks(*mesh.store_, key_prefix, env.world_size, opts.timeout_s,
+                     store_address(env, opts));
 
   GroupFactory factory{env, mesh.store_, key_prefix, backend, device, opts.timeout_s, {}};
   std::vector<int> everyone;

@@ -20,8 +20,10 @@ namespace ulysses::comm {
 
 // Owns the store and the backends of its groups. Move-only; the Group objects keep their
 // addresses for the mesh's lifetime (moving the mesh does not move them), so callers may keep
-// Group& / Group* (e.g. in autograd contexts) while the mesh lives. Destroy every rank's mesh
-// after a final barrier(), or a TCPStore client may outlive rank 0's server.
+// Group& / Group* (e.g. in autograd contexts) while the mesh lives. When a job ends normally every
+// rank calls finish() (the final barrier, then the backends shut down) before the mesh is
+// destroyed; a mesh destroyed without finish() (a rank failing) aborts its backends without
+// waiting for the others.
 //
 // Invariants: world().size() == dp_size() * sp_size(); sp().global_ranks() ==
 // sp_group_ranks(rank()); dp().global_ranks() == dp_group_ranks(rank()).
@@ -32,9 +34,12 @@ class DeviceMesh {
   // opts.backend (auto = gloo for CPU `device`, nccl for CUDA); collective timeout opts.timeout_s.
   // A world of 1 needs no store and no backend. Collective calls must come in the same order on
   // every rank, and so must calls to create() within one job (each gets its own store keys).
+  // A CUDA `device` must be one of this node's devices and becomes the current device.
+  // While ranks are missing, prints "rendezvous: waiting for N of M ranks at ADDR:PORT" (stderr).
   // Throws UserError("mesh: ...") when dp < 1, sp < 1 or dp * sp != env.world_size;
-  // UserError("comm.<field>: ...") for bad options; CommError when the peers cannot be reached
-  // within max(opts.timeout_s, 60 s).
+  // UserError("comm.<field>: ...") for bad options; UserError naming LOCAL_RANK when a CUDA
+  // device is not on this node; CommError when the peers cannot be reached within
+  // opts.timeout_s (the configured value, waited for once).
   static DeviceMesh create(const DistEnv& env, int64_t dp, int64_t sp,
                            const config::CommOptions& opts, const at::Device& device);
 
@@ -47,6 +52,12 @@ class DeviceMesh {
   DeviceMesh(DeviceMesh&&) noexcept;
   DeviceMesh& operator=(DeviceMesh&&) noexcept;
   ~DeviceMesh();
+
+  // The final barrier over the world, then every backend shuts down (NCCL communicators are
+  // destroyed); collectives may no longer be called. Call it on every rank once the job is done.
+  // Idempotent; nothing to do for a world of 1. Throws CommError when a peer does not arrive
+  // within the collective timeout.
+  void finish();
 
   Group& world() { return *world_; }
   Group& sp() { return *sp_; }
@@ -85,6 +96,8 @@ class DeviceMesh {
 
  private:
   DeviceMesh() = default;
+  // shutdown() (graceful) or abort() on each distinct backend, unless finished; never throws.
+  void stop_backends(bool graceful) noexcept;
 
   c10::intrusive_ptr<c10d::Store> store_;  // declared first: destroyed after the groups
   std::unique_ptr<Group> world_;
@@ -95,6 +108,7 @@ class DeviceMesh {
   int64_t sp_size_ = 1;
   at::Device device_ = at::Device(at::kCPU);
   std::string backend_ = "none";
+  bool finished_ = false;  // finish() ran: backends are shut down
 };
 
 }  // namespace ulysses::comm

@@ -24,6 +24,23 @@ void expect_error_naming(const Vars& vars, const std::string& variable) {
   }
 }
 
+// torchrun's agent serves the store (every torchrun form of PyTorch 2.x sets this).
+TEST(DistEnv, TorchrunAgentStore) {
+  const Vars base = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"}};
+  EXPECT_FALSE(detect(base).agent_store);
+  Vars agent = base;
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  agent["TORCHELASTIC_RESTART_COUNT"] = "2";
+  const DistEnv env = detect(agent);
+  EXPECT_TRUE(env.agent_store);
+  EXPECT_EQ(env.restart_count, 2);
+  EXPECT_NE(describe(env).find("(agent store)"), std::string::npos) << describe(env);
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_FALSE(detect(agent).agent_store);
+  agent["TORCHELASTIC_RESTART_COUNT"] = "x";
+  expect_error_naming(agent, "TORCHELASTIC_RESTART_COUNT");
+}
+
 TEST(DistEnv, NoLauncherIsAWorldOfOne) {
   const DistEnv env = detect({});
   EXPECT_EQ(env.rank, 0);

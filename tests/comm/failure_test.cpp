@@ -1,5 +1,6 @@
 // Failure paths on 2 real Gloo ranks with comm.timeout_s = 3: a peer that exits, and a peer that
-// stays alive but never joins the collective, both make rank 0 get CommError instead of hanging.
+// stays alive but never joins the collective, both make rank 0 get CommError instead of hanging;
+// a peer that never starts makes the rendezvous fail after the configured timeout.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include "comm/errors.h"
 #include "comm/mesh.h"
 #include "support/multi_rank.h"
+#include "support/test_files.h"
 
 namespace ulysses::comm {
 namespace {
@@ -81,6 +83,28 @@ TEST(CommFailure, SilentPeerTimesOut) {
         EXPECT_LT(elapsed_s, kMaxWaitS) << what;
       },
       120);
+}
+
+// Only rank 0 of a world of 2 ever starts (in this process): create() waits comm.timeout_s once,
+// saying whom it waits for, then fails naming the configured timeout (no hidden 60 s minimum).
+TEST(CommFailure, MissingRankFailsAfterTheConfiguredTimeout) {
+  testing::TempDir dir("missing-rank");
+  const std::string store = (dir.path() / "store").string();
+  ::testing::internal::CaptureStderr();
+  std::string what;
+  try {
+    DeviceMesh::create_for_test(0, 2, store, 1, 2, /*timeout_s=*/2.5);
+    ADD_FAILURE() << "the rendezvous completed without rank 1";
+  } catch (const CommError& e) {
+    what = e.what();
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(what, "rendezvous at " + store +
+                      ": only 1 of 2 ranks arrived within comm.timeout_s = 2.5 s (a rank did not "
+                      "start, or crashed)");
+  EXPECT_NE(err.find("rendezvous: waiting for 1 of 2 ranks at " + store + "\n"),
+            std::string::npos)
+      << err;
 }
 
 }  // namespace
