@@ -47,8 +47,8 @@ AttentionBackend resolve_attention_backend(const std::string& name, const at::De
 // math backend accumulates in fp32 and returns the input dtype. Differentiable.
 //   q [bs, sl, hq, hd], k/v [bs, sl, hkv, hd] -> [bs, sl, hq, hd]
 // The math backend materializes scores [bs, hq, sl, sl] (fp32 for fp16/bf16 inputs).
-// Fused backends run GQA natively (sdpa_attention.h) and, with doc_ids, pass a [bs, 1, sl, sl]
-// mask (CUDA flash and cudnn take no mask, so those calls run the efficient kernel instead).
+// Fused backends run GQA natively and, with doc_ids, either pass a [bs, 1, sl, sl] mask or, above
+// kMaxDenseDocMaskBytes, run each document on its own (sdpa_attention.h).
 // REQUIRES: q, k, v on one device with one dtype; hq % hkv == 0; doc_ids [bs, sl] int64 or
 // undefined; a backend that resolve_attention_backend accepts for that device.
 // Throws UserError("attention.backend: ...") when a fused kernel cannot take these inputs

@@ -8,16 +8,36 @@ namespace ulysses::model {
 inline constexpr int64_t kIgnoreLabel = -100;
 
 struct LossSum {
-  at::Tensor sum;     // scalar fp32 (fp64 for fp64 hidden), differentiable
+  at::Tensor sum;     // scalar fp32 (fp64 for fp64 operands), differentiable
   int64_t count = 0;  // number of valid labels (label != -100)
 };
 
-// logits = hidden @ lm_head_weight^T computed in fp32 (fp64 when hidden is fp64), then
-// cross-entropy with reduction SUM over labels != -100. A batch without valid labels gives sum 0.
+// The LM head of one tile of rows: hidden @ lm_head_weight^T as one GEMM in the operands' dtype
+// (bf16 stays bf16: no fp32 copy of the weight), then the logits upcast to the loss dtype, fp32
+// (fp64 for fp64 operands), for the softmax.
+//   hidden [n, h], lm_head_weight [V, h] -> [n, V] loss dtype
+at::Tensor lm_head_logits(const at::Tensor& hidden, const at::Tensor& lm_head_weight);
+
+// Per-row cross-entropy of logits: logsumexp(row) - row[label], 0 where label == -100. When
+// log_norm is given it receives the logsumexp of each row, [n, 1] (for a hand-written backward).
+//   logits [n, V] (fp32/fp64), labels [n] int64 -> [n] logits' dtype
+at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& labels,
+                               at::Tensor* log_norm = nullptr);
+
+// logits = lm_head_logits(hidden, lm_head_weight), then cross-entropy with reduction SUM over
+// labels != -100, through autograd (the gradients flow back in the model's dtype). A batch without
+// valid labels gives sum 0.
 //   hidden [bs, T, h], lm_head_weight [V, h], labels [bs, T] int64 (-100 or in [0, V))
 // The full [bs*T, V] logits exist in memory; TiledLogitsLoss (src/sp) avoids that.
 // Synchronizes with the device once to read count.
 LossSum lm_loss_sum(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
                     const at::Tensor& labels);
+
+// Per-token losses without gradients, `tile_rows` positions of the sequence at a time (so the
+// logits exist for one tile only), for evaluation.
+//   hidden [bs, T, h], lm_head_weight [V, h], labels [bs, T] -> [bs, T] fp32 (fp64), 0 at -100
+// REQUIRES: tile_rows >= 1. No device sync.
+at::Tensor lm_token_losses(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
+                           const at::Tensor& labels, int64_t tile_rows);
 
 }  // namespace ulysses::model

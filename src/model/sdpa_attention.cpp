@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 
 #include <cmath>
+#include <unordered_set>
 
 #include "common/error.h"
 
@@ -48,8 +49,28 @@ class SdpKernelScope {
 
 }  // namespace
 
+std::vector<std::vector<std::pair<int64_t, int64_t>>> document_runs(const at::Tensor& doc_ids) {
+  at::Tensor ids = doc_ids.to(at::kCPU, at::kLong).contiguous();  // [bs, sl]
+  const int64_t batch = ids.size(0), sl = ids.size(1);
+  const int64_t* data = ids.data_ptr<int64_t>();
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t* row = data + b * sl;
+    std::unordered_set<int64_t> seen;
+    int64_t start = 0;
+    for (int64_t i = 1; i <= sl; ++i) {
+      if (i < sl && row[i] == row[start]) continue;
+      if (!seen.insert(row[start]).second) return {};  // this id had an earlier run
+      runs[b].emplace_back(start, i - start);
+      start = i;
+    }
+  }
+  return runs;
+}
+
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& doc_ids, AttentionBackend backend) {
+                          const at::Tensor& doc_ids, AttentionBackend backend,
+                          int64_t max_dense_mask_bytes) {
   TORCH_CHECK(backend != AttentionBackend::kMath,
               "sdpa_attention: math goes through local_attention");
   const int64_t sl = q.size(1), hq = q.size(2), hd = q.size(3), hkv = k.size(2);
@@ -67,7 +88,11 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   std::optional<at::Tensor> mask;  // [bs, 1, sl, sl] bool, true = may attend
   bool is_causal = true;
   AttentionBackend kernel = backend;
-  if (doc_ids.defined()) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> documents;  // block-diagonal path
+  if (doc_ids.defined() && q.size(0) * sl * sl > max_dense_mask_bytes) {
+    documents = document_runs(doc_ids);
+  }
+  if (doc_ids.defined() && documents.empty()) {
     at::Tensor same_doc = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));          // [bs, sl, sl]
     at::Tensor causal = at::ones({sl, sl}, q.options().dtype(at::kBool)).tril();  // [sl, sl]
     mask = same_doc.logical_and(causal).unsqueeze(1);
@@ -85,14 +110,30 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   SdpKernelScope scope(kernel);
-  auto call = [&] {
+  auto sdpa = [&](const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs) {
 #if ULYSSES_HAS_SDPA_GQA
-    return at::scaled_dot_product_attention(q_t, k_t, v_t, mask, /*dropout_p=*/0.0, is_causal,
+    return at::scaled_dot_product_attention(qs, ks, vs, mask, /*dropout_p=*/0.0, is_causal,
                                             scale, gqa);
 #else
-    return at::scaled_dot_product_attention(q_t, k_t, v_t, mask, /*dropout_p=*/0.0, is_causal,
+    return at::scaled_dot_product_attention(qs, ks, vs, mask, /*dropout_p=*/0.0, is_causal,
                                             scale);
 #endif
+  };
+  auto call = [&] {
+    if (documents.empty()) return sdpa(q_t, k_t, v_t);  // [bs, hq, sl, hd]
+    // Block-diagonal: each document attends causally to itself only.
+    std::vector<at::Tensor> samples;
+    for (int64_t b = 0; b < static_cast<int64_t>(documents.size()); ++b) {
+      std::vector<at::Tensor> pieces;
+      for (const auto& [start, length] : documents[b]) {
+        auto slice = [&](const at::Tensor& t) {
+          return t.narrow(0, b, 1).narrow(2, start, length);  // [1, heads, length, hd]
+        };
+        pieces.push_back(sdpa(slice(q_t), slice(k_t), slice(v_t)));  // [1, hq, length, hd]
+      }
+      samples.push_back(pieces.size() == 1 ? pieces[0] : at::cat(pieces, 2));  // [1, hq, sl, hd]
+    }
+    return samples.size() == 1 ? samples[0] : at::cat(samples, 0);  // [bs, hq, sl, hd]
   };
   if (kernel == AttentionBackend::kSdpaAuto) return call().transpose(1, 2);  // [bs, sl, hq, hd]
   try {

@@ -13,39 +13,43 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// Gradients of the loss sum for an incoming gradient of 1, kept from forward to backward.
+// Gradients of the loss sum for an incoming gradient of 1, kept from forward to backward in the
+// operands' dtype (bf16 for a bf16 model: no fp32 [bs, T, h] or [V, h] buffers).
 struct LossGradients {
-  at::Tensor hidden;  // [bs, T, h] compute dtype, undefined when not needed
-  at::Tensor weight;  // [V, h] compute dtype, undefined when not needed
+  at::Tensor hidden;  // [bs, T, h] operand dtype, undefined when not needed
+  at::Tensor weight;  // [V, h] operand dtype, undefined when not needed
 };
 
-// Loss sum of all tiles (scalar, compute dtype); fills `grads` for the parts that are defined.
+// Loss sum of all tiles (scalar, loss dtype: fp32, fp64 for fp64); fills `grads` for the parts
+// that are defined. Per tile the GEMMs run in the operand dtype and only the tile's logits are
+// upcast (model::lm_head_logits); the weight gradient is summed over tiles by addmm, which
+// accumulates each tile's product in fp32 before adding it.
 at::Tensor tiled_loss_and_gradients(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
                                     const at::Tensor& labels, int64_t tiles, LossGradients& grads) {
-  const at::ScalarType compute = at::promote_types(hidden.scalar_type(), at::kFloat);
+  const at::ScalarType operands =
+      at::promote_types(hidden.scalar_type(), lm_head_weight.scalar_type());
   const int64_t batch = hidden.size(0), hidden_size = hidden.size(2);
-  at::Tensor weight = lm_head_weight.to(compute);                        // [V, h]
-  at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(compute));  // []
+  at::Tensor weight = lm_head_weight.to(operands);  // [V, h], no copy when the dtypes agree
+  at::Tensor loss_sum;                              // [] loss dtype
   for (const SequenceTile& tile : sequence_tiles(hidden.size(1), tiles)) {
     at::Tensor tile_hidden = hidden.narrow(1, tile.start, tile.length)
                                  .reshape({-1, hidden_size})
-                                 .to(compute);  // [bs*T_i, h]
+                                 .to(operands);  // [bs*T_i, h]
     at::Tensor tile_labels = labels.narrow(1, tile.start, tile.length).reshape({-1});  // [bs*T_i]
-    at::Tensor valid = tile_labels.ne(model::kIgnoreLabel);                            // [bs*T_i]
-    at::Tensor targets =
-        tile_labels.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [bs*T_i, 1]
-    at::Tensor mask = valid.to(compute).unsqueeze(1);                  // [bs*T_i, 1]
-
-    at::Tensor logits = at::linear(tile_hidden, weight);     // [bs*T_i, V]
-    at::Tensor log_norm = at::logsumexp(logits, {1}, true);  // [bs*T_i, 1]
-    at::Tensor target_logits = logits.gather(1, targets);    // [bs*T_i, 1]
-    loss_sum.add_(((log_norm - target_logits) * mask).sum());
+    at::Tensor logits = model::lm_head_logits(tile_hidden, weight);  // [bs*T_i, V] loss dtype
+    at::Tensor log_norm;                                             // [bs*T_i, 1]
+    at::Tensor tile_loss = model::token_cross_entropy(logits, tile_labels, &log_norm).sum();  // []
+    loss_sum = loss_sum.defined() ? loss_sum.add_(tile_loss) : tile_loss;
 
     if (!grads.hidden.defined() && !grads.weight.defined()) continue;
     // d(sum CE)/d logits = (softmax - one_hot(label)) on valid rows, 0 on ignored ones; in place.
-    at::Tensor grad_logits = logits.sub_(log_norm).exp_();  // [bs*T_i, V] softmax
-    grad_logits.scatter_add_(1, targets, mask.neg());       // - one_hot on valid rows
-    grad_logits.mul_(mask);                                 // ignored rows contribute nothing
+    at::Tensor valid = tile_labels.ne(model::kIgnoreLabel);                             // [bs*T_i]
+    at::Tensor targets = tile_labels.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [bs*T_i, 1]
+    at::Tensor mask = valid.to(logits.scalar_type()).unsqueeze(1);                      // [bs*T_i, 1]
+    at::Tensor grad_logits = logits.sub_(log_norm).exp_();  // softmax
+    grad_logits.scatter_add_(1, targets, mask.neg());  // - one_hot on valid rows
+    grad_logits.mul_(mask);                            // ignored rows contribute nothing
+    grad_logits = grad_logits.to(operands);            // [bs*T_i, V] operand dtype
     if (grads.hidden.defined()) {
       grads.hidden.narrow(1, tile.start, tile.length)
           .copy_(at::mm(grad_logits, weight).view({batch, tile.length, hidden_size}));
@@ -60,14 +64,15 @@ struct TiledLogitsLossFunction : public torch::autograd::Function<TiledLogitsLos
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& lm_head_weight, const at::Tensor& labels,
                             int64_t tiles, bool need_hidden_grad, bool need_weight_grad) {
-    const at::ScalarType compute = at::promote_types(hidden.scalar_type(), at::kFloat);
+    const at::ScalarType operands =
+        at::promote_types(hidden.scalar_type(), lm_head_weight.scalar_type());
     LossGradients grads;
     if (need_hidden_grad) {
-      grads.hidden = at::empty(hidden.sizes(), hidden.options().dtype(compute));  // [bs, T, h]
+      grads.hidden = at::empty(hidden.sizes(), hidden.options().dtype(operands));  // [bs, T, h]
     }
     if (need_weight_grad) {
       grads.weight = at::zeros(lm_head_weight.sizes(),
-                               lm_head_weight.options().dtype(compute));  // [V, h]
+                               lm_head_weight.options().dtype(operands));  // [V, h]
     }
     at::Tensor loss_sum = tiled_loss_and_gradients(hidden, lm_head_weight, labels, tiles, grads);
     if (grads.hidden.defined()) ctx->saved_data["grad_hidden"] = grads.hidden;

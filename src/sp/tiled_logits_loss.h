@@ -16,12 +16,13 @@ inline constexpr int64_t kAutoLossTileBytes = int64_t{1} << 30;  // 1 GiB
 
 // Equal to model::lm_loss_sum(hidden, lm_head_weight, labels) up to fp rounding: sum is the
 // cross-entropy summed over labels != -100 (0 when there are none), in fp32 (fp64 for fp64
-// hidden), and count the number of those labels. Tiles are sequence_tiles(T, tiles) of dim 1.
+// operands), and count the number of those labels. Tiles are sequence_tiles(T, tiles) of dim 1.
 //   hidden [bs, T, h], lm_head_weight [V, h], labels [bs, T] int64 (-100 or in [0, V))
-// Forward computes per tile the logits [bs*T_i, V], the loss, and the gradients of the loss sum
-// w.r.t. the hidden tile and the weight (as if the incoming gradient were 1); it keeps grad_hidden
-// [bs, T, h] and grad_weight [V, h] (fp32, or fp64), and backward returns them times the actual
-// incoming gradient. Gradients are computed only when grad mode is on and hidden / the weight
+// Forward computes per tile the logits [bs*T_i, V] (GEMM in the model's dtype, upcast to fp32
+// for the softmax: model::lm_head_logits), the loss, and the gradients of the loss sum w.r.t. the
+// hidden tile and the weight (as if the incoming gradient were 1), with GEMMs in the model's
+// dtype; it keeps grad_hidden [bs, T, h] and grad_weight [V, h] in the model's dtype (bf16 for a
+// bf16 model), and backward returns them times the actual incoming gradient. Gradients are computed only when grad mode is on and hidden / the weight
 // require grad. A tied weight (the embedding's) receives this gradient on top of the
 // embedding's, through the graph. Synchronizes with the device once to read count.
 // REQUIRES: tiles >= 1, T >= 1; shapes as above (TORCH_CHECK).

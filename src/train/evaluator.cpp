@@ -5,17 +5,20 @@
 
 #include "data/data_loader.h"
 #include "model/attention_core.h"
+#include "model/lm_loss.h"
 
 namespace ulysses::train {
 
 std::vector<int64_t> position_bucket_edges(int64_t length) {
+  // length / 2^k for k = kMaxBuckets-1 .. 1, then length: halves from the end, so the last bucket
+  // is the second half of the context at every length. Edges that would repeat are dropped.
+  constexpr int kMaxBuckets = 6;
   std::vector<int64_t> edges = {0};
-  int64_t edge = 1024;
-  while (edge < length) {
-    edges.push_back(edge);
-    edge = edge == 1024 ? 2048 : edge * 2;
+  for (int k = kMaxBuckets - 1; k >= 1; --k) {
+    const int64_t edge = length >> k;
+    if (edge > edges.back()) edges.push_back(edge);
   }
-  edges.push_back(length);
+  if (length > edges.back()) edges.push_back(length);
   return edges;
 }
 
@@ -69,28 +72,18 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
     at::Tensor hidden = model->forward_hidden(batch.input_ids.to(device),
                                               batch.position_ids.to(device), ctx);  // [bs, T, h]
     const int64_t local_len = hidden.size(1);
-    at::Tensor weight = model->lm_head_weight();  // [V, h]
-    at::Tensor labels = batch.labels;             // [bs, T]
     // Position of each local token within its sample, for bucketing.
     at::Tensor positions = at::arange(local_len, at::kLong) + sp_rank * local_len;  // [T]
     at::Tensor bucket_of = at::searchsorted(edge_tensor, positions, /*out_int32=*/false,
                                             /*right=*/true);  // [T]
     constexpr int64_t kTile = 1024;  // logits [bs, kTile, V] at a time
-    for (int64_t start = 0; start < local_len; start += kTile) {
-      const int64_t len = std::min(kTile, local_len - start);
-      at::Tensor logits = at::matmul(hidden.narrow(1, start, len).to(at::kFloat),
-                                     weight.to(at::kFloat).t());  // [bs, len, V]
-      at::Tensor tile_labels = labels.narrow(1, start, len).to(device);  // [bs, len]
-      at::Tensor token_loss =
-          at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), tile_labels.reshape({-1}),
-                                 {}, at::Reduction::None, -100)
-              .reshape({-1, len})
-              .to(at::kCPU, at::kDouble);  // [bs, len]
-      at::Tensor valid = tile_labels.ne(-100).to(at::kCPU, at::kDouble);  // [bs, len]
-      at::Tensor tile_buckets = bucket_of.narrow(0, start, len).expand({token_loss.size(0), len});
-      sums.index_add_(0, tile_buckets.reshape({-1}), (token_loss * valid).reshape({-1}));
-      counts.index_add_(0, tile_buckets.reshape({-1}), valid.reshape({-1}));
-    }
+    at::Tensor token_loss = model::lm_token_losses(hidden, model->lm_head_weight(), batch.labels,
+                                                   kTile)
+                                .to(at::kCPU, at::kDouble);  // [bs, T], one copy per batch
+    at::Tensor valid = batch.labels.ne(model::kIgnoreLabel).to(at::kDouble);  // [bs, T] CPU
+    at::Tensor rows = bucket_of.expand({token_loss.size(0), local_len}).reshape({-1});
+    sums.index_add_(0, rows, (token_loss * valid).reshape({-1}));
+    counts.index_add_(0, rows, valid.reshape({-1}));
   }
   at::Tensor packed = at::cat({sums, counts}).to(device);
   mesh.world().all_reduce(packed, comm::ReduceOp::kSum);

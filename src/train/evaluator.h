@@ -1,5 +1,5 @@
 // Held-out evaluation (SPEC 5.6): loss and perplexity overall and per position bucket
-// ([0, 1K), [1K, 2K), [2K, 4K), ... up to the sequence length), so a user sees whether the model
+// (halves of the context from its end: [L/2, L), [L/4, L/2), ...; position_bucket_edges), so a user sees whether the model
 // uses the long context. Runs with SP, or without it (attention.disable_in_eval): then the first
 // rank of each SP group evaluates the group's whole sequences with local attention.
 #pragma once
@@ -27,7 +27,10 @@ struct EvalResult {
   nlohmann::json to_json() const;
 };
 
-// Bucket edges for a padded sequence length: 0, 1024, 2048, 4096, ... , length.
+// Bucket edges for a padded sequence length L: 0, L/32, L/16, L/8, L/4, L/2, L (integer halves,
+// repeats dropped), so runs of every size see how the loss falls along the context: 4096 gives
+// 0, 128, 256, 512, 1024, 2048, 4096; 131072 gives 0, 4K, 8K, 16K, 32K, 64K, 128K.
+// REQUIRES: length >= 1.
 std::vector<int64_t> position_bucket_edges(int64_t length);
 
 // Evaluates `model` on config.eval (source, seed, steps) with the run's sequence settings.
