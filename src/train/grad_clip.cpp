@@ -8,11 +8,16 @@
 namespace ulysses::train {
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& param : params) grads.push_back(param.grad());
+  return clip_gradients(grads, max_norm);
+}
+
+double clip_gradients(const std::vector<at::Tensor>& gradients, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   std::vector<at::Tensor> norms;  // each [] fp64, the L2 norm of one grad
-  for (const at::Tensor& param : params) {
-    const at::Tensor& grad = param.grad();
+  for (const at::Tensor& grad : gradients) {
     if (!grad.defined()) {
       continue;
     }

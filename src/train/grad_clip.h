@@ -20,4 +20,9 @@ namespace ulysses::train {
 // same on every rank of a group), so every rank computes the same norm and coefficient.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
+// The same on gradients given directly (e.g. GradientBuffers::grads(), fp32 accumulation buffers
+// of bf16 parameters); undefined entries are skipped. clip_grad_norm(params) calls it with each
+// parameter's .grad().
+double clip_gradients(const std::vector<at::Tensor>& grads, double max_norm);
+
 }  // namespace ulysses::train

@@ -1,34 +1,13 @@
 // Exact global-batch loss and gradients over a dp x sp mesh (see gradient_step.h).
 #include "train/gradient_step.h"
 
+#include <optional>
+
 #include "model/lm_loss.h"
 #include "profile/phase_timer.h"
 #include "sp/tiled_logits_loss.h"
 
 namespace ulysses::train {
-
-void all_reduce_gradients(const std::vector<at::Tensor>& params, comm::Group& group) {
-  if (group.size() == 1) return;
-  profile::ScopedPhase phase("grad_sync");
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    by_dtype[p.grad().scalar_type()].push_back(p.grad());
-  }
-  for (auto& [dtype, grads] : by_dtype) {
-    std::vector<at::Tensor> flat_views;
-    for (const auto& g : grads) flat_views.push_back(g.reshape({-1}));
-    // Half-precision gradients are summed over ranks in fp32 (SPEC 5.5: fp32 reductions).
-    const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
-    at::Tensor flat = at::cat(flat_views).to(half ? at::kFloat : dtype);  // [sum of numel]
-    group.all_reduce(flat, comm::ReduceOp::kSum);
-    int64_t offset = 0;
-    for (auto& g : grads) {
-      g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
-      offset += g.numel();
-    }
-  }
-}
 
 StepLoss compute_gradients(model::LlamaForCausalLM& model,
                            const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh,
@@ -41,9 +20,10 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
   const int64_t global_valid = static_cast<int64_t>(counts.item<double>());
   const double inv_count = 1.0 / static_cast<double>(std::max<int64_t>(global_valid, 1));
 
-  for (auto& p : model->parameters()) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
-  }
+  std::optional<GradientBuffers> temporary;
+  GradientBuffers* buffers = options.buffers;
+  if (buffers == nullptr) buffers = &temporary.emplace(model->parameters());
+  buffers->zero();
   double local_loss_sum = 0.0;
   for (const auto& b : micro_batches) {
     model::AttentionContext ctx;
@@ -72,7 +52,8 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     local_loss_sum += loss.sum.item<double>();
   }
 
-  all_reduce_gradients(model->parameters(), mesh.world());
+  buffers->all_reduce(mesh.world(), options.bucket_bytes);
+  if (temporary) temporary->copy_to_param_grads();
   at::Tensor loss_sum = at::tensor({local_loss_sum}, at::kDouble);
   mesh.world().all_reduce(loss_sum, comm::ReduceOp::kSum);
 

@@ -3,15 +3,17 @@
 // batch) / (number of those labels); the gradients are exactly those of that loss.
 //
 // How: every rank adds up its valid labels over its micro-batches, one all-reduce over the world
-// gives N; each micro-batch backpropagates (its loss sum) / N; after the last one the gradients
-// are summed over the whole world (SP ranks hold partial gradients of the shared weights, DP ranks
-// gradients of other samples). No averaging of per-rank means, so no sp-times factor.
+// gives N; each micro-batch backpropagates (its loss sum) / N into fp32 accumulation buffers
+// (grad_buffers.h); after the last one the buffers are summed over the whole world (SP ranks hold
+// partial gradients of the shared weights, DP ranks gradients of other samples). No averaging of
+// per-rank means, so no sp-times factor.
 #pragma once
 #include <vector>
 
 #include "comm/mesh.h"
 #include "data/batch.h"
 #include "model/llama.h"
+#include "train/grad_buffers.h"
 
 namespace ulysses::train {
 
@@ -20,6 +22,11 @@ struct GradientOptions {
   // memory.tiled_loss: 1 = model::lm_loss_sum; N or auto = sp::tiled_lm_loss_sum with that many
   // tiles (auto resolved per micro-batch by sp::resolve_loss_tiles).
   config::TileCount loss_tiles;
+  // Where gradients accumulate and are reduced from (the trainer keeps one for the whole run).
+  // Null: compute_gradients uses temporary buffers and leaves the sums in each parameter's .grad()
+  // in the parameter's dtype. Not owned.
+  GradientBuffers* buffers = nullptr;
+  int64_t bucket_bytes = kDefaultGradBucketBytes;  // size of one gradient all-reduce
 };
 
 struct StepLoss {
@@ -29,15 +36,13 @@ struct StepLoss {
 };
 
 // Runs forward + backward for `micro_batches` (this rank's, already on the model's device),
-// accumulating into the parameters' .grad (zeroed first), then sums gradients over the world.
+// accumulating in fp32 into options.buffers (zeroed first), then sums them over the world. With
+// options.buffers the result is buffers->grads(); without, each parameter's .grad().
 // Returns the global loss. Every rank of `mesh` must call it with the same number of micro-batches.
 // `ctx` carries the attention options (doc_ids are taken from each batch).
 StepLoss compute_gradients(model::LlamaForCausalLM& model,
                            const std::vector<data::Batch>& micro_batches, comm::DeviceMesh& mesh,
                            const GradientOptions& options = {});
 
-// Sums every parameter's gradient over `group` in place, flattened into one buffer per dtype.
-// Parameters without a gradient get zeros first, so every rank sends the same layout.
-void all_reduce_gradients(const std::vector<at::Tensor>& params, comm::Group& group);
 
 }  // namespace ulysses::train

@@ -32,7 +32,8 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
 
   MemoryEstimate e;
   e.terms.push_back({"weights", p * weight_bytes, "P x " + std::to_string(weight_bytes) + " B"});
-  e.terms.push_back({"gradients", p * weight_bytes, "P x " + std::to_string(weight_bytes) + " B"});
+  // Gradients accumulate in fp32 buffers whatever the weights' dtype (train/grad_buffers.h).
+  e.terms.push_back({"gradients", 4 * p, "P x 4 B (fp32 accumulation)"});
   // AdamW moments (and fp32 masters for bf16) live on this rank unless offloaded to a host that
   // is not this rank's memory (on CPU the host is the device).
   if (!c.memory.offload_optimizer || on_cpu) {

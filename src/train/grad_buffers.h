@@ -1,0 +1,64 @@
+// Gradient accumulation in fp32 (SPEC 5.5; Megatron / DeepSpeed call it `main_grad`): every
+// parameter's gradient is summed over tiles, recomputes and micro-batches into an fp32 view of one
+// flat buffer, and reduced over ranks from there in buckets, without a gathered copy.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/group.h"
+
+namespace ulysses::train {
+
+// Default size of one all-reduce over a flat gradient buffer.
+inline constexpr int64_t kDefaultGradBucketBytes = int64_t{128} << 20;  // 128 MiB
+
+// Owns one flat accumulation buffer per (device, accumulation dtype) and a view of it per
+// parameter, in the parameters' order. The accumulation dtype is fp32, or fp64 for fp64
+// parameters.
+//  - fp32 / fp64 parameters: param.grad() IS the view, so autograd's AccumulateGrad adds every
+//    contribution into it in place (backward runs with grad mode off).
+//  - bf16 / fp16 parameters: a post-accumulate-grad hook adds each contribution (the bf16 grad
+//    autograd just produced) into the fp32 view and releases it, so param.grad() stays undefined
+//    between contributions and no bf16 sum ever exists.
+// Invariants: grads()[i] has params[i]'s shape and device and the accumulation dtype; the views of
+// one buffer cover it without overlap, in parameter order. Hooks are installed for the lifetime of
+// this object (destruction removes them); at most one GradientBuffers per parameter at a time.
+// Not thread-safe; not copyable.
+class GradientBuffers {
+ public:
+  // REQUIRES: params are leaf tensors; the ones that do not require grad get no buffer (their
+  // entry in grads() is undefined). Allocates zeroed buffers.
+  explicit GradientBuffers(std::vector<at::Tensor> params);
+  ~GradientBuffers();
+  GradientBuffers(const GradientBuffers&) = delete;
+  GradientBuffers& operator=(const GradientBuffers&) = delete;
+
+  // Zeros every buffer, and points each fp32/fp64 parameter's .grad() at its view again (in case
+  // someone replaced it) and releases any bf16/fp16 .grad() left behind.
+  void zero();
+
+  // The accumulated gradients, aligned with the constructor's params: [param shape], fp32 (fp64).
+  const std::vector<at::Tensor>& grads() const { return grads_; }
+
+  // Sums every buffer over `group` in place, `bucket_bytes` at a time (contiguous slices of the
+  // flat buffer: no extra copy of the gradients). Every member must call it with the same
+  // parameters in the same order. REQUIRES: bucket_bytes >= 1.
+  void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes);
+
+  // Writes each accumulated gradient into its parameter's .grad() in the parameter's dtype (a
+  // no-op for fp32/fp64 parameters, whose .grad() is the buffer), for callers that read .grad().
+  void copy_to_param_grads();
+
+  // Total bytes held by the buffers.
+  int64_t bytes() const;
+
+ private:
+  std::vector<at::Tensor> params_;  // [any], the module's parameters
+  std::vector<at::Tensor> grads_;   // [param shape] views into flats_, accumulation dtype
+  std::vector<bool> hooked_;        // params_[i] has our post-accumulate-grad hook
+  std::vector<at::Tensor> flats_;   // [sum of numel] one per (device, dtype)
+};
+
+}  // namespace ulysses::train

@@ -1,0 +1,99 @@
+// GradientBuffers: fp32 accumulation of bf16 gradients across backward passes (where bf16
+// accumulation loses the small contributions), fp32 gradients as views of the flat buffer, and the
+// bucketed in-place all-reduce on real Gloo ranks. Values are small integers or powers of two:
+// exact in fp32, so no tolerance.
+#include <gtest/gtest.h>
+
+#include "comm/mesh.h"
+#include "support/multi_rank.h"
+#include "train/grad_buffers.h"
+
+namespace ulysses::train {
+namespace {
+
+using testing::RankContext;
+using testing::run_ranks;
+
+// Backward of sum(w * scale): adds `scale` to every element of w's gradient.
+void contribute(const at::Tensor& w, double scale) { (w * scale).sum().backward(); }
+
+TEST(GradientBuffers, Bf16ContributionsAccumulateInFp32) {
+  // 256 + 255 contributions of 1: in bf16 (8 significant bits) 256 + 1 rounds back to 256, so a
+  // bf16 .grad stays at 256; the fp32 buffer holds the exact 511.
+  at::Tensor w = at::zeros({4}, at::kBFloat16).requires_grad_(true);  // [4]
+  {
+    at::Tensor plain = at::zeros({4}, at::kBFloat16).requires_grad_(true);
+    contribute(plain, 256.0);
+    for (int i = 0; i < 255; ++i) contribute(plain, 1.0);
+    ASSERT_EQ(plain.grad()[0].item<float>(), 256.0f) << "bf16 accumulation no longer loses these";
+  }
+  GradientBuffers buffers({w});
+  contribute(w, 256.0);
+  for (int i = 0; i < 255; ++i) contribute(w, 1.0);
+  const at::Tensor& g = buffers.grads()[0];
+  EXPECT_EQ(g.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(g, at::full({4}, 511.0f))) << g;
+  EXPECT_FALSE(w.grad().defined()) << "the bf16 contribution must be released after each add";
+
+  buffers.copy_to_param_grads();
+  EXPECT_EQ(w.grad().scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(w.grad(), at::full({4}, 511.0, at::kBFloat16)));  // 511 -> 512 in bf16
+
+  buffers.zero();  // releases the bf16 copy: the next contribution must not add it again
+  EXPECT_FALSE(w.grad().defined());
+  contribute(w, 2.0);
+  EXPECT_TRUE(at::equal(buffers.grads()[0], at::full({4}, 2.0f)));
+}
+
+TEST(GradientBuffers, Fp32GradIsTheBufferViewAndSurvivesReplacement) {
+  at::Tensor a = at::zeros({2, 3}, at::kFloat).requires_grad_(true);  // [2, 3]
+  at::Tensor b = at::zeros({5}, at::kFloat).requires_grad_(true);     // [5]
+  at::Tensor frozen = at::zeros({7}, at::kFloat);                     // no grad: no buffer
+  GradientBuffers buffers({a, b, frozen});
+  EXPECT_EQ(buffers.bytes(), 11 * 4);
+  EXPECT_FALSE(buffers.grads()[2].defined());
+  EXPECT_TRUE(a.grad().is_same(buffers.grads()[0]));
+  contribute(a, 3.0);
+  contribute(a, 4.0);
+  contribute(b, 1.0);
+  EXPECT_TRUE(at::equal(buffers.grads()[0], at::full({2, 3}, 7.0f)));
+  EXPECT_TRUE(at::equal(buffers.grads()[1], at::full({5}, 1.0f)));
+  EXPECT_EQ(a.grad().data_ptr(), buffers.grads()[0].data_ptr()) << "accumulated in place";
+
+  a.mutable_grad() = at::full({2, 3}, 9.0f);  // someone replaced it
+  buffers.zero();
+  EXPECT_TRUE(a.grad().is_same(buffers.grads()[0]));
+  EXPECT_TRUE(at::equal(buffers.grads()[0], at::zeros({2, 3})));
+}
+
+TEST(GradientBuffers, DestructionRemovesTheHook) {
+  at::Tensor w = at::zeros({3}, at::kBFloat16).requires_grad_(true);
+  { GradientBuffers buffers({w}); }
+  contribute(w, 1.0);
+  ASSERT_TRUE(w.grad().defined()) << "a hook outlived its buffers";
+  EXPECT_TRUE(at::equal(w.grad(), at::ones({3}, at::kBFloat16)));
+}
+
+TEST(GradientBuffers, BucketedAllReduceSumsEveryElement) {
+  constexpr int kWorld = 3;
+  run_ranks(kWorld, [](const RankContext& ctx) {
+    comm::DeviceMesh mesh =
+        comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, kWorld, 1);
+    // fp32 and bf16 parameters (two flat buffers), sizes that do not divide the bucket.
+    at::Tensor a = at::zeros({7}, at::kFloat).requires_grad_(true);
+    at::Tensor b = at::zeros({2, 5}, at::kBFloat16).requires_grad_(true);
+    at::Tensor c = at::zeros({3}, at::kFloat).requires_grad_(true);
+    GradientBuffers buffers({a, b, c});
+    const double r = ctx.rank + 1;
+    contribute(a, r);
+    contribute(b, 2 * r);
+    contribute(c, 4 * r);
+    buffers.all_reduce(mesh.world(), /*bucket_bytes=*/12);  // 3 floats: slices cross parameters
+    EXPECT_TRUE(at::equal(buffers.grads()[0], at::full({7}, 6.0f))) << buffers.grads()[0];
+    EXPECT_TRUE(at::equal(buffers.grads()[1], at::full({2, 5}, 12.0f))) << buffers.grads()[1];
+    EXPECT_TRUE(at::equal(buffers.grads()[2], at::full({3}, 24.0f))) << buffers.grads()[2];
+  });
+}
+
+}  // namespace
+}  // namespace ulysses::train
