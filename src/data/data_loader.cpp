@@ -42,12 +42,24 @@ DataLoader::DataLoader(const config::DataOptions& data, const config::SequenceOp
   source_ = open_token_source(data, length_, vocab_size, source_key);
 }
 
+void DataLoader::continue_from(int64_t first_step, int64_t samples_before) {
+  TORCH_CHECK(first_step >= 1 && samples_before >= 0, "DataLoader: continue_from(", first_step,
+              ", ", samples_before, ")");
+  first_step_ = first_step;
+  samples_before_ = samples_before;
+}
+
+int64_t DataLoader::first_sample(int64_t step) const {
+  TORCH_CHECK(step >= first_step_, "DataLoader: step ", step, " is before the first step ",
+              first_step_);
+  return samples_before_ + (step - first_step_) * global_batch_;
+}
+
 int64_t DataLoader::sample_index(int64_t step, int64_t micro, int64_t row) const {
-  TORCH_CHECK(step >= 1, "DataLoader: steps count from 1, got ", step);
   TORCH_CHECK(micro >= 0 && micro < grad_accum_, "DataLoader: micro-step ", micro, " of ",
               grad_accum_);
   TORCH_CHECK(row >= 0 && row < micro_batch_, "DataLoader: row ", row, " of ", micro_batch_);
-  return (step - 1) * global_batch_ + dp_rank_ * micro_batch_ * grad_accum_ + micro * micro_batch_ +
+  return first_sample(step) + dp_rank_ * micro_batch_ * grad_accum_ + micro * micro_batch_ +
          row;
 }
 
@@ -77,10 +89,9 @@ Batch DataLoader::micro_batch(int64_t step, int64_t micro) const {
 }
 
 int64_t DataLoader::global_valid_tokens(int64_t step) const {
-  TORCH_CHECK(step >= 1, "DataLoader: steps count from 1, got ", step);
+  const int64_t first = first_sample(step);
   if (!pack_) return global_batch_ * (length_ - 1);
   int64_t total = 0;
-  const int64_t first = (step - 1) * global_batch_;
   for (int64_t index = first; index < first + global_batch_; ++index) {
     total += count_valid_labels(length_, source_->document_starts(index));
   }

@@ -1,5 +1,6 @@
 // The training (and evaluation) data of one rank (SPEC 5.3). Step s (1-based) uses global samples
-// [(s-1)*G, s*G), G = dp * micro_batch * grad_accum. DP rank d takes the d-th block of mb*ga of
+// [(s-1)*G, s*G), G = dp * micro_batch * grad_accum (a resumed run continues the stream where the
+// checkpoint left it: continue_from). DP rank d takes the d-th block of mb*ga of
 // them, micro-step m the m-th block of mb within that; SP rank r takes positions
 // [r*P/sp, (r+1)*P/sp) of each sample, P = ceil(L/sp)*sp. Labels are shifted before sharding, so
 // every shard but the last keeps its true last label. Batches are a pure function of
@@ -45,6 +46,15 @@ class DataLoader {
   // Index of the global sample that row `row` of micro_batch(step, micro) holds on this rank.
   int64_t sample_index(int64_t step, int64_t micro, int64_t row) const;
 
+  // Continues the sample stream of a resumed run: step `first_step` begins at global sample
+  // `samples_before` (the samples the checkpoint had seen), later steps follow G apart, so a
+  // resume with another mesh or batch size neither replays nor skips samples. Without this call
+  // step s begins at (s-1)*G. REQUIRES: first_step >= 1, samples_before >= 0.
+  void continue_from(int64_t first_step, int64_t samples_before);
+
+  // The first global sample of `step`. REQUIRES: step >= the first step (1, or continue_from's).
+  int64_t first_sample(int64_t step) const;
+
  private:
   std::shared_ptr<const TokenSource> source_;  // immutable, shared by copies of the loader
   bool pack_;
@@ -56,6 +66,8 @@ class DataLoader {
   int64_t dp_rank_;
   int64_t sp_size_;
   int64_t sp_rank_;
+  int64_t first_step_ = 1;      // step whose first sample is samples_before_
+  int64_t samples_before_ = 0;  // global samples consumed before first_step_
 };
 
 // The data options of the evaluation loader: `train` with source and seed taken from `eval`

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "data/flat_token_source.h"
 #include "data/megatron_index.h"
 
 namespace ulysses::data {
@@ -44,6 +45,8 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& token
   std::vector<uint8_t> bytes;
   append_tokens(tokens, dtype, path, &bytes);
   write_bytes(path, bytes);
+  const std::string name = std::string(token_dtype_name(dtype)) + "\n";
+  write_bytes(token_dtype_record_path(path), std::vector<uint8_t>(name.begin(), name.end()));
 }
 
 void write_megatron_dataset(const std::string& prefix,

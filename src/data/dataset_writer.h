@@ -9,8 +9,9 @@
 
 namespace ulysses::data {
 
-// Writes `tokens` to `path` as little-endian `dtype` values, replacing the file.
-// Throws UserError("<path>: ...") when the file cannot be written or a token does not fit `dtype`.
+// Writes `tokens` to `path` as little-endian `dtype` values, replacing the file, and the type's
+// name to token_dtype_record_path(path) (PATH.dtype), which the reader checks data.token_dtype
+// against. Throws UserError("<path>: ...") when the file cannot be written or a token does not fit `dtype`.
 void write_token_file(const std::string& path, const std::vector<int64_t>& tokens,
                       TokenDType dtype);
 

@@ -1,6 +1,8 @@
 // data.source: tokens:PATH. A flat file of little-endian uint16 or uint32 tokens, memory mapped.
 // Sample i is tokens [i*L, (i+1)*L) with i wrapped modulo the number of whole samples; a tail
-// shorter than L is never read. Documents (for packing) end at each data.eod_token.
+// shorter than L is never read. Documents (for packing) end at each data.eod_token. The token type
+// is not in the file: write_token_file records it beside it (PATH.dtype), and a file read with the
+// wrong width is refused when its first tokens show it (see the constructor).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,11 +14,19 @@
 
 namespace ulysses::data {
 
+// PATH.dtype: one line naming the token type of the flat token file PATH ("uint32\n"), written
+// by write_token_file and checked by FlatTokenSource when present.
+std::string token_dtype_record_path(const std::string& path);
+
 class FlatTokenSource final : public TokenSource {
  public:
   // Maps `path` holding tokens of `dtype` (kUInt16 or kUInt32). `eod_token` < 0 means no document
   // separator. Throws UserError("<key>: <path>: ...") when the file is missing, its size is not a
-  // multiple of the token size, or it holds fewer than `length` tokens.
+  // multiple of the token size, or it holds fewer than `length` tokens; and
+  // UserError("data.token_dtype: ...") when PATH.dtype names another type, or the first 64K
+  // tokens look like the other width: read as uint16, every odd token 0 and some even one not
+  // (uint32 tokens below 65536); read as uint32, most tokens >= vocab_size while the same bytes as
+  // uint16 all fit (uint16 tokens).
   // REQUIRES: length >= 1, vocab_size >= 1.
   FlatTokenSource(const std::string& path, TokenDType dtype, int64_t length, int64_t vocab_size,
                   int64_t eod_token, const std::string& key);

@@ -331,6 +331,19 @@ TEST(DataLoaderSynthetic, DeterministicAcrossLoaders) {
   EXPECT_TRUE(eval_loader.micro_batch(1, 0).doc_ids.defined());
 }
 
+TEST(DataLoaderResume, ContinueFromTakesTheStreamWhereTheCheckpointLeftIt) {
+  config::DataOptions data;  // synthetic
+  const config::SequenceOptions seq{16, 2, 1};
+  // dp 2 x mb 2: G = 4. The checkpoint had seen 6 samples after step 3 (a run with G = 2).
+  DataLoader resumed(data, seq, kVocab, 2, 1, 1, 0);
+  resumed.continue_from(4, 6);
+  EXPECT_EQ(resumed.first_sample(4), 6);
+  EXPECT_EQ(resumed.first_sample(5), 10);
+  EXPECT_EQ(resumed.sample_index(4, 0, 0), 6 + 2);  // dp rank 1 takes the second block of 2
+  DataLoader fresh(data, {16, 1, 1}, kVocab, 1, 0, 1, 0);  // G = 1: step s is sample s-1
+  EXPECT_TRUE(resumed.micro_batch(4, 0).input_ids[0].equal(fresh.micro_batch(9, 0).input_ids[0]));
+}
+
 TEST(DataLoaderErrors, BadInputNamesTheKeyOrFile) {
   TempDir dir;
   config::DataOptions data;

@@ -135,6 +135,38 @@ TEST(FlatTokenSource, BadFilesNameTheFile) {
   expect_user_error([&] { source.tokens(1); }, {big, "token 70", "offset 6", "vocab_size=50"});
 }
 
+TEST(FlatTokenSource, TokensOfTheOtherWidthAreRefused) {
+  TempDir dir;
+  const std::vector<int64_t> tokens = ramp(40, 1, 61);  // [0, 1, ..., 39]
+  // uint32 tokens read as uint16: every second uint16 is 0.
+  const std::string wide = dir.file("wide.bin");
+  write_token_file(wide, tokens, TokenDType::kUInt32);
+  std::filesystem::remove(token_dtype_record_path(wide));  // a file from elsewhere
+  expect_user_error([&] { FlatTokenSource(wide, TokenDType::kUInt16, 8, 61, -1, "data.source"); },
+                    {"data.token_dtype", "uint32", wide});
+  // uint16 tokens read as uint32: most values beyond the vocabulary, each half within it.
+  const std::string narrow = dir.file("narrow.bin");
+  write_token_file(narrow, tokens, TokenDType::kUInt16);
+  std::filesystem::remove(token_dtype_record_path(narrow));
+  expect_user_error([&] { FlatTokenSource(narrow, TokenDType::kUInt32, 4, 61, -1, "data.source"); },
+                    {"data.token_dtype", "uint16", narrow});
+  // Read with the right width both are fine.
+  EXPECT_NO_THROW(FlatTokenSource(wide, TokenDType::kUInt32, 8, 61, -1, "data.source"));
+  EXPECT_NO_THROW(FlatTokenSource(narrow, TokenDType::kUInt16, 8, 61, -1, "data.source"));
+}
+
+TEST(FlatTokenSource, TheWriterRecordsTheTokenTypeAndTheReaderChecksIt) {
+  TempDir dir;
+  const std::string path = dir.file("t.bin");
+  // Tokens that look the same at either width (a short file gives the width checks no verdict).
+  write_token_file(path, {3, 4, 5, 6}, TokenDType::kUInt32);
+  EXPECT_EQ(read_bytes(token_dtype_record_path(path)),
+            (std::vector<uint8_t>{'u', 'i', 'n', 't', '3', '2', '\n'}));
+  expect_user_error([&] { FlatTokenSource(path, TokenDType::kUInt16, 2, 61, -1, "data.source"); },
+                    {"data.token_dtype", "uint16", path + ".dtype", "uint32"});
+  EXPECT_NO_THROW(FlatTokenSource(path, TokenDType::kUInt32, 2, 61, -1, "data.source"));
+}
+
 TEST(OpenTokenSource, ValidatesOptions) {
   TempDir dir;
   const std::string path = dir.file("t.bin");
