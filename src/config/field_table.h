@@ -70,6 +70,7 @@ void for_each_field(C& c, Visit&& visit) {
   visit("optim", "warmup_steps", c.optim.warmup_steps);
   visit("optim", "schedule", c.optim.schedule);
   visit("optim", "min_lr", c.optim.min_lr);
+  visit("optim", "max_consecutive_skips", c.optim.max_consecutive_skips);
   visit("train", "steps", c.train.steps);
   visit("train", "seed", c.train.seed);
   visit("train", "device", c.train.device);

@@ -87,6 +87,9 @@ struct OptimOptions {
   int64_t warmup_steps = 0;
   std::string schedule = "constant";  // constant | linear | cosine
   double min_lr = 0.0;
+  // Steps whose grad_norm is not finite skip the update; this many in a row stop the run
+  // (diverged). 0 = never stop.
+  int64_t max_consecutive_skips = 5;
 };
 
 struct TrainOptions {

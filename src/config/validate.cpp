@@ -163,6 +163,7 @@ void validate_run(const RunConfig& c) {
   one_of("optim.schedule", c.optim.schedule, {"constant", "linear", "cosine"});
   require(c.optim.min_lr >= 0 && c.optim.min_lr <= c.optim.lr, "optim.min_lr",
           "must be in [0, lr " + show(c.optim.lr) + "], got " + show(c.optim.min_lr));
+  at_least("optim.max_consecutive_skips", c.optim.max_consecutive_skips, 0);
 
   at_least("checkpoint.every", c.checkpoint.every, 0);
   require(!c.checkpoint.save_initial || !c.checkpoint.dir.empty(), "checkpoint.save_initial",

@@ -1,8 +1,11 @@
-// Atomic HF-compatible checkpoints (see checkpoint.h).
+// Atomic, fsynced HF-compatible checkpoints with the optimizer state written by every rank (see
+// checkpoint.h).
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,11 +21,29 @@ namespace fs = std::filesystem;
 namespace ulysses::train {
 namespace {
 
+const std::regex& step_dir_pattern() {
+  static const std::regex pattern("step-([0-9]+)");
+  return pattern;
+}
+
+// Flushes `path` (a file or a directory) to stable storage. Throws UserError when it cannot.
+void sync_path(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw UserError(path.string() + ": cannot fsync");
+  }
+  ::close(fd);
+}
+
 void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.flush();
-  if (!out) throw UserError(path.string() + ": cannot write");
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw UserError(path.string() + ": cannot write");
+  }
+  sync_path(path);
 }
 
 nlohmann::json read_json(const fs::path& path) {
@@ -41,41 +62,114 @@ std::vector<std::pair<std::string, at::Tensor>> to_cpu(
   return tensors;
 }
 
+int64_t tensor_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// "<param>.exp_avg" -> "<param>".
+std::string parameter_of(const std::string& entry) { return entry.substr(0, entry.rfind('.')); }
+
+std::string optimizer_file(int rank, int world) {
+  if (world == 1) return "optimizer.safetensors";
+  return "optimizer-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
+}
+
+// The rank that writes each parameter's optimizer entries: largest parameter first to the least
+// loaded rank, rank 0 starting with the `weight_bytes` it writes anyway. The same on every rank
+// (same entries, same order).
+std::map<std::string, int> assign_writers(const NamedTensors& entries, int64_t weight_bytes,
+                                          int world) {
+  std::vector<std::pair<std::string, int64_t>> params;  // in entry order
+  for (const auto& [name, t] : entries) {
+    const std::string param = parameter_of(name);
+    if (params.empty() || params.back().first != param) params.emplace_back(param, 0);
+    params.back().second += tensor_bytes(t);
+  }
+  std::stable_sort(params.begin(), params.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::vector<int64_t> load(world, 0);
+  load[0] = weight_bytes;
+  std::map<std::string, int> writer;
+  for (const auto& [param, bytes] : params) {
+    const int rank = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    writer[param] = rank;
+    load[rank] += bytes;
+  }
+  return writer;
+}
+
 }  // namespace
+
+std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkpoint_dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (checkpoint_dir.empty() || !fs::is_directory(checkpoint_dir, ec)) return removed;
+  static const std::regex temp("\\..+\\.(tmp|old)(-[0-9]+)?");
+  for (const auto& entry : fs::directory_iterator(checkpoint_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(ec) && std::regex_match(name, temp)) {
+      fs::remove_all(entry.path(), ec);
+      removed.push_back(name);
+    }
+  }
+  return removed;
+}
 
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
-                     const TrainerState& state) {
+                     const TrainerState& state, comm::Group& world) {
   const fs::path final_path(final_dir);
-  const fs::path tmp_path = final_path.parent_path() /
-                            ("." + final_path.filename().string() + ".tmp-" +
-                             std::to_string(::getpid()));
+  const fs::path parent = final_path.parent_path();
+  const fs::path tmp_path = parent / ("." + final_path.filename().string() + ".tmp");
+  const bool is_rank0 = world.rank() == 0;
   std::error_code ec;
-  fs::remove_all(tmp_path, ec);
-  fs::create_directories(tmp_path, ec);
-  if (ec) throw UserError(tmp_path.string() + ": cannot create (" + ec.message() + ")");
-
-  model::save_safetensors((tmp_path / "model.safetensors").string(),
-                          to_cpu(model::hf_state(model)), {{"format", "pt"}});
-  write_text(tmp_path / "config.json", config::to_hf_config_json(model_options).dump(2) + "\n");
-  if (optimizer != nullptr) {
-    model::save_safetensors((tmp_path / "optimizer.safetensors").string(),
-                            to_cpu(optimizer->state_tensors()),
-                            {{"step", std::to_string(optimizer->step_count())}});
+  fs::create_directories(tmp_path, ec);  // every rank; concurrent creation is fine
+  if (!fs::is_directory(tmp_path)) {
+    throw UserError(tmp_path.string() + ": cannot create (" + ec.message() + ")");
   }
-  nlohmann::json trainer = {{"step", state.step},
-                            {"samples_seen", state.samples_seen},
-                            {"data_seed", state.data_seed},
-                            {"train_seed", state.train_seed},
-                            {"optimizer_step", optimizer ? optimizer->step_count() : 0}};
-  write_text(tmp_path / "trainer_state.json", trainer.dump(2) + "\n");
+
+  std::vector<std::string> optimizer_files;
+  if (optimizer != nullptr) {
+    const NamedTensors entries = optimizer->state_tensors();
+    int64_t weight_bytes = 0;
+    for (const auto& p : model->parameters()) weight_bytes += tensor_bytes(p);
+    const std::map<std::string, int> writer = assign_writers(entries, weight_bytes, world.size());
+    NamedTensors mine;
+    for (const auto& [name, t] : entries)
+      if (writer.at(parameter_of(name)) == world.rank()) mine.emplace_back(name, t);
+    for (int r = 0; r < world.size(); ++r) optimizer_files.push_back(optimizer_file(r, world.size()));
+    const fs::path file = tmp_path / optimizer_files[world.rank()];
+    model::save_safetensors(file.string(), to_cpu(std::move(mine)),
+                            {{"step", std::to_string(optimizer->step_count())}});
+    sync_path(file);
+  }
+  if (is_rank0) {
+    const fs::path weights = tmp_path / "model.safetensors";
+    model::save_safetensors(weights.string(), to_cpu(model::hf_state(model)), {{"format", "pt"}});
+    sync_path(weights);
+    write_text(tmp_path / "config.json", config::to_hf_config_json(model_options).dump(2) + "\n");
+    nlohmann::json trainer = {{"step", state.step},
+                              {"samples_seen", state.samples_seen},
+                              {"data_seed", state.data_seed},
+                              {"train_seed", state.train_seed},
+                              {"global_batch", state.global_batch},
+                              {"dp", state.dp},
+                              {"sp", state.sp},
+                              {"skipped_steps", state.skipped_steps},
+                              {"optimizer_step", optimizer ? optimizer->step_count() : 0},
+                              {"optimizer_files", optimizer_files}};
+    write_text(tmp_path / "trainer_state.json", trainer.dump(2) + "\n");
+  }
+  world.barrier();  // every share is on disk
+  if (!is_rank0) return;
 
   // Replace any older checkpoint of the same name, then publish with one rename.
-  fs::path old_path = final_path.parent_path() / ("." + final_path.filename().string() + ".old");
+  sync_path(tmp_path);
+  const fs::path old_path = parent / ("." + final_path.filename().string() + ".old");
   fs::remove_all(old_path, ec);
   if (fs::exists(final_path)) fs::rename(final_path, old_path, ec);
+  ec.clear();
   fs::rename(tmp_path, final_path, ec);
   if (ec) throw UserError(final_path.string() + ": cannot publish checkpoint (" + ec.message() + ")");
+  sync_path(parent);
   fs::remove_all(old_path, ec);
 }
 
@@ -83,35 +177,68 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
                              AdamW* optimizer) {
   const fs::path path(dir);
   if (!fs::is_directory(path)) throw UserError(dir + ": checkpoint directory does not exist");
-  model::load_hf_weights(model, dir);
   nlohmann::json trainer = read_json(path / "trainer_state.json");
   TrainerState state;
   state.step = trainer.value("step", int64_t{0});
   state.samples_seen = trainer.value("samples_seen", int64_t{0});
   state.data_seed = trainer.value("data_seed", uint64_t{0});
   state.train_seed = trainer.value("train_seed", uint64_t{0});
-  if (optimizer != nullptr && fs::exists(path / "optimizer.safetensors")) {
-    auto tensors = model::load_safetensors((path / "optimizer.safetensors").string());
-    std::vector<std::pair<std::string, at::Tensor>> named(tensors.begin(), tensors.end());
-    optimizer->load_state(named, trainer.value("optimizer_step", int64_t{0}));
+  state.global_batch = trainer.value("global_batch", int64_t{0});
+  state.dp = trainer.value("dp", int64_t{0});
+  state.sp = trainer.value("sp", int64_t{0});
+  state.skipped_steps = trainer.value("skipped_steps", int64_t{0});
+
+  std::vector<std::string> files = trainer.value("optimizer_files", std::vector<std::string>{});
+  if (files.empty() && fs::exists(path / "optimizer.safetensors")) files = {"optimizer.safetensors"};
+  if (optimizer != nullptr && files.empty() && state.step > 0) {
+    throw UserError((path / "optimizer.safetensors").string() +
+                    ": missing, so resuming would restart AdamW from zero moments (a weights-only "
+                    "checkpoint: start from it with model.load instead)");
+  }
+  for (const auto& file : files) {  // all present before anything is loaded
+    if (!fs::exists(path / file)) throw UserError((path / file).string() + ": missing");
+  }
+  model::load_hf_weights(model, dir);
+  if (optimizer != nullptr && !files.empty()) {
+    NamedTensors named;
+    for (const auto& file : files) {
+      for (auto& entry : model::load_safetensors((path / file).string())) named.push_back(entry);
+    }
+    optimizer->load_state(named, trainer.value("optimizer_step", int64_t{0}), dir);
   }
   return state;
 }
 
-std::string resolve_resume_dir(const config::CheckpointOptions& options) {
-  if (options.resume != "latest") return options.resume;
+std::string resolve_resume_dir(const config::CheckpointOptions& options, std::string* note) {
+  if (options.resume.empty()) return "";
   std::error_code ec;
-  if (options.dir.empty() || !fs::is_directory(options.dir, ec)) return "";
-  static const std::regex step_dir("step-([0-9]+)");
+  if (options.resume != "latest") {
+    const fs::path given(options.resume);
+    if (given.is_relative() && !options.dir.empty()) {
+      const fs::path under_dir = fs::path(options.dir) / given;
+      if (fs::is_directory(under_dir, ec)) return under_dir.string();
+    }
+    if (fs::is_directory(given, ec)) return given.string();
+    throw UserError("checkpoint.resume: " + options.resume + " not found" +
+                    (given.is_relative() && !options.dir.empty()
+                         ? " (looked in " + options.dir + "/ and the working directory)"
+                         : ""));
+  }
   int64_t best = -1;
   std::string best_path;
-  for (const auto& entry : fs::directory_iterator(options.dir, ec)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(name, match, step_dir)) {
-      const int64_t step = std::stoll(match[1]);
-      if (step > best) best = step, best_path = entry.path().string();
+  if (!options.dir.empty() && fs::is_directory(options.dir, ec)) {
+    for (const auto& entry : fs::directory_iterator(options.dir, ec)) {
+      std::smatch match;
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && std::regex_match(name, match, step_dir_pattern())) {
+        const int64_t step = std::stoll(match[1]);
+        if (step > best) best = step, best_path = entry.path().string();
+      }
     }
+  }
+  if (best_path.empty() && note != nullptr) {
+    *note = "checkpoint.resume: latest found no step-<N> checkpoint in '" + options.dir +
+            "'; starting from step 0";
   }
   return best_path;
 }

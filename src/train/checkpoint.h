@@ -1,10 +1,16 @@
 // Checkpoints (SPEC 5.7): <dir>/step-<N>/ holds model.safetensors with HF Llama names, config.json
-// (HF LlamaConfig), optimizer.safetensors (AdamW moments) and trainer_state.json (step, seeds,
-// data position), so that resume continues bit-for-bit. A checkpoint is written under a temporary
-// name and renamed, so a crash never leaves a half checkpoint that looks whole.
+// (HF LlamaConfig), the AdamW state and trainer_state.json (step, seeds, data position, mesh), so
+// that resume continues bit-for-bit. A checkpoint is written under a temporary name, fsynced and
+// renamed, so a crash never leaves a half checkpoint that looks whole.
+//
+// Every rank writes a share of the optimizer state (optimizer-<r>-of-<W>.safetensors; one file,
+// optimizer.safetensors, in a world of 1), balanced by bytes with rank 0's model weights, so no
+// rank waits at the closing barrier for one writer to write everything.
 #pragma once
 #include <string>
+#include <vector>
 
+#include "comm/group.h"
 #include "config/options.h"
 #include "model/llama.h"
 #include "train/adamw.h"
@@ -16,23 +22,40 @@ struct TrainerState {
   int64_t samples_seen = 0;    // global samples consumed (data position)
   uint64_t data_seed = 0;
   uint64_t train_seed = 0;
+  int64_t global_batch = 0;    // G of the run that wrote it; 0 = unknown (older checkpoints)
+  int64_t dp = 0;              // mesh of the run that wrote it; 0 = unknown
+  int64_t sp = 0;
+  int64_t skipped_steps = 0;   // optimizer steps skipped for a non-finite grad_norm, in total
 };
 
-// Writes a complete checkpoint to `final_dir` (e.g. ".../step-20" or ".../initial"). Only one
-// rank calls it. `optimizer` may be null (initial weights). Throws UserError when the directory
-// cannot be written. On success `final_dir` exists and is complete; an older checkpoint of the
-// same name is replaced.
+// Removes what an interrupted save left in `checkpoint_dir`: ".<name>.tmp" and ".<name>.old"
+// directories. Returns their names. A missing directory is not an error. Call it on one rank,
+// before any rank saves (the caller puts a barrier after it).
+std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkpoint_dir);
+
+// Collective over `world` (every rank calls it with the same arguments): writes a complete
+// checkpoint to `final_dir` (e.g. ".../step-20" or ".../initial"). Each rank writes its share of
+// `optimizer`'s state (may be null: weights only, e.g. initial) into ".<name>.tmp" next to
+// final_dir; rank 0 also writes the weights, config.json and trainer_state.json. Every file is
+// fsynced by its writer; after a barrier rank 0 fsyncs the directory, replaces any older
+// checkpoint of the same name with one rename, and fsyncs the parent. Throws UserError when a
+// file cannot be written, comm::CommError when a peer fails. On return on rank 0 `final_dir`
+// exists and is complete.
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
-                     const TrainerState& state);
+                     const TrainerState& state, comm::Group& world);
 
 // Loads weights, optimizer state (when `optimizer` is non-null) and trainer state from `dir`.
-// Throws UserError naming the file when something is missing or does not match the model.
+// Throws UserError naming the file when something is missing or does not match the model; in
+// particular when `optimizer` is non-null and a checkpoint past step 0 holds no optimizer state
+// (a weights-only checkpoint: start from it with model.load instead).
 TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
                              AdamW* optimizer);
 
-// Resolves checkpoint.resume: "latest" -> the highest <checkpoint_dir>/step-<N>, a path -> itself.
-// Returns "" when resume is "" (or "latest" with none written yet).
-std::string resolve_resume_dir(const config::CheckpointOptions& options);
+// Resolves checkpoint.resume: "" -> ""; "latest" -> the highest <checkpoint.dir>/step-<N>, or ""
+// when there is none yet (then `*note` says so); a relative name such as "step-2" ->
+// <checkpoint.dir>/step-2 when that exists, else the path as given. Throws
+// UserError("checkpoint.resume: ...") when a named checkpoint exists in neither place.
+std::string resolve_resume_dir(const config::CheckpointOptions& options, std::string* note = nullptr);
 
 }  // namespace ulysses::train

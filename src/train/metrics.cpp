@@ -24,6 +24,38 @@ double flops_per_rank(const StepMetrics& m, int64_t world_size) {
                          : 0.0;
 }
 
+// The fields of a metrics.jsonl step record that the summary uses.
+StepMetrics step_from_json(const nlohmann::json& line) {
+  StepMetrics m;
+  m.step = line.value("step", int64_t{0});
+  m.loss = line.value("loss", 0.0);
+  m.grad_norm = line.value("grad_norm", 0.0);
+  m.lr = line.value("lr", 0.0);
+  m.tokens = line.value("tokens", int64_t{0});
+  m.valid_tokens = line.value("valid_tokens", int64_t{0});
+  m.step_ms = line.value("step_ms", 0.0);
+  m.tokens_per_s = line.value("tokens_per_s", 0.0);
+  m.peak_mem_bytes = line.value("peak_mem_bytes", int64_t{0});
+  m.peak_host_bytes = line.value("peak_host_bytes", int64_t{0});
+  if (line.contains("phases")) m.phases = line["phases"].get<std::map<std::string, double>>();
+  m.compute_ms = line.value("compute_ms", 0.0);
+  m.comm_ms = line.value("comm_ms", 0.0);
+  m.offload_ms = line.value("offload_ms", 0.0);
+  m.optimizer_ms = line.value("optimizer_ms", 0.0);
+  m.exposed_comm_ms = line.value("exposed_comm_ms", 0.0);
+  m.model_flops = line.value("model_flops", 0.0);
+  m.skipped = line.value("skipped", false);
+  m.first_sample = line.value("first_sample", int64_t{0});
+  return m;
+}
+
+// The step a metrics.jsonl record belongs to (an eval record's "eval.step"); -1 when none.
+int64_t record_step(const nlohmann::json& line) {
+  if (line.contains("step")) return line["step"].get<int64_t>();
+  if (line.contains("eval") && line["eval"].contains("step")) return line["eval"]["step"].get<int64_t>();
+  return -1;
+}
+
 }  // namespace
 
 void StepMetrics::set_times(const profile::StepTimes& times) {
@@ -41,12 +73,34 @@ void MetricsWriter::set_throughput_basis(int64_t world_size, double peak_flops_p
   peak_flops_per_rank_ = peak_flops_per_rank;
 }
 
-MetricsWriter::MetricsWriter(const std::string& dir, int64_t warmup_steps)
+MetricsWriter::MetricsWriter(const std::string& dir, int64_t warmup_steps, int64_t resumed_step)
     : dir_(dir), warmup_steps_(warmup_steps) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  metrics_.open(dir + "/metrics.jsonl", std::ios::trunc);
-  if (!metrics_) throw UserError("output.dir: cannot write " + dir + "/metrics.jsonl");
+  const std::string path = dir + "/metrics.jsonl";
+  std::string kept;  // earlier records of a resumed run, one per line
+  if (resumed_step > 0) {
+    std::ifstream in(path);
+    std::string text;
+    while (std::getline(in, text)) {
+      nlohmann::json line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (line.is_discarded() || !line.is_object()) continue;  // a line cut by a kill
+      const int64_t step = record_step(line);
+      if (step < 0 || step > resumed_step) continue;
+      kept += text + "\n";
+      if (line.contains("step")) steps_.push_back(step_from_json(line)), ++kept_steps_;
+    }
+  }
+  {  // rewrite through a temporary file so a crash here loses nothing
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    out << kept;
+    out.flush();
+    if (!out) throw UserError("output.dir: cannot write " + path);
+  }
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) throw UserError("output.dir: cannot write " + path + " (" + ec.message() + ")");
+  metrics_.open(path, std::ios::app);
+  if (!metrics_) throw UserError("output.dir: cannot write " + path);
 }
 
 void MetricsWriter::write_step(const StepMetrics& m) {
@@ -67,8 +121,13 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                          {"optimizer_ms", m.optimizer_ms},
                          {"exposed_comm_ms", m.exposed_comm_ms},
                          {"tokens_per_s_per_rank",
-                          m.tokens_per_s / static_cast<double>(world_size_)}};
-  if (m.model_flops > 0.0) line["tflops_per_rank"] = flops_per_rank(m, world_size_) / 1e12;
+                          m.tokens_per_s / static_cast<double>(world_size_)},
+                         {"first_sample", m.first_sample}};
+  if (m.skipped) line["skipped"] = true;
+  if (m.model_flops > 0.0) {
+    line["model_flops"] = m.model_flops;
+    line["tflops_per_rank"] = flops_per_rank(m, world_size_) / 1e12;
+  }
   metrics_ << line.dump() << "\n";
   metrics_.flush();
   steps_.push_back(m);
@@ -88,7 +147,7 @@ void MetricsWriter::write_summary(const nlohmann::json& extra) const {
 
   std::vector<double> step_ms, tps, flops;
   std::map<std::string, std::vector<double>> phases, categories;
-  int64_t peak = 0, peak_host = 0;
+  int64_t peak = 0, peak_host = 0, skipped = 0;
   for (const auto* s : measured) {
     step_ms.push_back(s->step_ms);
     tps.push_back(s->tokens_per_s);
@@ -103,6 +162,7 @@ void MetricsWriter::write_summary(const nlohmann::json& extra) const {
   for (const auto& s : steps_) {
     peak = std::max(peak, s.peak_mem_bytes);
     peak_host = std::max(peak_host, s.peak_host_bytes);
+    skipped += s.skipped ? 1 : 0;
   }
   nlohmann::json phase_medians = nlohmann::json::object();
   for (auto& [name, values] : phases) phase_medians[name] = median(values);
@@ -116,7 +176,8 @@ void MetricsWriter::write_summary(const nlohmann::json& extra) const {
                             {"peak_mem_bytes", peak},
                             {"peak_host_bytes", peak_host},
                             {"final_loss", steps_.empty() ? 0.0 : steps_.back().loss},
-                            {"first_loss", steps_.empty() ? 0.0 : steps_.front().loss}};
+                            {"first_loss", steps_.empty() ? 0.0 : steps_.front().loss},
+                            {"skipped_steps", skipped}};
   for (auto& [key, values] : categories) summary[key] = median(values);
   summary["tokens_per_s_per_rank_median"] = median(tps) / static_cast<double>(world_size_);
   if (!flops.empty()) {

@@ -31,6 +31,8 @@ struct StepMetrics {
   double optimizer_ms = 0.0;
   double exposed_comm_ms = 0.0;  // comm not hidden behind compute
   double model_flops = 0.0;      // whole job, this step (profile::training_flops); 0 = unknown
+  bool skipped = false;          // grad_norm was not finite: the optimizer did not step
+  int64_t first_sample = 0;      // global index of the step's first sample (data position)
 
   // Copies the phases and category totals of `times`.
   void set_times(const profile::StepTimes& times);
@@ -38,8 +40,14 @@ struct StepMetrics {
 
 class MetricsWriter {
  public:
-  // Creates `dir` and truncates metrics.jsonl there. Throws UserError when it cannot.
-  MetricsWriter(const std::string& dir, int64_t warmup_steps);
+  // Creates `dir` and starts metrics.jsonl there. A fresh run (resumed_step 0) truncates it. A run
+  // resumed after step `resumed_step` keeps the records of steps <= resumed_step already in the
+  // file (the steps before the checkpoint, so the summary covers the whole run) and drops later
+  // ones (they are trained again), then appends. Throws UserError when it cannot write.
+  MetricsWriter(const std::string& dir, int64_t warmup_steps, int64_t resumed_step = 0);
+
+  // Step records kept from an earlier run by the constructor.
+  int64_t kept_steps() const { return kept_steps_; }
 
   // Per-rank figures: each step's work is shared by `world_size` ranks; `peak_flops_per_rank`
   // (FLOP/s of one device, 0 = unknown) turns achieved FLOP/s into MFU. Defaults: 1 rank, 0.
@@ -53,8 +61,8 @@ class MetricsWriter {
 
   // Writes summary.json: medians of step_ms, tokens_per_s, phases and category times over the
   // steps after warmup (all steps when there are no others), tokens/s per rank, achieved model
-  // TFLOP/s per rank and MFU (when model_flops and the peak are known), final loss, peak memory,
-  // plus `extra` fields.
+  // TFLOP/s per rank and MFU (when model_flops and the peak are known), first and final loss,
+  // skipped steps, peak memory, plus `extra` fields. Kept records from before a resume count.
   void write_summary(const nlohmann::json& extra) const;
 
  private:
@@ -64,6 +72,7 @@ class MetricsWriter {
   double peak_flops_per_rank_ = 0.0;
   std::ofstream metrics_;
   std::vector<StepMetrics> steps_;
+  int64_t kept_steps_ = 0;
 };
 
 }  // namespace ulysses::train

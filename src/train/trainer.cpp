@@ -2,11 +2,15 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <stdexcept>
 
 #include "common/error.h"
+#include "config/run_config.h"
 #include "data/data_loader.h"
 #include "memory/activation_checkpoint.h"
 #include "memory/memory_stats.h"
@@ -16,15 +20,18 @@
 #include "profile/flops.h"
 #include "profile/model_ranges.h"
 #include "profile/phase_timer.h"
+#include "sp/tiled_logits_loss.h"
 #include "sp/tiled_mlp.h"
 #include "sp/ulysses_attention.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/evaluator.h"
 #include "train/gradient_step.h"
+#include "train/grad_buffers.h"
 #include "train/grad_clip.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/run_description.h"
 
 namespace ulysses::train {
 namespace {
@@ -54,6 +61,21 @@ std::string step_dir(const std::string& dir, int64_t step) {
   return (std::filesystem::path(dir) / ("step-" + std::to_string(step))).string();
 }
 
+void say(const std::string& line) { std::cout << "ulysses-train: " << line << std::endl; }
+
+// Writes `config` to <output.dir>/run.yaml (through a temporary name). Throws UserError.
+void write_run_yaml(const config::RunConfig& config, const std::string& path) {
+  {
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    out << "# The effective run config of this run (ulysses-train --config " << "run.yaml runs it again)\n"
+        << config::to_yaml(config);
+    if (!out) throw UserError("output.dir: cannot write " + path);
+  }
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) throw UserError("output.dir: cannot write " + path + " (" + ec.message() + ")");
+}
+
 }  // namespace
 
 at::Device select_device(const config::RunConfig& config, const comm::DistEnv& env) {
@@ -65,7 +87,7 @@ at::Device select_device(const config::RunConfig& config, const comm::DistEnv& e
 }
 
 model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::DeviceMesh& mesh,
-                                    const at::Device& device) {
+                                    const at::Device& device, int64_t* mlp_tiles) {
   model::LlamaForCausalLM model(config.model);
   if (!config.model.load.empty()) model::load_hf_weights(model, config.model.load);
   model->to(device, memory::parameter_dtype(config.memory.precision));
@@ -77,11 +99,14 @@ model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::Devic
     model->set_attention_core(std::make_shared<model::LocalAttentionCore>(backend));
   }
   model->set_skip_all_but_last(config.attention.skip_all_but_last);
+  int64_t tiles = 1;
   if (config.memory.tiled_mlp.value != 1) {  // TiledMLP; auto is a MAX over the world
     const int64_t local_seq_len = (config.sequence.length + mesh.sp_size() - 1) / mesh.sp_size();
-    model->set_mlp_runner(sp::tiled_mlp_runner(sp::resolve_mlp_tiles(
-        config.memory.tiled_mlp, local_seq_len, model->options().hidden_size, mesh.world())));
+    tiles = sp::resolve_mlp_tiles(config.memory.tiled_mlp, local_seq_len,
+                                  model->options().hidden_size, mesh.world());
+    model->set_mlp_runner(sp::tiled_mlp_runner(tiles));
   }
+  if (mlp_tiles != nullptr) *mlp_tiles = tiles;
   // memory.offload_activations offloads the checkpointed inputs, so it implies checkpointing.
   if (config.memory.checkpointing || config.memory.offload_activations) {
     memory::enable_activation_checkpointing(model, config.memory.offload_activations);
@@ -92,47 +117,106 @@ model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::Devic
 int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                  const at::Device& device) {
   const bool is_rank0 = mesh.rank() == 0;
-  model::LlamaForCausalLM model = build_model(config, mesh, device);
+  ResolvedRun run;
+  model::LlamaForCausalLM model = build_model(config, mesh, device, &run.mlp_tiles);
   profile::set_timing_device(device);
   profile::enable_nvtx(config.profile.nvtx);
   profile::install_model_ranges(model);
-  if (is_rank0) {
-    std::cout << "ulysses-train: model " << (config.model.preset.empty() ? "inline" : config.model.preset)
-              << ", " << model->parameters().size() << " tensors, attention "
-              << model->attention_core()->name() << ", device " << device.str() << std::endl;
-  }
   AdamW optimizer(model->named_parameters().pairs(), config.optim,
                   config.memory.offload_optimizer ? OptimizerPlacement::kHost
                                                   : OptimizerPlacement::kDevice);
   std::vector<at::Tensor> params = model->parameters();
+  // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there).
+  GradientBuffers gradients(params);
+  data::DataLoader loader(config.data, config.sequence, config.model.vocab_size, mesh.dp_size(),
+                          mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank());
+  const int64_t global_samples = loader.global_batch_size();
+  const int64_t tokens_per_step = global_samples * loader.padded_length();
+
+  // Checkpoints: clear what an interrupted save left, before any rank writes.
+  const bool checkpoints = !config.checkpoint.dir.empty();
+  if (checkpoints) {
+    if (is_rank0) {
+      for (const auto& name : remove_stale_checkpoint_temps(config.checkpoint.dir)) {
+        say("removed " + name + " (left in " + config.checkpoint.dir + " by an interrupted save)");
+      }
+    }
+    mesh.world().barrier();
+  }
 
   TrainerState state;
   state.data_seed = config.data.seed;
   state.train_seed = config.train.seed;
-  const std::string resume_dir = resolve_resume_dir(config.checkpoint);
+  std::string resume_note;
+  const std::string resume_dir = resolve_resume_dir(config.checkpoint, &resume_note);
+  if (is_rank0 && !resume_note.empty()) say(resume_note);
   if (!resume_dir.empty()) {
     state = load_checkpoint(resume_dir, model, &optimizer);
     model->to(device);
-    if (is_rank0) std::cout << "ulysses-train: resumed from " << resume_dir << " at step " << state.step << std::endl;
+    if (state.step >= config.train.steps) {  // finished: nothing to train, keep its outputs
+      if (is_rank0) {
+        say("checkpoint " + resume_dir + " is at step " + std::to_string(state.step) +
+            " and train.steps is " + std::to_string(config.train.steps) +
+            ": nothing left to train, outputs in " + config.output.dir +
+            " left as they are (raise train.steps to train on)");
+      }
+      return kExitOk;
+    }
+    loader.continue_from(state.step + 1, state.samples_seen);
+    if (is_rank0) {
+      say("resumed from " + resume_dir + " at step " + std::to_string(state.step) +
+          ", data at sample " + std::to_string(state.samples_seen));
+      const bool mesh_changed =
+          state.dp != 0 && (state.dp != mesh.dp_size() || state.sp != mesh.sp_size());
+      if (mesh_changed || (state.global_batch != 0 && state.global_batch != global_samples)) {
+        say("resuming on dp " + std::to_string(mesh.dp_size()) + " x sp " +
+            std::to_string(mesh.sp_size()) + " with " + std::to_string(global_samples) +
+            " samples per step (checkpoint: dp " + std::to_string(state.dp) + " x sp " +
+            std::to_string(state.sp) + ", " + std::to_string(state.global_batch) +
+            "): the data continues at sample " + std::to_string(state.samples_seen));
+      }
+    }
   }
-  const bool checkpoints = !config.checkpoint.dir.empty();
-  if (checkpoints && config.checkpoint.save_initial && state.step == 0 && is_rank0) {
-    save_checkpoint((std::filesystem::path(config.checkpoint.dir) / "initial").string(), model,
-                    config.model, nullptr, state);
+  state.global_batch = global_samples;
+  state.dp = mesh.dp_size();
+  state.sp = mesh.sp_size();
+  if (checkpoints && config.checkpoint.save_initial && state.step == 0) {
+    const std::string initial = (std::filesystem::path(config.checkpoint.dir) / "initial").string();
+    save_checkpoint(initial, model, config.model, nullptr, state, mesh.world());
+    if (is_rank0) say("saved initial weights to " + initial);
   }
 
-  data::DataLoader loader(config.data, config.sequence, config.model.vocab_size, mesh.dp_size(),
-                          mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank());
+  run.world_size = mesh.world().size();
+  run.dp = mesh.dp_size();
+  run.sp = mesh.sp_size();
+  run.padded_length = loader.padded_length();
+  run.local_length = loader.local_length();
+  run.global_batch = global_samples;
+  run.loss_tiles = config.memory.tiled_loss.value == 1
+                       ? 1
+                       : sp::resolve_loss_tiles(config.memory.tiled_loss,
+                                                config.sequence.micro_batch, loader.local_length(),
+                                                config.model.vocab_size);
+  for (const auto& p : params) run.parameters += p.numel();
+  run.device = device.str();
+  run.attention = model->attention_core()->name();
+
   std::unique_ptr<MetricsWriter> metrics;
-  if (is_rank0) metrics = std::make_unique<MetricsWriter>(config.output.dir, config.profile.warmup_steps);
-  if (metrics) {
+  const std::string run_yaml = (std::filesystem::path(config.output.dir) / "run.yaml").string();
+  if (is_rank0) {
+    metrics = std::make_unique<MetricsWriter>(config.output.dir, config.profile.warmup_steps,
+                                              state.step);
     metrics->set_throughput_basis(mesh.world().size(), config.profile.peak_tflops > 0
                                                            ? config.profile.peak_tflops * 1e12
                                                            : profile::peak_flops_per_rank_from_env());
+    write_run_yaml(config, run_yaml);
+    std::cout << describe_run(config, run, run_yaml) << std::flush;
+    if (metrics->kept_steps() > 0) {
+      say("appending to " + config.output.dir + "/metrics.jsonl after its " +
+          std::to_string(metrics->kept_steps()) + " records of steps <= " +
+          std::to_string(state.step));
+    }
   }
-  const int64_t global_samples =
-      mesh.dp_size() * config.sequence.micro_batch * config.sequence.grad_accum;
-  const int64_t tokens_per_step = global_samples * loader.padded_length();
   const double step_flops =
       tokens_per_step * profile::training_flops(config.model, loader.padded_length()).per_token();
   const bool evaluating = !config.eval.source.empty();
@@ -150,20 +234,26 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     }
   };
 
+  int64_t consecutive_skips = 0;
   for (int64_t step = state.step + 1; step <= config.train.steps; ++step) {
     profile::ScopedRange step_range("step", step);  // nsys capture range: step@ulysses
     memory::reset_peak_device_bytes(device);
     profile::take_phase_times();  // drop anything accumulated between steps
     const auto start = std::chrono::steady_clock::now();
     std::vector<data::Batch> batches = load_step(loader, step, config.sequence.grad_accum, device);
-    StepLoss loss = compute_gradients(model, batches, mesh, GradientOptions{config.memory.tiled_loss});
+    StepLoss loss = compute_gradients(model, batches, mesh, GradientOptions{config.memory.tiled_loss, &gradients});
     const double lr = lr_at(config.optim, step, config.train.steps);
     double grad_norm = 0.0;
+    // Gradients are summed over the world before the norm, so every rank takes the same branch.
+    bool skipped = false;
     {
       profile::ScopedPhase phase("optimizer");
-      grad_norm = clip_grad_norm(params, config.optim.grad_clip);
-      optimizer.step(lr);
+      grad_norm = clip_gradients(gradients.grads(), config.optim.grad_clip);
+      skipped = !std::isfinite(grad_norm);
+      if (!skipped) optimizer.step(lr, gradients.grads());
     }
+    consecutive_skips = skipped ? consecutive_skips + 1 : 0;
+    if (skipped) ++state.skipped_steps;
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -183,19 +273,34 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     m.peak_mem_bytes = device.is_cuda() ? memory::peak_device_bytes(device) : m.peak_host_bytes;
     m.set_times(profile::take_step_times());
     m.model_flops = step_flops;
+    m.skipped = skipped;
+    m.first_sample = loader.first_sample(step);
     if (is_rank0) {
       metrics->write_step(m);
       print_progress(step, config.train.steps, m);
+      if (skipped) {
+        say("step " + std::to_string(step) + ": grad_norm is not finite, update skipped (" +
+            std::to_string(consecutive_skips) + " in a row)");
+      }
+    }
+    if (config.optim.max_consecutive_skips > 0 &&
+        consecutive_skips >= config.optim.max_consecutive_skips) {
+      throw std::runtime_error(
+          "training diverged: grad_norm was not finite in " + std::to_string(consecutive_skips) +
+          " steps in a row (steps " + std::to_string(step - consecutive_skips + 1) + "-" +
+          std::to_string(step) + ", optim.max_consecutive_skips " +
+          std::to_string(config.optim.max_consecutive_skips) +
+          "): lower optim.lr, raise optim.warmup_steps or check the data");
     }
     const bool last = step == config.train.steps;
-    if (checkpoints && is_rank0 &&
-        (last || (config.checkpoint.every > 0 && step % config.checkpoint.every == 0))) {
-      save_checkpoint(step_dir(config.checkpoint.dir, step), model, config.model, &optimizer, state);
+    if (checkpoints && (last || (config.checkpoint.every > 0 && step % config.checkpoint.every == 0))) {
+      const std::string dir = step_dir(config.checkpoint.dir, step);
+      save_checkpoint(dir, model, config.model, &optimizer, state, mesh.world());
+      if (is_rank0) say("saved checkpoint " + dir);
     }
     if (evaluating && (last || (config.eval.every > 0 && step % config.eval.every == 0))) {
       run_eval(step);
     }
-    if (checkpoints) mesh.world().barrier();  // nobody races ahead of a checkpoint being written
   }
   if (evaluating && config.train.steps == 0) run_eval(0);  // evaluation-only run
   // The tuner compares peaks against a per-rank limit: the largest rank's peak is what counts.
@@ -207,13 +312,17 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   mesh.world().all_reduce(peaks, comm::ReduceOp::kMax);
   peaks = peaks.cpu();
   if (is_rank0 && metrics) {
-    metrics->write_summary({{"max_rank_peak_host_bytes", peaks[0].item<int64_t>()},
-                            {"max_rank_peak_mem_bytes", peaks[1].item<int64_t>()},
-                            {"world_size", mesh.world().size()},
-                            {"dp", mesh.dp_size()},
-                            {"sp", mesh.sp_size()},
-                            {"sequence_length", loader.padded_length()},
-                            {"device", device.str()}});
+    nlohmann::json extra = resolved_run_json(config, run);
+    extra.update({{"max_rank_peak_host_bytes", peaks[0].item<int64_t>()},
+                  {"max_rank_peak_mem_bytes", peaks[1].item<int64_t>()},
+                  {"world_size", mesh.world().size()},
+                  {"dp", mesh.dp_size()},
+                  {"sp", mesh.sp_size()},
+                  {"sequence_length", loader.padded_length()},
+                  {"device", device.str()}});
+    metrics->write_summary(extra);
+    say("done: outputs in " + config.output.dir + " (metrics.jsonl, summary.json, run.yaml)" +
+        (checkpoints ? ", checkpoints in " + config.checkpoint.dir : std::string()));
   }
   return kExitOk;
 }

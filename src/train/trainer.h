@@ -16,14 +16,22 @@ at::Device select_device(const config::RunConfig& config, const comm::DistEnv& e
 
 // Builds the model for this rank: seeded init (identical on every rank) or HF weights from
 // model.load, moved to `device`, with Ulysses attention over mesh.sp() when sp > 1 and local
-// attention otherwise.
+// attention otherwise. Every rank of the world calls it (memory.tiled_mlp auto is a MAX over
+// ranks). `mlp_tiles`, when given, receives the resolved MLP tile count (1 = plain MLP).
 model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::DeviceMesh& mesh,
-                                    const at::Device& device);
+                                    const at::Device& device, int64_t* mlp_tiles = nullptr);
 
 // Runs config.train.steps steps (from a resumed checkpoint when checkpoint.resume is set) and
-// evaluation when configured. Rank 0 writes metrics.jsonl / summary.json under output.dir and
-// prints one progress line per step. Returns the process exit status. Throws UserError on bad
-// input discovered at run time, comm::CommError when a peer fails.
+// evaluation when configured. Rank 0 echoes the effective config, writes run.yaml (loads back as
+// this run config), metrics.jsonl and summary.json under output.dir, prints one progress line per
+// step, one per checkpoint saved and where the outputs are at the end.
+// Resume: continues the data stream at the checkpoint's samples_seen (another mesh or batch size
+// neither replays nor skips samples; rank 0 says so), keeps the metrics.jsonl records of the steps
+// before the checkpoint, and returns kExitOk without touching the outputs when the checkpoint is
+// already at train.steps. A step whose grad_norm is not finite skips the update (counted in
+// metrics); optim.max_consecutive_skips of them in a row throw std::runtime_error (diverged).
+// Returns the process exit status. Throws UserError on bad input discovered at run time (e.g. a
+// checkpoint without optimizer state), comm::CommError when a peer fails.
 // REQUIRES: config validated for mesh.world().size().
 int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh, const at::Device& device);
 

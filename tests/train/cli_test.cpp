@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "common/paths.h"
@@ -79,6 +80,53 @@ TEST(TrainCli, SingleRankRunWritesMetrics) {
   EXPECT_TRUE(std::filesystem::exists(out / "metrics.jsonl"));
   EXPECT_TRUE(std::filesystem::exists(out / "summary.json"));
   EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+  std::filesystem::remove_all(out);
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(TrainCli, RunEchoesItsEffectiveConfigAndWritesARunYamlThatRunsAgain) {
+  const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-echo";
+  std::filesystem::remove_all(out);
+  Result r = run("--config " + example() +
+                 " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=1 --set sequence.length=60"
+                 " --set memory.tiled_mlp=auto --set output.dir=" + (out / "a").string() +
+                 " --set checkpoint.dir=" + (out / "ckpt").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* fragment :
+       {"effective config", "sequence 60 tokens (padded 60", "tiled_mlp auto -> 1 tiles",
+        "offload_optimizer off", "defaults taken:", "data.seed=0", "saved checkpoint",
+        "done: outputs in"}) {
+    EXPECT_NE(r.output.find(fragment), std::string::npos) << fragment << "\n" << r.output;
+  }
+  const std::string summary = read_text(out / "a" / "summary.json");
+  EXPECT_NE(summary.find("\"tiled_mlp_tiles\": 1"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"padded_length\": 60"), std::string::npos) << summary;
+  // run.yaml loads back as a run config: the same run again from it.
+  Result again = run("--config " + (out / "a" / "run.yaml").string() +
+                     " --set output.dir=" + (out / "b").string());
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_EQ(read_text(out / "a" / "run.yaml").find("output:\n  dir: " + (out / "a").string()) ==
+                std::string::npos,
+            false);
+  std::filesystem::remove_all(out);
+}
+
+TEST(TrainCli, ResumeLatestWithoutACheckpointSaysSo) {
+  const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-latest";
+  std::filesystem::remove_all(out);
+  std::filesystem::create_directories(out / "ckpt");
+  Result r = run("--config " + example() +
+                 " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=1 --set sequence.length=32"
+                 " --set checkpoint.resume=latest --set checkpoint.dir=" + (out / "ckpt").string() +
+                 " --set output.dir=" + (out / "a").string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint.resume: latest found no step-<N> checkpoint"),
+            std::string::npos)
+      << r.output;
   std::filesystem::remove_all(out);
 }
 

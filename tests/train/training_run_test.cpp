@@ -1,6 +1,8 @@
 // Whole training runs on real Gloo ranks: loss falls on a learnable token file, sp = 1, 2, 4 give
 // the same per-step losses, resume reproduces steps bit-for-bit, checkpoints follow HF Llama, and
-// evaluation of a saved checkpoint (with and without SP) reproduces the trained model's loss.
+// evaluation of a saved checkpoint (with and without SP) reproduces the trained model's loss; resume
+// refuses what it cannot continue, continues the data by samples seen and appends to metrics;
+// non-finite gradients skip the update; every rank writes its share of a checkpoint.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mesh.h"
+#include "common/error.h"
 #include "model/safetensors.h"
 #include "support/multi_rank.h"
 #include "train/trainer.h"
@@ -83,6 +86,23 @@ config::RunConfig learnable_config(const std::string& dir, int64_t dp, int64_t s
   c.train.steps = steps;
   c.profile.warmup_steps = 0;
   return c;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The message of the exception run_training throws on this rank ("" when it returns).
+std::string training_error(const config::RunConfig& c, const testing::RankContext& ctx) {
+  auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, c.mesh.dp,
+                                                c.mesh.sp);
+  try {
+    EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
 }
 
 void train_on_ranks(const config::RunConfig& c) {
@@ -219,6 +239,152 @@ TEST(TrainingRun, SavedCheckpointEvaluatesToTheSameLossWithAndWithoutSP) {
   ASSERT_EQ(bypass.size(), 1u);
   EXPECT_EQ(loaded[0], trained[0]);  // same weights, same ranks, same math: identical
   EXPECT_NEAR(bypass[0], trained[0], 1e-5 * trained[0]);
+}
+
+TEST(TrainingRun, ResumeOnAnotherMeshContinuesTheDataAndAppendsToMetrics) {
+  const std::string dir = shared_dir("resume-mesh");
+  if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
+  config::RunConfig full = learnable_config(dir, 1, 2, 4);  // dp 1 x sp 2, G = 2
+  full.output.dir = dir + "/out";
+  full.checkpoint.dir = dir + "/ckpt";
+  full.checkpoint.every = 2;
+  train_on_ranks(full);
+  std::vector<double> full_losses;
+  if (!testing::in_rank_child()) full_losses = step_losses(full.output.dir + "/metrics.jsonl");
+
+  config::RunConfig resumed = full;  // same output.dir; dp 2 x sp 1, G = 4
+  resumed.mesh.dp = 2;
+  resumed.mesh.sp = 1;
+  resumed.sequence.micro_batch = 2;
+  resumed.checkpoint.resume = "step-2";  // looked up in checkpoint.dir
+  train_on_ranks(resumed);
+  if (testing::in_rank_child()) return;
+
+  const auto lines = read_lines(full.output.dir + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 4u) << "steps before the resume kept, steps after it trained again";
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(lines[i]["step"], int64_t(i + 1));
+  EXPECT_EQ(lines[0]["loss"].get<double>(), full_losses[0]);
+  EXPECT_EQ(lines[1]["loss"].get<double>(), full_losses[1]);
+  // Steps 1-2 consumed samples [0, 4); the resumed steps take 4 samples each from there.
+  EXPECT_EQ(lines[1]["first_sample"], 2);
+  EXPECT_EQ(lines[2]["first_sample"], 4);
+  EXPECT_EQ(lines[3]["first_sample"], 8);
+  const auto summary = nlohmann::json::parse(read_text(full.output.dir + "/summary.json"));
+  EXPECT_EQ(summary["steps"], 4);
+  EXPECT_EQ(summary["first_loss"].get<double>(), full_losses[0]);
+  EXPECT_EQ(summary["final_loss"].get<double>(), lines[3]["loss"].get<double>());
+  EXPECT_EQ(summary["resolved"]["global_batch"], 4);
+}
+
+TEST(TrainingRun, ResumeRefusesACheckpointWithoutOptimizerState) {
+  const std::string dir = shared_dir("resume-no-optim");
+  if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
+  config::RunConfig first = learnable_config(dir, 1, 1, 2);
+  first.output.dir = dir + "/out";
+  first.checkpoint.dir = dir + "/ckpt";
+  train_on_ranks(first);
+  if (!testing::in_rank_child()) {  // a weights-only checkpoint past step 0
+    fs::remove(dir + "/ckpt/step-2/optimizer.safetensors");
+    auto state = nlohmann::json::parse(read_text(dir + "/ckpt/step-2/trainer_state.json"));
+    state.erase("optimizer_files");
+    std::ofstream(dir + "/ckpt/step-2/trainer_state.json") << state.dump();
+  }
+  config::RunConfig resumed = first;
+  resumed.train.steps = 4;
+  resumed.checkpoint.resume = "latest";
+  testing::run_ranks(1, [&](const testing::RankContext& ctx) {
+    const std::string error = training_error(resumed, ctx);
+    EXPECT_NE(error.find("optimizer.safetensors: missing"), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  });
+}
+
+TEST(TrainingRun, ResumingAFinishedRunKeepsItsOutputs) {
+  const std::string dir = shared_dir("resume-finished");
+  if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
+  config::RunConfig c = learnable_config(dir, 1, 1, 2);
+  c.output.dir = dir + "/out";
+  c.checkpoint.dir = dir + "/ckpt";
+  train_on_ranks(c);
+  std::string summary, metrics;
+  if (!testing::in_rank_child()) {
+    summary = read_text(c.output.dir + "/summary.json");
+    metrics = read_text(c.output.dir + "/metrics.jsonl");
+  }
+  config::RunConfig again = c;
+  again.checkpoint.resume = "latest";
+  train_on_ranks(again);
+  if (testing::in_rank_child()) return;
+  EXPECT_EQ(read_text(c.output.dir + "/summary.json"), summary);
+  EXPECT_EQ(read_text(c.output.dir + "/metrics.jsonl"), metrics);
+  EXPECT_NE(nlohmann::json::parse(summary)["final_loss"].get<double>(), 0.0);
+}
+
+TEST(TrainingRun, NonFiniteGradientsSkipTheUpdateAndStopTheRun) {
+  const std::string dir = shared_dir("nonfinite");
+  if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
+  config::RunConfig c = learnable_config(dir, 1, 2, 1);
+  c.output.dir = dir + "/first";
+  c.checkpoint.dir = dir + "/ckpt";
+  train_on_ranks(c);
+  if (!testing::in_rank_child()) {  // weights with a NaN in every token's embedding
+    const std::string file = dir + "/ckpt/step-1/model.safetensors";
+    auto tensors = model::load_safetensors(file);
+    tensors.at("model.embed_tokens.weight").select(1, 0).fill_(NAN);
+    model::save_safetensors(file, {tensors.begin(), tensors.end()}, {});
+  }
+  config::RunConfig bad = c;
+  bad.model.load = dir + "/ckpt/step-1";
+  bad.train.steps = 10;
+  bad.optim.max_consecutive_skips = 3;
+  bad.output.dir = dir + "/bad";
+  bad.checkpoint.dir = dir + "/ckpt-bad";
+  bad.checkpoint.every = 1;
+  testing::run_ranks(2, [&](const testing::RankContext& ctx) {
+    const std::string error = training_error(bad, ctx);
+    EXPECT_NE(error.find("diverged"), std::string::npos) << error;
+    EXPECT_NE(error.find("optim.max_consecutive_skips"), std::string::npos) << error;
+  });
+  if (testing::in_rank_child()) return;
+  const auto lines = read_lines(bad.output.dir + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& line : lines) EXPECT_EQ(line.value("skipped", false), true) << line.dump();
+  // The skipped updates left the weights as loaded.
+  auto loaded = model::load_safetensors(dir + "/ckpt/step-1/model.safetensors");
+  auto after = model::load_safetensors(bad.checkpoint.dir + "/step-2/model.safetensors");
+  EXPECT_TRUE(after.at("model.norm.weight").equal(loaded.at("model.norm.weight")));
+  EXPECT_TRUE(after.at("lm_head.weight").equal(loaded.at("lm_head.weight")));
+}
+
+TEST(TrainingRun, EveryRankWritesItsShareAndStaleTemporariesGo) {
+  const std::string dir = shared_dir("shares");
+  if (!testing::in_rank_child()) {
+    write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
+    fs::create_directories(dir + "/ckpt/.step-9.tmp");  // left by a killed save
+    std::ofstream(dir + "/ckpt/.step-9.tmp/model.safetensors") << "half";
+    fs::create_directories(dir + "/ckpt/.step-4.tmp-4242");  // the older per-pid name
+  }
+  config::RunConfig c = learnable_config(dir, 1, 2, 2);
+  c.output.dir = dir + "/out";
+  c.checkpoint.dir = dir + "/ckpt";
+  train_on_ranks(c);
+  if (testing::in_rank_child()) return;
+
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(c.checkpoint.dir)) names.push_back(e.path().filename());
+  EXPECT_EQ(names, std::vector<std::string>{"step-2"});
+  std::set<std::string> params;
+  size_t entries = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto shard = model::load_safetensors(c.checkpoint.dir + "/step-2/optimizer-" +
+                                               std::to_string(rank) + "-of-2.safetensors");
+    EXPECT_FALSE(shard.empty()) << "rank " << rank << " wrote no optimizer state";
+    entries += shard.size();
+    for (const auto& [name, t] : shard) params.insert(name.substr(0, name.rfind('.')));
+  }
+  const auto weights = model::load_safetensors(c.checkpoint.dir + "/step-2/model.safetensors");
+  EXPECT_EQ(params.size(), weights.size());
+  EXPECT_EQ(entries, 3 * weights.size());  // exp_avg, exp_avg_sq, step per parameter
 }
 
 }  // namespace

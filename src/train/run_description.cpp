@@ -1,0 +1,125 @@
+// The effective-config echo and its summary.json record (see run_description.h).
+#include "train/run_description.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <map>
+#include <sstream>
+
+#include "config/field_table.h"
+#include "config/yaml_values.h"
+
+namespace ulysses::train {
+namespace {
+
+template <class T>
+std::string yaml_text(const T& value) {
+  YAML::Emitter out;
+  out << YAML::Flow;
+  config::emit_value(out, value);
+  return out.c_str();
+}
+
+std::string tiles_text(const config::TileCount& count, int64_t resolved) {
+  if (resolved == 1 && count.value == 1) return "off";
+  return (count.is_auto() ? std::string("auto -> ") : std::string()) + std::to_string(resolved) +
+         " tiles";
+}
+
+const char* on_off(bool value) { return value ? "on" : "off"; }
+
+}  // namespace
+
+std::vector<std::string> settings_at_default(const config::RunConfig& config) {
+  std::map<std::string, std::string> defaults;
+  const config::RunConfig default_config;
+  config::for_each_field(default_config, [&](const char* section, const char* key,
+                                                  const auto& field) {
+    defaults[std::string(section) + "." + key] = yaml_text(field);
+  });
+  std::vector<std::string> out;
+  config::for_each_field(config, [&](const char* section, const char* key, const auto& field) {
+    if (std::string(section) == "model") return;
+    const std::string path = std::string(section) + "." + key;
+    const std::string value = yaml_text(field);
+    if (defaults[path] == value) out.push_back(path + "=" + (value.empty() ? "\"\"" : value));
+  });
+  return out;
+}
+
+std::string describe_run(const config::RunConfig& config, const ResolvedRun& run,
+                         const std::string& run_yaml_path) {
+  const auto& m = config.model;
+  const auto& mem = config.memory;
+  std::ostringstream out;
+  const std::string p = "ulysses-train: ";
+  out << p << "effective config (all keys in " << run_yaml_path << "):\n";
+  out << p << "  model " << (!m.load.empty() ? m.load : m.preset.empty() ? "inline" : m.preset)
+      << ": hidden " << m.hidden_size << ", " << m.num_layers << " layers, " << m.num_heads
+      << " heads (" << m.num_kv_heads << " kv, head_dim " << m.head_dim << "), ffn "
+      << m.intermediate_size << ", vocab " << m.vocab_size << ", " << run.parameters
+      << " parameters\n";
+  out << p << "  mesh dp " << run.dp << " x sp " << run.sp << " (world " << run.world_size
+      << "), device " << run.device << ", attention " << run.attention << "\n";
+  out << p << "  sequence " << config.sequence.length << " tokens (padded " << run.padded_length
+      << ", " << run.local_length << " per rank), micro_batch " << config.sequence.micro_batch
+      << ", grad_accum " << config.sequence.grad_accum << ": " << run.global_batch
+      << " samples = " << run.global_batch * run.padded_length << " tokens per step\n";
+  out << p << "  data " << config.data.source;
+  if (config.data.source.rfind("tokens:", 0) == 0) out << " (" << config.data.token_dtype << ")";
+  out << (config.data.pack ? ", packed" : "") << "; " << config.train.steps << " steps, lr "
+      << config::format_double(config.optim.lr) << " " << config.optim.schedule << "\n";
+  out << p << "  memory: tiled_mlp " << tiles_text(mem.tiled_mlp, run.mlp_tiles) << ", tiled_loss "
+      << tiles_text(mem.tiled_loss, run.loss_tiles) << ", checkpointing "
+      << on_off(mem.checkpointing || mem.offload_activations) << ", offload_activations "
+      << on_off(mem.offload_activations) << ", offload_optimizer " << on_off(mem.offload_optimizer)
+      << ", precision " << mem.precision << ", limit "
+      << (mem.limit_gib > 0 ? config::format_double(mem.limit_gib) + " GiB" : "none") << "\n";
+  out << p << "  outputs in " << config.output.dir;
+  if (!config.checkpoint.dir.empty()) {
+    out << ", checkpoints in " << config.checkpoint.dir << " ("
+        << (config.checkpoint.every > 0
+                ? "every " + std::to_string(config.checkpoint.every) + " steps and "
+                : std::string())
+        << "at the end)";
+  }
+  out << "\n";
+  const std::vector<std::string> defaults = settings_at_default(config);
+  std::string line = p + "  defaults taken:";
+  for (const auto& setting : defaults) {
+    if (line.size() + setting.size() > 110) {
+      out << line << "\n";
+      line = p + "   ";
+    }
+    line += " " + setting;
+  }
+  out << line << "\n";
+  return out.str();
+}
+
+nlohmann::json resolved_run_json(const config::RunConfig& config, const ResolvedRun& run) {
+  const auto& mem = config.memory;
+  return {{"memory",
+           {{"tiled_mlp", mem.tiled_mlp.is_auto() ? "auto" : std::to_string(mem.tiled_mlp.value)},
+            {"tiled_mlp_tiles", run.mlp_tiles},
+            {"tiled_loss", mem.tiled_loss.is_auto() ? "auto" : std::to_string(mem.tiled_loss.value)},
+            {"tiled_loss_tiles", run.loss_tiles},
+            {"checkpointing", mem.checkpointing || mem.offload_activations},
+            {"offload_activations", mem.offload_activations},
+            {"offload_optimizer", mem.offload_optimizer},
+            {"precision", mem.precision},
+            {"limit_gib", mem.limit_gib}}},
+          {"resolved",
+           {{"sequence_length", config.sequence.length},
+            {"padded_length", run.padded_length},
+            {"local_length", run.local_length},
+            {"micro_batch", config.sequence.micro_batch},
+            {"grad_accum", config.sequence.grad_accum},
+            {"global_batch", run.global_batch},
+            {"tokens_per_step", run.global_batch * run.padded_length},
+            {"parameters", run.parameters},
+            {"attention", run.attention},
+            {"steps", config.train.steps}}}};
+}
+
+}  // namespace ulysses::train
