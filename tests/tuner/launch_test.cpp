@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -25,6 +26,7 @@
 #include "support/test_files.h"
 #include "common/error.h"
 #include "common/paths.h"
+#include "config/run_config.h"
 #include "tuner/launch/free_port.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/supervisor.h"
@@ -292,11 +294,57 @@ TEST(LaunchPlan, ClusterCommandLines) {
                 "--set train.steps=5"}));
   options.node_rank = 1;  // an explicit node rank prints only that node's line
   EXPECT_EQ(cluster_command_lines(options, "ulysses-train").size(), 2u);
+  LaunchOptions one_node = options;
+  one_node.nnodes = 1;
+  one_node.node_rank = -1;
+  one_node.print = "torchrun";
+  EXPECT_EQ(cluster_command_lines(one_node, "t"),  // the port given: the nodes form, one node
+            (std::vector<std::string>{
+                "torchrun --nnodes 1 --nproc-per-node 8 --node-rank 0 --master-addr node0 "
+                "--master-port 29400 --no-python t --config 'my run.yaml' --set train.steps=5"}));
+  one_node.master_port = 0;
+  EXPECT_EQ(cluster_command_lines(one_node, "t"),
+            (std::vector<std::string>{"torchrun --standalone --nproc-per-node 8 --no-python t "
+                                      "--config 'my run.yaml' --set train.steps=5"}));
   options.print = "srun";
   EXPECT_EQ(cluster_command_lines(options, "ulysses-train"),
             (std::vector<std::string>{
                 "MASTER_ADDR=node0 MASTER_PORT=29400 srun --nodes 2 --ntasks-per-node 8 "
                 "--kill-on-bad-exit=1 ulysses-train --config 'my run.yaml' --set train.steps=5"}));
+}
+
+// The README's multi-node example: tiny-cpu.yaml's 2 x 2 mesh on 2 nodes x 8 ranks. Launch says
+// exactly what to set, and what it says makes the config valid.
+TEST(LaunchPlan, MeshNotFittingTheWorldSaysWhatToSet) {
+  const std::string tiny = (fs::path(project_home()) / "experiments/runs/tiny-cpu.yaml").string();
+  LaunchOptions options;
+  options.config_path = tiny;
+  options.nproc = 8;
+  options.nnodes = 2;
+  config::RunConfig config = config::load_run_config(tiny, {});
+  try {
+    validate_for_launch(config, options);
+    ADD_FAILURE() << "a 2 x 2 mesh passed for 16 ranks";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "mesh: dp*sp = 4 does not match the world size 16 (--nnodes 2 x --nproc 8); add "
+              "--set mesh.dp=8 (keeps mesh.sp=2)");
+  }
+  config::RunConfig fixed = config::load_run_config(tiny, {"mesh.dp=8"});
+  EXPECT_NO_THROW(validate_for_launch(fixed, options));
+  // 3 ranks: sp 2 cannot stay and sp 3 does not divide the 8 heads.
+  options.nproc = 3;
+  options.nnodes = 1;
+  EXPECT_EQ(mesh_fix(config, 3), "--set mesh.dp=3 --set mesh.sp=1");
+  EXPECT_EQ(mesh_fix(config, 4), "");  // fits already
+  try {
+    validate_for_launch(config, options);
+    ADD_FAILURE() << "a 2 x 2 mesh passed for 3 ranks";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "mesh: dp*sp = 4 does not match the world size 3 (--nproc 3); add --set mesh.dp=3 "
+              "--set mesh.sp=1");
+  }
 }
 
 TEST(LaunchPlan, ShellQuote) {
@@ -468,10 +516,9 @@ TEST_F(LaunchCliTest, PrintTorchrunAndSrun) {
   const CliResult torchrun = run({config_, "--nproc", "4", "--set", "train.steps=0", "--trainer",
                                   "/opt/ulysses/bin/ulysses-train", "--print", "torchrun"});
   ASSERT_EQ(torchrun.status, 0) << torchrun.err;
-  EXPECT_EQ(torchrun.out,
-            "torchrun --nnodes 1 --nproc-per-node 4 --node-rank 0 --master-addr 127.0.0.1 "
-            "--master-port 29500 --no-python /opt/ulysses/bin/ulysses-train --config " +
-                config_ + " --set train.steps=0\n");
+  EXPECT_EQ(torchrun.out,  // one node, no --master-port: torchrun picks the port itself
+            "torchrun --standalone --nproc-per-node 4 --no-python /opt/ulysses/bin/ulysses-train "
+            "--config " + config_ + " --set train.steps=0\n");
   const CliResult srun = run({config_, "--nproc", "2", "--nnodes", "2", "--master-addr", "n0",
                               "--master-port", "6000", "--trainer", "ulysses-train", "--print",
                               "srun"});
@@ -560,6 +607,38 @@ TEST(LaunchTwoNodes, RealTrainerRanksZeroToThree) {
                                                          << "\n" << out;
     }
   }
+}
+
+// The printed single-node torchrun line, run as printed (torchrun found on PATH, from the venv of
+// $ULYSSES_PYTHON), trains: no fixed port, and no rank serving the agent's store a second time.
+TEST(LaunchPrint, PrintedTorchrunLineRuns) {
+  const std::string launcher = sibling_binary("ulysses-tune");
+  if (!fs::exists(sibling_binary("ulysses-train"))) GTEST_SKIP() << "ulysses-train not built";
+  const char* python = std::getenv("ULYSSES_PYTHON");
+  if (python == nullptr || *python == '\0') GTEST_SKIP() << "ULYSSES_PYTHON not set";
+  const fs::path venv_bin = fs::path(python).parent_path();
+  ASSERT_TRUE(fs::exists(venv_bin / "torchrun")) << venv_bin;
+  TempDir temp;
+  const fs::path config = fs::path(project_home()) / "experiments/runs/tiny-cpu.yaml";
+  const pid_t print = spawn_process(
+      {launcher, "launch", config.string(), "--nproc", "2", "--set", "mesh.dp=1", "--set",
+       "sequence.length=64", "--set", "train.steps=2", "--set",
+       "output.dir=" + (temp.path() / "run").string(), "--print", "torchrun"},
+      {}, temp.path() / "print.out", temp.path() / "print.err");
+  ASSERT_EQ(wait_exit(print, kExitDeadlineS), 0) << read_text(temp.path() / "print.err");
+  const auto lines = split_lines(read_text(temp.path() / "print.out"));
+  ASSERT_EQ(lines.size(), 1u) << read_text(temp.path() / "print.out");
+  const pid_t job = spawn_process(
+      {"/bin/sh", "-c", "PATH=" + shell_quote(venv_bin.string()) + ":\"$PATH\"; export PATH; " +
+                            lines[0]},
+      {}, temp.path() / "job.out", temp.path() / "job.err");
+  const int status = wait_exit(job, 240.0);
+  const std::string out = read_text(temp.path() / "job.out");
+  const std::string err = read_text(temp.path() / "job.err");
+  EXPECT_EQ(status, 0) << lines[0] << "\n" << out << err;
+  EXPECT_NE(out.find("step 2/2"), std::string::npos) << out << err;
+  EXPECT_TRUE(fs::exists(temp.path() / "run" / "summary.json"));
+  EXPECT_EQ(err.find("failed to bind"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "common/error.h"
+#include "config/run_config.h"
 
 extern char** environ;
 
@@ -63,6 +64,52 @@ void check_launch_options(const LaunchOptions& options) {
 }
 
 int world_size(const LaunchOptions& options) { return options.nnodes * options.nproc; }
+
+std::string mesh_fix(const config::RunConfig& config, int world) {
+  if (config.mesh.dp * config.mesh.sp == world || world < 1) return "";
+  const auto fits = [&](int64_t dp, int64_t sp) {
+    config::RunConfig candidate = config;
+    candidate.mesh.dp = dp;
+    candidate.mesh.sp = sp;
+    try {
+      config::validate(candidate, world);
+      return true;
+    } catch (const UserError&) {
+      return false;
+    }
+  };
+  const int64_t sp = config.mesh.sp;
+  if (sp >= 1 && world % sp == 0 && fits(world / sp, sp)) {
+    return "--set mesh.dp=" + std::to_string(world / sp);
+  }
+  for (int64_t other_sp = world; other_sp >= 1; --other_sp) {
+    if (world % other_sp == 0 && fits(world / other_sp, other_sp)) {
+      return "--set mesh.dp=" + std::to_string(world / other_sp) +
+             " --set mesh.sp=" + std::to_string(other_sp);
+    }
+  }
+  return "";
+}
+
+void validate_for_launch(config::RunConfig& config, const LaunchOptions& options) {
+  const int world = world_size(options);
+  if (config.mesh.dp >= 1 && config.mesh.sp >= 1 && config.mesh.dp * config.mesh.sp != world) {
+    const std::string fix = mesh_fix(config, world);
+    std::string message = "mesh: dp*sp = " + std::to_string(config.mesh.dp * config.mesh.sp) +
+                          " does not match the world size " + std::to_string(world) + " (";
+    if (options.nnodes > 1) message += "--nnodes " + std::to_string(options.nnodes) + " x ";
+    message += "--nproc " + std::to_string(options.nproc) + ")";
+    if (fix.empty()) {
+      message += "; no mesh.dp x mesh.sp of " + std::to_string(world) + " ranks fits this model";
+    } else if (fix.find("mesh.sp") == std::string::npos) {
+      message += "; add " + fix + " (keeps mesh.sp=" + std::to_string(config.mesh.sp) + ")";
+    } else {
+      message += "; add " + fix;
+    }
+    throw UserError(message);
+  }
+  config::validate(config, world);
+}
 
 int effective_node_rank(const LaunchOptions& options) {
   return options.node_rank < 0 ? 0 : options.node_rank;
@@ -139,6 +186,13 @@ std::vector<std::string> cluster_command_lines(const LaunchOptions& options,
     return lines;
   }
   TORCH_CHECK(options.print == "torchrun", "unknown cluster tool ", options.print);
+  if (options.nnodes == 1 && options.master_port == 0) {
+    std::vector<std::string> words{"torchrun", "--standalone", "--nproc-per-node",
+                                   std::to_string(options.nproc), "--no-python"};
+    words.insert(words.end(), trainer.begin(), trainer.end());
+    lines.push_back(join_quoted(words));
+    return lines;
+  }
   const int first = options.node_rank < 0 ? 0 : options.node_rank;
   const int last = options.node_rank < 0 ? options.nnodes - 1 : options.node_rank;
   for (int node = first; node <= last; ++node) {

@@ -6,6 +6,10 @@
 #include <utility>
 #include <vector>
 
+namespace ulysses::config {
+struct RunConfig;
+}
+
 namespace ulysses::launch {
 
 // The options of `ulysses-tune launch` (CLI names in the comments).
@@ -22,7 +26,7 @@ struct LaunchOptions {
   double grace_s = 5.0;                // seconds between SIGTERM and SIGKILL when stopping ranks
 };
 
-// The port torchrun uses when none is given; used for --print lines without --master-port.
+// The port of the printed lines for several nodes without --master-port (torchrun's default).
 inline constexpr int kDefaultPrintPort = 29500;
 
 // Throws UserError naming the option when options are inconsistent: nproc/nnodes < 1, node rank
@@ -35,6 +39,17 @@ int world_size(const LaunchOptions& options);
 
 // The node rank used when launching: node_rank, or 0 when not given.
 int effective_node_rank(const LaunchOptions& options);
+
+// config::validate(config, world_size(options)), except that a mesh that does not fit the world
+// is reported with what to set: UserError("mesh: dp*sp = 4 does not match the world size 16
+// (--nnodes 2 x --nproc 8); add --set mesh.dp=4 (keeps mesh.sp=4)"), or, when keeping sp cannot
+// work, the valid dp/sp pair with the largest sp. Other validation errors propagate unchanged.
+void validate_for_launch(config::RunConfig& config, const LaunchOptions& options);
+
+// The `--set mesh.dp=D [--set mesh.sp=S]` that makes `config`'s mesh fit `world` and pass
+// config::validate (keeping mesh.sp when it can, else the largest sp that validates), or "" when
+// the mesh already fits or nothing fits. Pure.
+std::string mesh_fix(const config::RunConfig& config, int world);
 
 // The trainer's arguments after its path: --config RUN.yaml [--set k=v]... (one --set per
 // override).
@@ -57,7 +72,9 @@ std::vector<std::string> merge_environment(
 std::vector<std::string> current_environment();
 
 // The equivalent cluster command lines, each ready to paste into a shell (arguments quoted when
-// needed). "torchrun": one line per node (only node_rank's line when --node-rank was given), each
+// needed). "torchrun", one node without --master-port: `torchrun --standalone --nproc-per-node N
+// --no-python TRAINER --config ...` (torchrun picks a free port and serves the store itself).
+// Else one line per node (only node_rank's line when --node-rank was given), each
 // `torchrun --nnodes M --nproc-per-node N --node-rank R --master-addr A --master-port P
 // --no-python TRAINER --config ...`, preceded by a `# node R` comment line when nnodes > 1.
 // "srun": one line, `MASTER_ADDR=A MASTER_PORT=P srun --nodes M --ntasks-per-node N
