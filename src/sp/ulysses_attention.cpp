@@ -32,19 +32,32 @@ at::Tensor UlyssesAttention::forward(const at::Tensor& q, const at::Tensor& k, c
   const int64_t bs = q.size(0), local_sl = q.size(1), hq = q.size(2), hd = q.size(3);
   const int64_t hkv = k.size(2);
   const int64_t replicas = kv_replication(hq, hkv, sp);
-  // GQA/MQA with fewer KV heads than ranks: each KV head serves sp/hkv ranks.
-  at::Tensor k_rep = replicas == 1 ? k : k.repeat_interleave(replicas, /*dim=*/2);  // [bs, sl/sp, hkv', hd]
-  at::Tensor v_rep = replicas == 1 ? v : v.repeat_interleave(replicas, /*dim=*/2);
-  const int64_t hq_local = hq / sp, hkv_local = k_rep.size(2) / sp;
+  // GQA/MQA with fewer KV heads than ranks: each KV head serves sp/hkv ranks (replicas of it).
+  const int64_t hq_local = hq / sp, hkv_local = hkv * replicas / sp;
+  const int64_t heads_per_rank = hq_local + 2 * hkv_local;
 
-  // Pack: split heads into sp groups and put the destination rank first.
-  auto by_dest = [&](const at::Tensor& t, int64_t heads_per_rank) {
-    return t.reshape({bs, local_sl, sp, heads_per_rank, hd});  // [bs, sl/sp, sp, h/sp, hd]
+  // Pack once, destination first: each of q, k, v is copied straight into its slot of the send
+  // buffer (no concatenated intermediate, no replicated K/V tensor, no second contiguous copy).
+  at::Tensor packed = at::empty({sp, bs, local_sl, heads_per_rank, hd},
+                                q.options());  // [sp(dest), bs, sl/sp, hpr, hd]
+  // Heads of t [bs, sl/sp, H, hd] for each destination, written into packed's heads
+  // [offset, offset + H * r / sp). With r == 1, destination d gets heads d*H/sp ..; with r > 1
+  // (then H * r == sp) destination d gets head d / r.
+  auto pack = [&](const at::Tensor& t, int64_t offset, int64_t r) {
+    const int64_t heads = t.size(2), per_rank = heads * r / sp;
+    at::Tensor slot = packed.narrow(3, offset, per_rank);  // [sp, bs, sl/sp, per_rank, hd]
+    if (r == 1) {
+      slot.copy_(t.reshape({bs, local_sl, sp, per_rank, hd}).permute({2, 0, 1, 3, 4}));
+    } else {
+      slot.view({heads, r, bs, local_sl, 1, hd})
+          .copy_(t.reshape({bs, local_sl, heads, 1, 1, hd})
+                     .expand({bs, local_sl, heads, r, 1, hd})
+                     .permute({2, 3, 0, 1, 4, 5}));
+    }
   };
-  at::Tensor packed = at::cat({by_dest(q, hq_local), by_dest(k_rep, hkv_local),
-                               by_dest(v_rep, hkv_local)},
-                              /*dim=*/3)
-                          .permute({2, 0, 1, 3, 4});  // [sp, bs, sl/sp, (hq+2hkv')/sp, hd]
+  pack(q, 0, 1);
+  pack(k, hq_local, replicas);
+  pack(v, hq_local + hkv_local, replicas);
   // [sp(dest), bs, sl/sp, hpr, hd] -> [sp(source = sequence chunk), bs, sl/sp, hpr, hd]
   at::Tensor received = all_to_all(packed, group_);
   at::Tensor full = received.permute({1, 0, 2, 3, 4})
