@@ -1,7 +1,9 @@
 // AdamW update and state (de)serialization; see adamw.h for the exact update rule.
 #include "train/adamw.h"
 
-#include <ATen/Parallel.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -12,6 +14,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "train/adamw_aten.h"
+#include "train/cpu_adam.h"
 
 namespace ulysses::train {
 namespace {
@@ -21,33 +25,7 @@ const char* const kExpAvgSq = ".exp_avg_sq";
 const char* const kStep = ".step";
 const char* const kMaster = ".master";
 
-// Elements per work item of the host update: every item's four buffers (1 MiB in fp32) stay in
-// cache across the op sequence. A multiple of 64, so that ATen's vector/tail split of each item
-// lines up with that of a whole tensor.
-constexpr int64_t kHostChunk = 64 * 1024;
-
 bool is_reduced(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
-
-// torch::optim::AdamW's update (LibTorch 1.13 and 2.x) op for op, in the same order, on one set
-// of same-shape tensors (whole parameters, or chunks of host buffers). `step` is the parameter's
-// update count including this update.
-void adamw_math(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
-                at::Tensor exp_avg_sq, double lr, int64_t step, const config::OptimOptions& o) {
-  const double beta1 = o.betas[0];
-  const double beta2 = o.betas[1];
-  if (o.weight_decay != 0.0) {
-    weights.mul_(1.0 - lr * o.weight_decay);
-  }
-  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-
-  exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
-  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1.0 - beta2);
-
-  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
-  const double step_size = lr / bias_correction1;
-  weights.addcdiv_(exp_avg, denom, -step_size);
-}
 
 // A host buffer for `param`'s state in `dtype`: pinned when the parameter lives on a GPU.
 at::Tensor host_buffer(const at::Tensor& param, at::ScalarType dtype) {
@@ -122,9 +100,12 @@ AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, Optimizer
     const at::ScalarType master_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
     at::NoGradGuard no_grad;
     if (placement_ == OptimizerPlacement::kHost) {
-      slot.master = host_buffer(param, master_dtype);
-      slot.master.copy_(param);
-      slot.host_grad = host_buffer(param, master_dtype);
+      if (param.device().is_cpu() && param.is_contiguous() && dtype == master_dtype) {
+        slot.master = param;  // its own master: updated in place, nothing to copy back
+      } else {
+        slot.master = host_buffer(param, master_dtype);
+        slot.master.copy_(param);
+      }
     } else if (is_reduced(dtype)) {
       slot.master =
           param.detach().to(master_dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
@@ -145,84 +126,125 @@ void AdamW::step(double lr) {
   step(lr, grads);
 }
 
+void AdamW::check_grad(const Slot& slot, const at::Tensor& grad) const {
+  TORCH_CHECK(grad.layout() == at::kStrided, "AdamW: sparse gradient for '", slot.name, "'");
+  const at::ScalarType param_dtype = slot.param.scalar_type();
+  const bool dtype_ok = grad.scalar_type() == param_dtype ||
+                        (is_reduced(param_dtype) && grad.scalar_type() == at::kFloat);
+  TORCH_CHECK(grad.sizes() == slot.param.sizes() && dtype_ok &&
+                  grad.device() == slot.param.device(),
+              "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
+              grad.scalar_type(), " device ", grad.device(), ", the parameter ",
+              slot.param.sizes(), " ", param_dtype, " ", slot.param.device());
+}
+
 void AdamW::step(double lr, const std::vector<at::Tensor>& grads) {
   TORCH_CHECK(lr >= 0.0, "AdamW::step: lr must be >= 0, got ", lr);
   TORCH_CHECK(grads.size() == slots_.size(), "AdamW::step: ", grads.size(),
               " gradients for ", slots_.size(), " parameters");
   for (size_t i = 0; i < slots_.size(); ++i) {  // all checks before any update
-    const Slot& slot = slots_[i];
-    const at::Tensor& grad = grads[i];
-    if (!grad.defined()) {
-      continue;
-    }
-    TORCH_CHECK(grad.layout() == at::kStrided, "AdamW: sparse gradient for '", slot.name, "'");
-    const at::ScalarType param_dtype = slot.param.scalar_type();
-    const bool dtype_ok = grad.scalar_type() == param_dtype ||
-                          (is_reduced(param_dtype) && grad.scalar_type() == at::kFloat);
-    TORCH_CHECK(grad.sizes() == slot.param.sizes() && dtype_ok &&
-                    grad.device() == slot.param.device(),
-                "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
-                grad.scalar_type(), " device ", grad.device(), ", the parameter ",
-                slot.param.sizes(), " ", param_dtype, " ", slot.param.device());
+    if (grads[i].defined()) check_grad(slots_[i], grads[i]);
   }
   at::NoGradGuard no_grad;
-  std::vector<Slot*> on_host;  // kHost: slots whose gradient is staged in host_grad
+  std::vector<Slot*> on_host;            // kHost: slots with a gradient this step
+  std::vector<at::Tensor> host_sources;  // their gradients
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const at::Tensor& grad = grads[i];
     if (!grad.defined()) {
+      slot.staged = at::Tensor();  // a prefetched gradient that is not used
       continue;
     }
     if (placement_ == OptimizerPlacement::kHost) {
-      slot.host_grad.copy_(grad);  // device -> host, converted to the master dtype; blocking
+      if (grad.is_cuda() && !grad.is_same(slot.staged)) {
+        start_host_copy(slot, grad);  // not prefetched: start it now, the others run meanwhile
+      }
       on_host.push_back(&slot);
+      host_sources.push_back(grad);
     } else {
       update_slot(slot, grad, lr);
     }
   }
   if (!on_host.empty()) {
-    update_on_host(on_host, lr);
+    update_on_host(on_host, host_sources, lr);
   }
   ++step_count_;
+}
+
+void AdamW::prefetch_gradient(size_t index, const at::Tensor& grad) {
+  TORCH_CHECK(index < slots_.size(), "AdamW::prefetch_gradient: index ", index, " of ",
+              slots_.size());
+  if (placement_ != OptimizerPlacement::kHost || !grad.defined() || !grad.is_cuda()) {
+    return;  // host gradients are read in place by step()
+  }
+  check_grad(slots_[index], grad);
+  at::NoGradGuard no_grad;
+  start_host_copy(slots_[index], grad);
+}
+
+void AdamW::start_host_copy(Slot& slot, const at::Tensor& grad) {
+  if (!slot.host_grad.defined() || slot.host_grad.scalar_type() != grad.scalar_type()) {
+    slot.host_grad = host_buffer(slot.param, grad.scalar_type());
+  }
+  const c10::Device device = grad.device();
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  auto stream = std::find_if(copy_streams_.begin(), copy_streams_.end(),
+                             [&](const c10::Stream& s) { return s.device() == device; });
+  if (stream == copy_streams_.end()) {
+    copy_streams_.push_back(impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false));
+    stream = copy_streams_.end() - 1;
+  }
+  // The side stream waits for what the current stream has queued (the kernels producing grad,
+  // and the previous step's copies out of the masters), then copies without blocking the host.
+  c10::Event produced(device.type());
+  produced.record(impl.getStream(device));
+  stream->wait(produced);
+  const c10::StreamGuard on_side_stream(*stream);
+  slot.host_grad.copy_(grad, /*non_blocking=*/true);
+  slot.staged = grad;  // keeps the source alive until step() has waited for the copy
 }
 
 void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr) {
   slot.step += 1;
   if (!slot.master.defined()) {
-    adamw_math(slot.param, grad, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
+    adamw_aten_update(slot.param, grad, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
     return;
   }
-  adamw_math(slot.master, grad.to(slot.master.scalar_type()), slot.exp_avg, slot.exp_avg_sq, lr,
-             slot.step, options_);
+  adamw_aten_update(slot.master, grad.to(slot.master.scalar_type()), slot.exp_avg,
+                    slot.exp_avg_sq, lr, slot.step, options_);
   slot.param.copy_(slot.master);
 }
 
-void AdamW::update_on_host(const std::vector<Slot*>& slots, double lr) {
-  struct Chunk {
-    Slot* slot;
-    int64_t offset, length;
-  };
-  std::vector<Chunk> chunks;
-  for (Slot* slot : slots) {
-    slot->step += 1;
-    const int64_t numel = slot->master.numel();
-    for (int64_t offset = 0; offset < numel; offset += kHostChunk) {
-      chunks.push_back({slot, offset, std::min(kHostChunk, numel - offset)});
-    }
+void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
+                           double lr) {
+  for (const c10::Stream& stream : copy_streams_) {
+    stream.synchronize();  // every staged gradient is on the host
   }
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
-    at::NoGradGuard no_grad;  // grad mode is thread-local
-    for (int64_t i = begin; i < end; ++i) {
-      const Chunk& c = chunks[static_cast<size_t>(i)];
-      auto part = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, c.offset, c.length); };
-      adamw_math(part(c.slot->master), part(c.slot->host_grad), part(c.slot->exp_avg),
-                 part(c.slot->exp_avg_sq), lr, c.slot->step, options_);
+  std::vector<FusedAdamWBuffer> buffers;
+  buffers.reserve(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& slot = *slots[i];
+    slot.step += 1;
+    FusedAdamWBuffer buffer;
+    buffer.master = slot.master;
+    buffer.exp_avg = slot.exp_avg;
+    buffer.exp_avg_sq = slot.exp_avg_sq;
+    buffer.grad = grads[i].is_cuda() ? slot.host_grad : grads[i].contiguous();
+    const bool own_master = slot.master.is_same(slot.param);
+    if (!own_master && slot.param.device().is_cpu() && slot.param.is_contiguous()) {
+      buffer.param_out = slot.param;  // written by the pass itself
     }
-  });
-  for (Slot* slot : slots) {
-    // host -> device from pinned memory, ordered on the current stream before the next step's
-    // (blocking) gradient copies, so the host update never races it.
-    slot->param.copy_(slot->master, /*non_blocking=*/slot->param.is_cuda());
+    buffer.step = slot.step;
+    buffers.push_back(std::move(buffer));
+  }
+  fused_adamw_cpu(buffers, lr, options_);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& slot = *slots[i];
+    slot.staged = at::Tensor();
+    if (slot.master.is_same(slot.param) || buffers[i].param_out.defined()) continue;
+    // CUDA: host -> device from pinned memory, queued on the current stream; the next step's
+    // copies out wait for it (start_host_copy), so the next host update never races it.
+    slot.param.copy_(slot.master, /*non_blocking=*/slot.param.is_cuda());
   }
 }
 

@@ -2,6 +2,7 @@
 // over a list of named parameters, with its state exposed as named tensors for checkpoints.
 #pragma once
 #include <ATen/ATen.h>
+#include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <string>
@@ -29,9 +30,17 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // their dtype. bf16/fp16 parameters get an fp32 master copy and fp32 moments: the update runs on
 // the master (the gradient converted to fp32), then the master is copied into the parameter.
 // kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in
-// host memory for every parameter: gradients are copied to host buffers, the same op sequence runs
-// on the CPU over chunks of every parameter in parallel (at::parallel_for; each op vectorized by
-// ATen), and the master is copied back into the parameter's device and dtype.
+// host memory for every parameter and updates them with one fused, multi-threaded CPU pass
+// (train/cpu_adam.h: same op order; its sqrt is correctly rounded where ATen's CPU sqrt is within
+// 1 ulp, so kHost and kDevice may differ by about 1 ulp per step). Gradients reach that pass as:
+//   - host gradients: read where they are, no copy (bf16/fp16 converted inline);
+//   - CUDA gradients: non_blocking copies, in the gradient's dtype, into pinned staging buffers on
+//     a side stream (after the work queued on the current stream), started by prefetch_gradient()
+//     as each gradient becomes final or else by step() per parameter; step() waits for the side
+//     stream once, then updates.
+// Afterwards the master goes back into the parameter: host parameters are written by the same
+// pass (an fp32/fp64 contiguous host parameter is its own master: no copy at all); CUDA
+// parameters get a non_blocking copy from the pinned master on the current stream.
 //
 // Not thread-safe. The optimizer holds references to the parameter tensors (shared storage): the
 // caller's module sees every update.
@@ -52,7 +61,7 @@ class AdamW {
 
   // One optimizer step at learning rate lr (from lr_at()), using each parameter's .grad().
   // Parameters with an undefined grad are skipped. Gradients are read, never modified.
-  // REQUIRES: lr >= 0; each defined grad is dense, with the parameter's shape and dtype.
+  // REQUIRES: lr >= 0; each defined grad is dense, with the parameter's shape, dtype and device.
   void step(double lr);
 
   // The same step with explicit gradients instead of .grad(): grads[i] is the gradient of
@@ -65,6 +74,15 @@ class AdamW {
   // the parameter's device, with its shape ([param shape]) and its dtype or fp32 as above
   // (violations trip a TORCH_CHECK naming the parameter).
   void step(double lr, const std::vector<at::Tensor>& grads);
+
+  // kHost only (no-op otherwise, and for host gradients): starts copying parameters()[index]'s
+  // gradient `grad` to host memory now, so that the copy overlaps the rest of backward. Call it
+  // once that gradient is final (e.g. from a hook after the last micro-batch's accumulation). The
+  // next step() uses the staged copy when its gradient for `index` is this same tensor (else it
+  // copies again); the caller must not modify `grad` until step() returns. Not concurrently
+  // with step(); at most one thread at a time (e.g. the autograd engine's device thread).
+  // REQUIRES: index < parameters().size(); grad as step(lr, grads) requires for that parameter.
+  void prefetch_gradient(size_t index, const at::Tensor& grad);
 
   // Number of step() calls so far (after load_state: the loaded count plus later calls).
   int64_t step_count() const { return step_count_; }
@@ -102,25 +120,34 @@ class AdamW {
 
  private:
   // Invariants: exp_avg and exp_avg_sq have the shape, dtype and device of the tensor the update
-  // runs on: master when defined, else param. master and host_grad are contiguous. step >= 0.
+  // runs on: master when defined, else param. master is contiguous; for kHost it is defined, on the
+  // host, and may be param itself (fp32/fp64 contiguous host parameter). step >= 0.
   struct Slot {
     std::string name;
     at::Tensor param;       // [any shape], the module's parameter, updated in place
     at::Tensor master;      // [param shape] fp32/fp64 master weights, or undefined (update param)
-    at::Tensor host_grad;   // [param shape] master dtype, host staging buffer (kHost only)
+    at::Tensor host_grad;   // [param shape] pinned staging for a CUDA gradient, in its dtype
+                            // (kHost only; allocated on first use)
+    at::Tensor staged;      // the CUDA gradient whose copy into host_grad is in flight, or undefined
     at::Tensor exp_avg;     // [param shape] first moment m
     at::Tensor exp_avg_sq;  // [param shape] second moment v
     int64_t step = 0;       // updates applied to this parameter (bias-correction exponent)
   };
 
+  void check_grad(const Slot& slot, const at::Tensor& grad) const;
   void update_slot(Slot& slot, const at::Tensor& grad, double lr);
-  // kHost: one parallel pass over chunks of every slot's host buffers, then copies back.
-  void update_on_host(const std::vector<Slot*>& slots, double lr);
+  // kHost: starts the non_blocking copy of a CUDA gradient into slot.host_grad (side stream).
+  void start_host_copy(Slot& slot, const at::Tensor& grad);
+  // kHost: waits for the staged copies, one fused pass over every slot's host buffers, then
+  // copies the masters back. grads[i]: slots[i]'s gradient (CPU) or its staged source (CUDA).
+  void update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
+                      double lr);
 
   std::vector<Slot> slots_;
   config::OptimOptions options_;
   OptimizerPlacement placement_;
   int64_t step_count_ = 0;
+  std::vector<c10::Stream> copy_streams_;  // kHost: one side stream per CUDA device in use
 };
 
 }  // namespace ulysses::train

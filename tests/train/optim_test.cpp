@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -10,6 +11,8 @@
 
 #include "common/error.h"
 #include "train/adamw.h"
+#include "train/adamw_aten.h"
+#include "train/cpu_adam.h"
 #include "train/grad_clip.h"
 #include "train/lr_schedule.h"
 
@@ -386,6 +389,125 @@ TEST(AdamW, ExplicitGradientsOfTheWrongCountOrDtypeAreRejected) {
   EXPECT_THROW(adamw.step(1e-3, grads), c10::Error);
   EXPECT_TRUE(torch::equal(named[0].second, before));
   EXPECT_EQ(adamw.step_count(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused_adamw_cpu (the kHost kernel) against the ATen-op update
+
+// fused_adamw_cpu rounds like the ATen ops (adamw_aten_update) with one exception: its sqrt is
+// correctly rounded, while ATen's vectorized CPU sqrt is within 1 ulp (about 16% of fp32
+// elements differ by 1 ulp on this build). So, from the same state: m and v are equal bit for
+// bit; w may differ by 1 ulp of w plus 2 ulps of the update u (a 1-ulp denominator moves u by
+// about 1 ulp). Tolerance: |dw| <= eps_T * (|w| + 2 |u|), eps_T = 2^-23 (fp32), 2^-52 (fp64).
+struct FusedCase {
+  int64_t n;
+  at::ScalarType master = at::kFloat;
+  at::ScalarType grad = at::kFloat;
+  at::ScalarType param_out = at::ScalarType::Undefined;  // undefined: no param_out
+  double weight_decay = 0.1;
+};
+
+// Runs 5 steps of both updates from equal state (the fused state re-synced to ATen's after each
+// step, so that differences do not compound) and checks the tolerance above; returns the largest
+// |dw| / tolerance seen (<= 1 passes) after EXPECTing equality of the moments.
+double check_fused_against_aten(const FusedCase& c) {
+  config::OptimOptions options = adamw_options();
+  options.weight_decay = c.weight_decay;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11 + c.n);
+  const at::TensorOptions master_opts = at::TensorOptions(c.master);
+  at::Tensor w = at::randn({c.n}, gen).to(c.master);
+  at::Tensor m = at::zeros({c.n}, master_opts);
+  at::Tensor v = at::zeros({c.n}, master_opts);
+  FusedAdamWBuffer fused{w.clone(), m.clone(), v.clone(), at::Tensor(), at::Tensor(), 0};
+  if (c.param_out != at::ScalarType::Undefined) fused.param_out = at::empty({c.n}, c.param_out);
+  const double unit = c.master == at::kDouble ? std::ldexp(1.0, -52) : std::ldexp(1.0, -23);
+  double worst = 0.0;
+  for (int step = 1; step <= 5; ++step) {
+    // Gradients over several magnitudes, so that m, v and the update cover many exponents
+    // (within fp16's range).
+    const at::Tensor grad =
+        (at::randn({c.n}, gen) * at::exp(at::randn({c.n}, gen) * 3)).clamp(-6e4, 6e4).to(c.grad);
+    fused.grad = grad;
+    fused.step = step;
+    const at::Tensor w_before = w.clone();
+    fused_adamw_cpu({fused}, lr_of_step(step), options);
+    adamw_aten_update(w, grad.to(c.master), m, v, lr_of_step(step), step, options);
+    EXPECT_TRUE(torch::equal(fused.exp_avg, m)) << "n " << c.n << " step " << step;
+    EXPECT_TRUE(torch::equal(fused.exp_avg_sq, v)) << "n " << c.n << " step " << step;
+    if (fused.param_out.defined()) {
+      const at::Tensor expected = fused.master.to(c.param_out);
+      const at::Tensor differ = fused.param_out.ne(expected);
+      EXPECT_EQ(differ.sum().item<int64_t>(), 0)
+          << "n " << c.n << " " << c.param_out << " master " << fused.master.masked_select(differ).slice(0, 0, 3)
+          << " ours " << fused.param_out.masked_select(differ).slice(0, 0, 3).to(at::kFloat);
+    }
+    const at::Tensor w64 = w.to(at::kDouble);
+    const at::Tensor update = w64 - w_before.to(at::kDouble) * (1.0 - lr_of_step(step) * c.weight_decay);
+    const at::Tensor tolerance = unit * (w64.abs() + 2 * update.abs());
+    const at::Tensor dw = (fused.master.to(at::kDouble) - w64).abs();
+    worst = std::max(worst, (dw / tolerance).nan_to_num(0.0).max().item<double>());
+    fused.master.copy_(w);  // re-sync
+  }
+  return worst;
+}
+
+// Sizes around the vector widths (8, 16), 64 and the kernel's 256K-element chunks.
+const std::vector<int64_t> kFusedSizes = {1, 7, 17, 64, 65, 1000, 262143, 262144 + 77};
+
+TEST(FusedAdamW, Fp32WithinOneUlpOfTheAtenOps) {
+  for (int64_t n : kFusedSizes) {
+    for (double weight_decay : {0.1, 0.0}) {
+      EXPECT_LE(check_fused_against_aten({n, at::kFloat, at::kFloat, at::ScalarType::Undefined, weight_decay}), 1.0)
+          << "n " << n << " weight_decay " << weight_decay << " isa " << fused_adamw_isa();
+    }
+  }
+}
+
+TEST(FusedAdamW, Bf16AndFp16GradientsAndParamOut) {
+  for (int64_t n : kFusedSizes) {
+    for (at::ScalarType low : {at::kBFloat16, at::kHalf}) {
+      EXPECT_LE(check_fused_against_aten({n, at::kFloat, low, low}), 1.0) << "n " << n << " " << low;
+      EXPECT_LE(check_fused_against_aten({n, at::kFloat, at::kFloat, low}), 1.0) << "n " << n;
+    }
+    EXPECT_LE(check_fused_against_aten({n, at::kFloat, at::kFloat, at::kFloat}), 1.0) << "n " << n;
+  }
+}
+
+TEST(FusedAdamW, Fp64) {
+  for (int64_t n : {int64_t{7}, int64_t{1000}, int64_t{262144 + 77}}) {
+    EXPECT_LE(check_fused_against_aten({n, at::kDouble, at::kDouble, at::ScalarType::Undefined}), 1.0) << n;
+    EXPECT_LE(check_fused_against_aten({n, at::kDouble, at::kDouble, at::kDouble}), 1.0) << n;
+  }
+}
+
+// Threads split the chunk list; the result does not depend on their number.
+TEST(FusedAdamW, SameResultOnOneAndTwoThreads) {
+  const int threads = at::get_num_threads();
+  std::vector<at::Tensor> results;
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    const int64_t n = 3 * 262144 + 5;
+    FusedAdamWBuffer b{at::randn({n}, gen), at::zeros({n}), at::zeros({n}), at::randn({n}, gen),
+                       at::Tensor(), 1};
+    fused_adamw_cpu({b, b}, 1e-3, adamw_options());  // the same buffer twice: two updates
+    results.push_back(b.master);
+  }
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(results[0], results[1]));
+}
+
+TEST(FusedAdamW, RejectsMismatchedBuffers) {
+  FusedAdamWBuffer b{at::zeros({8}), at::zeros({8}), at::zeros({8}), at::zeros({7}), at::Tensor(), 1};
+  EXPECT_THROW(fused_adamw_cpu({b}, 1e-3, adamw_options()), c10::Error);
+  b.grad = at::zeros({8}, at::kDouble);
+  EXPECT_THROW(fused_adamw_cpu({b}, 1e-3, adamw_options()), c10::Error);
+  b.grad = at::zeros({8});
+  b.param_out = b.master;
+  EXPECT_THROW(fused_adamw_cpu({b}, 1e-3, adamw_options()), c10::Error);
+  b.param_out = at::Tensor();
+  b.exp_avg = at::zeros({16}).slice(0, 0, 16, 2);  // not contiguous
+  EXPECT_THROW(fused_adamw_cpu({b}, 1e-3, adamw_options()), c10::Error);
 }
 
 // ---------------------------------------------------------------------------------------------

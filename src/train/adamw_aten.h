@@ -1,0 +1,36 @@
+// AdamW as a sequence of ATen ops, in torch::optim::AdamW's op order: the kDevice update, the
+// reference the fused host kernel (cpu_adam.h) is tested against, and the pre-fused offload path
+// (chunked ATen ops), kept as the benchmark's baseline.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "config/options.h"
+
+namespace ulysses::train {
+
+// One update of `weights` in place, op for op as adamw.h documents. `step` is the parameter's
+// update count including this one (1-based). All tensors have one shape, dtype and device
+// (grad: converted by the ops' type promotion if it differs).
+void adamw_aten_update(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
+                       at::Tensor exp_avg_sq, double lr, int64_t step,
+                       const config::OptimOptions& options);
+
+// One buffer of the chunked host update: all [n] contiguous CPU tensors of the master dtype.
+struct AtenHostBuffer {
+  at::Tensor master;      // [n] updated in place
+  at::Tensor grad;        // [n] read
+  at::Tensor exp_avg;     // [n] updated in place
+  at::Tensor exp_avg_sq;  // [n] updated in place
+  int64_t step = 1;       // update count including this one
+};
+
+// The optimizer-offload update before the fused kernel: every buffer cut into 64K-element
+// chunks, adamw_aten_update on each chunk, chunks spread over threads with at::parallel_for
+// (7 ATen ops per chunk). Kept for the benchmark baseline (bench/) and as a test reference.
+void adamw_aten_chunked_update(const std::vector<AtenHostBuffer>& buffers, double lr,
+                               const config::OptimOptions& options);
+
+}  // namespace ulysses::train

@@ -1,0 +1,44 @@
+// Fused CPU AdamW: one multi-threaded, vectorized pass over host buffers that reads each
+// gradient (fp32, or bf16/fp16 converted inline), updates the master weights and both moments in
+// place and optionally writes the new weights into a host parameter of another dtype.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "config/options.h"
+
+namespace ulysses::train {
+
+// One parameter's buffers. All [n] (any shape, n elements), contiguous, on the CPU.
+struct FusedAdamWBuffer {
+  at::Tensor master;      // [n] fp32 or fp64 master weights, updated in place
+  at::Tensor exp_avg;     // [n] master dtype, first moment, updated in place
+  at::Tensor exp_avg_sq;  // [n] master dtype, second moment, updated in place
+  at::Tensor grad;        // [n] read only: master dtype, or bf16/fp16 with an fp32 master
+  at::Tensor param_out;   // [n] undefined, or a tensor that does not overlap master, of the
+                          // master dtype or (fp32 master) bf16/fp16: receives the updated master
+                          // converted as copy_ converts it (round to nearest even)
+  int64_t step = 1;       // this parameter's update count including this update (1-based)
+};
+
+// Applies one AdamW update (the op order and rounding of adamw.h, see adamw_aten_update) to every
+// buffer: per element, in the master dtype, with every scalar rounded to it as ATen rounds them
+// (measured against ATen's CPU kernels: m and v equal bit for bit; sqrt is correctly rounded here
+// and within 1 ulp in ATen, so w may differ by about 1 ulp):
+//   w  = w * (1 - lr*wd)
+//   m  = fma(g, 1 - b1, m * b1)                       (Tensor.add_(g, alpha) is an fma)
+//   v  = fma((1 - b2) * g, g, v * b2)                 (addcmul_'s kernel, as compiled in
+//                                                      LibTorch 2.x, contracts to an fma)
+//   w  = w + (-lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+// The buffers are cut into large chunks, spread over at::parallel_for's threads. The inner loop is
+// compiled for AVX-512, AVX2+FMA and the baseline ISA and picked at run time (same results).
+// REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0.
+void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
+                     const config::OptimOptions& options);
+
+// The instruction set the inner loop runs with on this machine: "avx512", "avx2" or "baseline".
+const char* fused_adamw_isa();
+
+}  // namespace ulysses::train
