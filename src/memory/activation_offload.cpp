@@ -28,7 +28,6 @@ OffloadedTensor::OffloadedTensor(const at::Tensor& value, std::weak_ptr<Offloade
     : device_(value.device()),
       bytes_(static_cast<int64_t>(value.numel() * value.element_size())),
       previous_(std::move(previous)) {
-  profile::ScopedPhase phase("offload");
   at::NoGradGuard no_grad;
 #ifdef ULYSSES_WITH_CUDA
   if (value.is_cuda()) {
@@ -42,6 +41,8 @@ OffloadedTensor::OffloadedTensor(const at::Tensor& value, std::weak_ptr<Offloade
     {
       c10::cuda::CUDAStreamGuard on_side(cuda_->side);
       produced.block(cuda_->side);
+      // Timed on the side stream, where the copy runs beside the compute stream's work.
+      profile::ScopedPhase phase("offload", profile::kOverlapped);
       host_.copy_(value, /*non_blocking=*/true);  // [bs, T, h] device -> pinned host
     }
     value.record_stream(cuda_->side);  // no reuse of its memory before the copy is done
@@ -49,6 +50,7 @@ OffloadedTensor::OffloadedTensor(const at::Tensor& value, std::weak_ptr<Offloade
     return;
   }
 #endif
+  profile::ScopedPhase phase("offload");  // CPU: a blocking copy inside the enclosing scope
   host_ = at::empty(value.sizes(), at::TensorOptions(value.scalar_type()));  // separate buffer
   host_.copy_(value);
 }
@@ -57,7 +59,6 @@ OffloadedTensor::~OffloadedTensor() = default;
 
 void OffloadedTensor::prefetch() {
   if (consumed_ || fetched_.defined()) return;
-  profile::ScopedPhase phase("offload");
   at::NoGradGuard no_grad;
 #ifdef ULYSSES_WITH_CUDA
   if (cuda_) {
@@ -69,12 +70,14 @@ void OffloadedTensor::prefetch() {
     queued.record(compute);
     c10::cuda::CUDAStreamGuard on_side(cuda_->side);
     queued.block(cuda_->side);
-    cuda_->on_host.block(cuda_->side);             // same stream; kept for clarity
+    cuda_->on_host.block(cuda_->side);  // same stream; kept for clarity
+    profile::ScopedPhase phase("offload", profile::kOverlapped);  // timed on the side stream
     fetched_.copy_(host_, /*non_blocking=*/true);  // [bs, T, h] pinned host -> device
     cuda_->on_device.record(cuda_->side);
     return;
   }
 #endif
+  profile::ScopedPhase phase("offload");  // CPU: a blocking copy inside the enclosing scope
   fetched_ = at::empty(host_.sizes(), at::TensorOptions(host_.scalar_type()).device(device_));
   fetched_.copy_(host_);
 }

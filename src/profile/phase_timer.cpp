@@ -169,13 +169,21 @@ bool nvtx_compiled_in() { return kNvtxCompiled; }
 
 ScopedPhase::ScopedPhase(const char* name) : ScopedPhase(name, default_category(name)) {}
 
-ScopedPhase::ScopedPhase(const char* name, Category category) : name_(name), category_(category) {
+ScopedPhase::ScopedPhase(const char* name, Overlapped)
+    : ScopedPhase(name, default_category(name), /*overlapped=*/true) {}
+
+ScopedPhase::ScopedPhase(const char* name, Category category)
+    : ScopedPhase(name, category, /*overlapped=*/false) {}
+
+ScopedPhase::ScopedPhase(const char* name, Category category, bool overlapped)
+    : name_(name), category_(category), overlapped_(overlapped) {
   nvtx_pushed_ = nvtx_push(name, category, -1);
   TimerState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   id_ = s.next_id++;
-  parent_ = innermost_category(s);
-  s.open.emplace_back(id_, category);
+  // An overlapped scope takes nothing from its parent and is no parent of later scopes.
+  parent_ = overlapped ? Category::kNone : innermost_category(s);
+  if (!overlapped) s.open.emplace_back(id_, category);
 #ifdef ULYSSES_WITH_CUDA
   if (s.device.is_cuda()) start_event_ = record_event(s);
   if (start_event_ != nullptr) return;

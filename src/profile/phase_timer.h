@@ -72,15 +72,26 @@ bool nvtx_compiled_in();
 // comm and ScopedPhase("attention") compute.
 // REQUIRES: `name` outlives the scope; constructed and destroyed on one thread, nested (LIFO)
 // with the other scopes.
+// Work issued to another stream than the enclosing scopes' (the CUDA checkpoint offload copies on
+// their side stream) is timed with kOverlapped, constructed while that stream is current: its
+// events are recorded on it, and its time counts in its phase and category but is not taken out
+// of the enclosing scope, which it ran beside, not inside; scopes opened within it nest in the
+// enclosing scope.
+struct Overlapped {};
+inline constexpr Overlapped kOverlapped{};
+
 class ScopedPhase {
  public:
   explicit ScopedPhase(const char* name);
   ScopedPhase(const char* name, Category category);
+  ScopedPhase(const char* name, Overlapped);
   ~ScopedPhase();
   ScopedPhase(const ScopedPhase&) = delete;
   ScopedPhase& operator=(const ScopedPhase&) = delete;
 
  private:
+  ScopedPhase(const char* name, Category category, bool overlapped);
+
   const char* name_;
   Category category_;
   Category parent_ = Category::kNone;  // category of the innermost enclosing categorized scope
@@ -88,6 +99,7 @@ class ScopedPhase {
   double start_ms_ = 0.0;        // CPU timing
   void* start_event_ = nullptr;  // CUDA timing: a cudaEvent_t
   bool nvtx_pushed_ = false;
+  bool overlapped_ = false;  // not on the open-scope stack; the parent keeps its time
 };
 
 // An NVTX range only (no timing): one per training step ("step", payload = step number; usable

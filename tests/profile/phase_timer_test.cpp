@@ -121,6 +121,28 @@ TEST(PhaseTimer, ScopesOnAnotherThreadNestInTheOpenScope) {
   EXPECT_NEAR(t.comm_ms, t.phases.at("a2a"), kTol);
 }
 
+// An offload copy on a side stream runs beside the compute scope it was issued from: its time is
+// offload, and the enclosing compute keeps all of its own (the old code took it out, and timed
+// the copy on the compute stream, where it took no time at all).
+TEST(PhaseTimer, OverlappedScopeDoesNotShrinkItsParent) {
+  profile::take_step_times();
+  {
+    ScopedPhase forward("forward");
+    work();
+    {
+      ScopedPhase offload("offload", profile::kOverlapped);
+      work();
+      ScopedPhase a2a("a2a");  // nests in forward, not in the overlapped scope
+      work();
+    }
+  }
+  const profile::StepTimes t = profile::take_step_times();
+  EXPECT_GT(t.offload_ms, 0.0);
+  EXPECT_DOUBLE_EQ(t.offload_ms, t.phases.at("offload"));
+  EXPECT_NEAR(t.compute_ms, t.phases.at("forward") - t.phases.at("a2a"), kTol);
+  EXPECT_NEAR(t.comm_ms, t.phases.at("a2a"), kTol);
+}
+
 TEST(PhaseTimer, AddPhaseTimeCountsAsTopLevel) {
   profile::take_step_times();
   profile::add_phase_time("grad_sync", 2.5);
