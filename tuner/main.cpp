@@ -25,7 +25,11 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", ulysses::build_info("ulysses-tune"),
                        "Print the version, LibTorch version and compiled-in backends");
-  app.footer("Run `ulysses-tune COMMAND --help` for a command's options.");
+  app.footer(
+      "Run `ulysses-tune COMMAND --help` for a command's options.\n"
+      "Not built yet: `plan` (predict memory and step time for clusters larger than the one at\n"
+      "hand from the cost model) and sweeps whose trials run through SLURM (`runner: srun`,\n"
+      "sbatch); sweeps run their trials as local processes. Reference: docs/ in the source tree.\n");
 
   ulysses::sweep::SweepOptions sweep_options;
   CLI::App* sweep = ulysses::sweep::add_sweep_command(app, &sweep_options);

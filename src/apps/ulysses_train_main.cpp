@@ -2,6 +2,7 @@
 // variables (else a world of 1); see README.md and SPEC section 2.
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "comm/dist_env.h"
@@ -9,8 +10,10 @@
 #include "comm/mesh.h"
 #include "common/build_info.h"
 #include "common/error.h"
+#include "config/field_docs.h"
 #include "config/run_config.h"
 #include "memory/memory_limit.h"
+#include "train/preflight.h"
 #include "train/trainer.h"
 
 namespace {
@@ -23,11 +26,31 @@ std::string join(const std::vector<int>& ranks) {
   return out.str();
 }
 
+// The run config, validated for the world, with its inputs checked (train/preflight.h). Every
+// rank of a node reads the same files and checks the same things before meeting its peers, so
+// only the node's first rank (rank 0 on one node) reports a bad input (thrown); the others get
+// nullopt and exit kExitUsage without a word: one line per node, not one per rank.
+std::optional<ulysses::config::RunConfig> checked_config(
+    const ulysses::comm::DistEnv& env, const std::string& config_path,
+    const std::vector<std::string>& overrides) {
+  using namespace ulysses;
+  try {
+    config::RunConfig config = config::load_run_config(config_path, overrides);
+    config::validate(config, env.world_size);
+    train::check_run_inputs(config);
+    return config;
+  } catch (const UserError&) {
+    if (env.local_rank == 0) throw;
+    return std::nullopt;
+  }
+}
+
 int run(const std::string& config_path, const std::vector<std::string>& overrides) {
   using namespace ulysses;
   const comm::DistEnv env = comm::detect_dist_env();
-  config::RunConfig config = config::load_run_config(config_path, overrides);
-  config::validate(config, env.world_size);
+  const std::optional<config::RunConfig> checked = checked_config(env, config_path, overrides);
+  if (!checked) return kExitUsage;
+  const config::RunConfig& config = *checked;
   const at::Device device = train::select_device(config, env);
   comm::DeviceMesh mesh =
       comm::DeviceMesh::create(env, config.mesh.dp, config.mesh.sp, config.comm, device);
@@ -53,6 +76,13 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "override a key: --set memory.tiled_mlp=4 (repeatable)");
   app.set_version_flag("--version", ulysses::build_info("ulysses-train"),
                        "Print the version, LibTorch version and compiled-in backends");
+  app.add_flag_callback(
+      "--print-config-reference",
+      [] {
+        std::cout << ulysses::config::config_reference_markdown();
+        throw CLI::Success();
+      },
+      "Print every run-config key with its type, default and meaning (docs/run-config.md)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -13,6 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "common/paths.h"
@@ -256,6 +259,78 @@ fi
   EXPECT_EQ(nlohmann::json::parse(p.details).size(), 2u);
   EXPECT_NE(p.config_yaml.find("sp: 1"), std::string::npos);
   EXPECT_NE(r.output.find("profile 1 stored in"), std::string::npos) << r.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ulysses-bench: a filter that selects nothing, and the default sizes calibrate runs
+
+TEST_F(TunerCli, BenchFilterThatMatchesNothingIsAOneLineUsageError) {
+  const Result r = run_shell(bin("ulysses-bench") + " --benchmark_filter=NoSuchBenchmark");
+  EXPECT_EQ(r.status, kExitUsage) << r.output;
+  EXPECT_EQ(r.output,
+            "error: --benchmark_filter: 'NoSuchBenchmark' matches no benchmark (the names are in "
+            "ulysses-bench --help)\n");
+}
+
+// The text after `label` up to the next ';' or ')' in `help`, "" when absent.
+std::string default_after(const std::string& help, const std::string& label) {
+  const size_t at = help.find(label);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + label.size();
+  return help.substr(begin, help.find_first_of(";)", begin) - begin);
+}
+
+// calibrate runs ulysses-bench without size flags: what it measures on a CPU profile is exactly
+// what `ulysses-bench --help` names as the CPU defaults.
+TEST_F(TunerCli, CalibrateMeasuresTheDefaultSizesBenchHelpNames) {
+  const Result help = run_shell(bin("ulysses-bench") + " --help");
+  ASSERT_EQ(help.status, 0) << help.output;
+  const std::string a2a = default_after(help.output, "sizes per rank (default cpu ");
+  const std::string seqlens = default_after(help.output, "sequence lengths (default cpu ");
+  const std::string tokens = default_after(help.output, "per GEMM/MLP call (default cpu ");
+  ASSERT_FALSE(a2a.empty() || seqlens.empty() || tokens.empty()) << help.output;
+
+  const std::string db = (dir_ / "results.db").string();
+  const Result r = run_shell(bin("ulysses-tune") + " calibrate --hardware " + home() +
+                             "/profiles/hardware/cpu-local.yaml --nproc 1 --db " + db +
+                             " --filter 'AllToAll|Attention|Mlp/impl:plain' --min-time 0.01");
+  ASSERT_EQ(r.status, 0) << r.output;
+  store::Store store = store::Store::open(db);
+  const auto runs = store.calibration_runs();
+  ASSERT_EQ(runs.size(), 1u);
+  std::set<std::string> bytes, sls, token_counts;
+  for (const auto& row : store.calibrations(runs[0].id)) {
+    const auto params = nlohmann::json::parse(row.params);
+    if (params.contains("bytes")) bytes.insert(params["bytes"].get<std::string>());
+    if (params.contains("sl")) sls.insert(params["sl"].get<std::string>());
+    if (params.contains("tokens")) token_counts.insert(params["tokens"].get<std::string>());
+  }
+  auto list = [](const std::set<std::string>& values) {
+    std::vector<long long> numbers;
+    for (const auto& v : values) numbers.push_back(std::stoll(v));
+    std::sort(numbers.begin(), numbers.end());
+    std::string out;
+    for (long long n : numbers) out += (out.empty() ? "" : ",") + std::to_string(n);
+    return out;
+  };
+  EXPECT_EQ(list(bytes), a2a);
+  EXPECT_EQ(list(sls), seqlens);
+  EXPECT_EQ(list(token_counts), tokens);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ulysses-tune --help: what exists, and what does not yet
+
+TEST_F(TunerCli, HelpListsTheCommandsAndSaysWhatIsNotBuiltYet) {
+  const Result r = run_shell(bin("ulysses-tune") + " --help");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* command : {"sweep", "recommend", "export", "report", "list", "show", "launch",
+                              "calibrate", "profile"}) {
+    EXPECT_NE(r.output.find("\n  " + std::string(command) + " "), std::string::npos) << command;
+  }
+  EXPECT_EQ(r.output.find("\n  plan "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Not built yet: `plan`"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SLURM"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -10,12 +10,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <sstream>
 
 #include "comm/dist_env.h"
 #include "comm/exit_status.h"
 #include "common/error.h"
 #include "config/run_config.h"
 #include "tuner/bench/bench_context.h"
+#include "tuner/bench/default_sizes.h"
 
 namespace {
 
@@ -27,6 +29,32 @@ class NullReporter : public benchmark::BenchmarkReporter {
   bool ReportContext(const Context&) override { return true; }
   void ReportRuns(const std::vector<Run>&) override {}
 };
+
+// Counts the benchmarks the filter selects without running any (declining the context makes
+// Google Benchmark skip the runs) and keeps the library's own complaints to itself.
+class MatchProbe : public benchmark::BenchmarkReporter {
+ public:
+  MatchProbe() {
+    SetOutputStream(&discarded_);
+    SetErrorStream(&discarded_);
+  }
+  bool ReportContext(const Context&) override { return false; }
+  void ReportRuns(const std::vector<Run>&) override {}
+
+ private:
+  std::ostringstream discarded_;
+};
+
+// Throws UserError when --benchmark_filter selects no benchmark (Google Benchmark itself would
+// print a line and exit 0). Every rank checks; run() keeps ranks other than 0 quiet.
+void require_matching_benchmarks() {
+  const std::string filter = benchmark::GetBenchmarkFilter();
+  MatchProbe probe;
+  if (benchmark::RunSpecifiedBenchmarks(&probe, filter) == 0) {
+    throw ulysses::UserError("--benchmark_filter: '" + filter +
+                             "' matches no benchmark (the names are in ulysses-bench --help)");
+  }
+}
 
 constexpr const char* kFooter =
     "Google Benchmark flags are accepted too, e.g. --benchmark_filter=REGEX\n"
@@ -74,17 +102,21 @@ void add_flags(CLI::App& app, Flags* flags) {
       ->type_name("RUN.yaml");
   app.add_option("--set", flags->overrides, "Override a run-config key (repeatable)")
       ->type_name("KEY=VALUE");
+  using namespace ulysses::bench;
   app.add_option("--a2a-bytes", flags->a2a_bytes,
-                 "All-to-all send-buffer sizes per rank (default cpu 65536,1048576,8388608; "
-                 "cuda 1048576,16777216,134217728,536870912)")
+                 std::string("All-to-all send-buffer sizes per rank (default cpu ") + kCpuA2aBytes +
+                     "; cuda " + kCudaA2aBytes + ")")
       ->type_name("LIST");
   app.add_option("--seqlens", flags->seqlens,
-                 "Attention sequence lengths (default cpu 256,1024; cuda sl/4,sl/2,sl)")
+                 std::string("Attention sequence lengths (default cpu ") + kCpuSeqlens +
+                     "; cuda sl/4,sl/2,sl)")
       ->type_name("LIST");
-  app.add_option("--tokens", flags->tokens, "Tokens per GEMM/MLP call (default sl/sp)")
+  app.add_option("--tokens", flags->tokens,
+                 "Tokens per GEMM/MLP call (default cpu " + std::to_string(kCpuTokens) +
+                     "; cuda sl/sp)")
       ->type_name("T");
   app.add_option("--copy-bytes", flags->copy_bytes,
-                 "Host<->device copy sizes (default 1048576,67108864,268435456)")
+                 std::string("Host<->device copy sizes, cuda only (default ") + kCopyBytes + ")")
       ->type_name("LIST");
   app.footer(kFooter);
 }
@@ -113,18 +145,18 @@ void setup(const Flags& flags, const ulysses::comm::DistEnv& env, BenchContext* 
   const int64_t sl = config.sequence.length;
   bench::BenchSizes& sizes = ctx->sizes;
   sizes.a2a_bytes = parse_sizes(
-      "--a2a-bytes", flags.a2a_bytes.empty()
-                         ? (cuda ? "1048576,16777216,134217728,536870912" : "65536,1048576,8388608")
-                         : flags.a2a_bytes);
-  sizes.seqlens = flags.seqlens.empty()
-                      ? (cuda ? std::vector<int64_t>{std::max<int64_t>(sl / 4, 1),
-                                                     std::max<int64_t>(sl / 2, 1), sl}
-                              : std::vector<int64_t>{256, 1024})
-                      : parse_sizes("--seqlens", flags.seqlens);
+      "--a2a-bytes", flags.a2a_bytes.empty() ? (cuda ? bench::kCudaA2aBytes : bench::kCpuA2aBytes)
+                                             : flags.a2a_bytes);
+  sizes.seqlens = !flags.seqlens.empty() ? parse_sizes("--seqlens", flags.seqlens)
+                  : cuda ? std::vector<int64_t>{std::max<int64_t>(sl / 4, 1),
+                                                std::max<int64_t>(sl / 2, 1), sl}
+                         : parse_sizes("--seqlens", bench::kCpuSeqlens);
   if (flags.tokens < 0) throw UserError("--tokens: must be positive");
-  sizes.tokens = flags.tokens > 0 ? flags.tokens : std::max<int64_t>(sl / config.mesh.sp, 1);
-  sizes.copy_bytes = parse_sizes(
-      "--copy-bytes", flags.copy_bytes.empty() ? "1048576,67108864,268435456" : flags.copy_bytes);
+  sizes.tokens = flags.tokens > 0 ? flags.tokens
+                 : cuda           ? std::max<int64_t>(sl / config.mesh.sp, 1)
+                                  : bench::kCpuTokens;
+  sizes.copy_bytes =
+      parse_sizes("--copy-bytes", flags.copy_bytes.empty() ? bench::kCopyBytes : flags.copy_bytes);
 }
 
 // Rank 0 keeps every argument; the others drop --benchmark_out so that only one process writes
@@ -168,6 +200,12 @@ int run(int argc, char** argv) {
   bench::register_comm_benchmarks(ctx);
   bench::register_compute_benchmarks(ctx);
   bench::register_copy_benchmarks(ctx);
+  try {
+    require_matching_benchmarks();
+  } catch (const UserError&) {
+    if (env.rank != 0) return kExitUsage;  // rank 0 reports it: one line, not one per rank
+    throw;
+  }
   if (env.rank == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {

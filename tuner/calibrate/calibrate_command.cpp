@@ -15,6 +15,7 @@
 #include "config/run_config.h"
 #include "tuner/calibrate/bench_results.h"
 #include "tuner/calibrate/hardware_profile.h"
+#include "tuner/launch/cli_checks.h"
 #include "tuner/launch/free_port.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/supervisor.h"
@@ -71,13 +72,13 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions* options) {
   cmd->add_option("--nproc", options->nproc,
                   "Ranks of the all-to-all (default: the profile's devices_per_node)")
       ->type_name("N")
-      ->check(CLI::PositiveNumber);
+      ->check(launch::integer_at_least(1));
   cmd->add_option("--filter", options->filter, "Only benchmarks matching this regex")
       ->type_name("REGEX");
   cmd->add_option("--min-time", options->min_time_s,
                   "Seconds of measurement per benchmark (default 0.05 on cpu, 0.5 on cuda)")
       ->type_name("S")
-      ->check(CLI::PositiveNumber);
+      ->check(launch::positive_number());
   cmd->add_option("--bench", options->bench,
                   "ulysses-bench executable (default: beside ulysses-tune)")
       ->type_name("PATH");
@@ -128,11 +129,7 @@ int run_calibrate(const CalibrateOptions& options) {
     argv.push_back("--set");
     argv.push_back(o);
   }
-  if (!cuda) {  // the quick CPU set
-    argv.push_back("--a2a-bytes=65536,1048576,4194304");
-    argv.push_back("--seqlens=256,512");
-    argv.push_back("--tokens=512");
-  }
+  // No size flags: ulysses-bench's defaults (tuner/bench/default_sizes.h, shown in its --help).
   const double min_time = options.min_time_s > 0 ? options.min_time_s : (cuda ? 0.5 : 0.05);
   argv.push_back("--benchmark_min_time=" + std::to_string(min_time));
   if (!options.filter.empty()) argv.push_back("--benchmark_filter=" + options.filter);

@@ -12,6 +12,8 @@
 #include "common/error.h"
 #include "common/paths.h"
 #include "config/run_config.h"
+#include "train/preflight.h"
+#include "tuner/launch/cli_checks.h"
 #include "tuner/launch/free_port.h"
 #include "tuner/launch/supervisor.h"
 
@@ -81,18 +83,18 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options) {
   launch->add_option("--nproc", options->nproc, "Ranks to start on this node (one per GPU)")
       ->required()
       ->type_name("N")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1));
   launch->add_option("--set", options->overrides,
                      "Override a run-config key, e.g. --set memory.tiled_mlp=4 (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   launch->add_option("--nnodes", options->nnodes, "Nodes in the job")
       ->type_name("M")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_at_least(1))
       ->capture_default_str();
   launch->add_option("--node-rank", options->node_rank, "This node's rank in [0, M) (default 0)")
       ->type_name("R")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   launch->add_option("--master-addr", options->master_addr, "Address of node 0 (rendezvous)")
       ->type_name("ADDR")
       ->capture_default_str();
@@ -110,7 +112,8 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options) {
   launch->footer(
       "Each rank runs `TRAINER --config RUN.yaml [--set KEY=VALUE]...` with RANK, WORLD_SIZE,\n"
       "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT set as torchrun sets\n"
-      "them. The run config is loaded and validated for world size M * N before any rank starts.\n"
+      "them. The run config is loaded and validated for world size M * N before any rank starts,\n"
+      "and (unless --print) its data files, checkpoint.resume and train.device are checked.\n"
       "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and launch exits with that\n"
       "rank's status (128 + signal for a signal death); SIGINT/SIGTERM are forwarded to all ranks.\n"
       "Exit status 2: bad options or run config.\n\n"
@@ -125,13 +128,15 @@ int run_launch(const LaunchOptions& options) {
   check_launch_options(options);
   config::RunConfig run_config = config::load_run_config(options.config_path, options.overrides);
   config::validate(run_config, world_size(options));
-  if (!options.print.empty()) {
+  if (!options.print.empty()) {  // the files and devices are the cluster's: not checked here
     const std::string trainer =
         options.trainer.empty() ? sibling_binary(kTrainerName) : options.trainer;
     for (const auto& line : cluster_command_lines(options, trainer)) std::cout << line << '\n';
     std::cout.flush();
     return kExitOk;
   }
+  // Data files, checkpoint to resume, device: one line here rather than one per rank later.
+  train::check_run_inputs(run_config);
   const std::string trainer = resolve_trainer(options);
   const int master_port = options.master_port > 0 ? options.master_port : pick_free_port();
   const int first_rank = effective_node_rank(options) * options.nproc;

@@ -18,7 +18,9 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options);
 // kExitInterrupted when launch itself got SIGINT/SIGTERM (forwarded to the ranks). With --print,
 // writes the cluster command lines to stdout and returns 0 without starting anything.
 // Throws UserError (before any rank starts) for bad options, a run config that does not load or
-// validate for world size nnodes * nproc, or a trainer that is not an executable file. Prints one
+// validate for world size nnodes * nproc, inputs that train::check_run_inputs rejects (missing
+// data file, checkpoint.resume that does not exist, train.device cuda without CUDA; not checked
+// with --print, whose ranks run elsewhere), or a trainer that is not an executable file. Prints one
 // line to stderr naming the failing rank and its status, or the interrupting signal.
 // REQUIRES: called from the main thread (see supervise()).
 int run_launch(const LaunchOptions& options);

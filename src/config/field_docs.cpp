@@ -1,0 +1,230 @@
+// The one-sentence meaning of each run-config key, and the Markdown reference generated from
+// them plus the field table's types and defaults.
+#include "config/field_docs.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "config/field_table.h"
+#include "config/yaml_values.h"
+
+namespace ulysses::config {
+namespace {
+
+// key path -> meaning. Keep to one line of plain text (no '|': it would split a table cell).
+const std::map<std::string, std::string>& meanings() {
+  static const std::map<std::string, std::string> table = {
+      {"model.preset",
+       "A model from profiles/models/NAME.yaml (tiny, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
+       "...) or a path to such a file; its fields replace the defaults below, and fields written "
+       "in the run config win over it. \"\" = the inline fields."},
+      {"model.hidden_size", "Model width h."},
+      {"model.num_layers", "Decoder layers."},
+      {"model.num_heads", "Query heads hq; must be divisible by mesh.sp."},
+      {"model.num_kv_heads",
+       "Key/value heads hkv (GQA/MQA); divides num_heads; hkv % sp == 0 or sp % hkv == 0 (KV "
+       "heads are then replicated sp/hkv times)."},
+      {"model.head_dim", "Per-head size hd, even; 0 = hidden_size / num_heads."},
+      {"model.intermediate_size", "SwiGLU MLP inner width."},
+      {"model.vocab_size", "Vocabulary size V (>= 2); every token id must be below it."},
+      {"model.rope_theta", "RoPE base frequency."},
+      {"model.rope_scaling_type", "\"\" = no RoPE scaling, llama3 = Llama 3.1 frequency scaling."},
+      {"model.rope_scaling_factor", "llama3 scaling: factor."},
+      {"model.rope_low_freq_factor", "llama3 scaling: low-frequency factor."},
+      {"model.rope_high_freq_factor", "llama3 scaling: high-frequency factor (> low)."},
+      {"model.rope_original_max_position", "llama3 scaling: original context length."},
+      {"model.rms_norm_eps", "RMSNorm epsilon."},
+      {"model.tie_embeddings", "The LM head shares the token embedding's weight."},
+      {"model.init_seed", "Seed of the random weight init (identical on every rank)."},
+      {"model.init_std", "Standard deviation of the normal init of every weight matrix."},
+      {"model.max_position_embeddings",
+       "Written to a checkpoint's HF config.json (and read from one); not used by training."},
+      {"model.bos_token_id", "Written to / read from HF config.json; in [0, vocab_size)."},
+      {"model.eos_token_id", "Written to / read from HF config.json; in [0, vocab_size)."},
+      {"model.load",
+       "A Hugging Face model directory (config.json + *.safetensors): shapes from config.json, "
+       "weights from the safetensors; not combinable with preset. \"\" = random init."},
+      {"mesh.sp",
+       "Sequence-parallel degree: ranks that share one sequence (Ulysses all-to-all). SP groups "
+       "are contiguous ranks."},
+      {"mesh.dp", "Data-parallel replicas; dp * sp must equal the number of ranks."},
+      {"sequence.length",
+       "Tokens per sequence (sl); padded up to a multiple of sp with ignored labels."},
+      {"sequence.micro_batch", "Sequences per rank per micro-step (bs)."},
+      {"sequence.grad_accum",
+       "Micro-steps per optimizer step; a step's global batch is dp * micro_batch * grad_accum "
+       "sequences."},
+      {"data.source",
+       "synthetic (seeded random tokens), tokens:PATH (a flat file of token ids) or "
+       "megatron:PREFIX (PREFIX.bin + PREFIX.idx, a Megatron-LM indexed dataset)."},
+      {"data.seed", "Seed of the synthetic tokens."},
+      {"data.token_dtype", "uint16 or uint32: the id size in a tokens:PATH file."},
+      {"data.pack", "Pack documents into each sequence with per-document position ids."},
+      {"data.eod_token",
+       "The document separator id of a flat file when packing; -1 = none (required for packing "
+       "a tokens:PATH file)."},
+      {"memory.tiled_mlp",
+       "Run the MLP over N sequence tiles (TiledMLP); auto = ceil(local length / hidden_size), "
+       "the same on every rank; 1 = off."},
+      {"memory.tiled_loss",
+       "LM head + cross-entropy over N sequence tiles, so the full [sl, V] logits never exist; "
+       "auto picks N; 1 = off."},
+      {"memory.checkpointing", "Activation checkpointing per decoder layer."},
+      {"memory.offload_activations",
+       "Keep the checkpointed hidden states in host memory (needs checkpointing)."},
+      {"memory.offload_optimizer", "fp32 master weights and AdamW states in host memory; the "
+                                   "update runs on the CPU."},
+      {"memory.precision", "fp32 or bf16 (bf16 needs train.device cuda)."},
+      {"memory.limit_gib",
+       "Per-rank memory cap in GiB (on CPU: the process address space); exceeding it exits 12. "
+       "0 = none."},
+      {"attention.backend",
+       "auto, math, flash, efficient or cudnn; the last three need train.device cuda."},
+      {"attention.skip_all_but_last",
+       "Debug/probe: core attention only in the last layer (others return the right shape), to "
+       "find memory limits without the quadratic compute. Loss and gradients are then wrong."},
+      {"attention.disable_in_eval", "Evaluation runs without sequence parallelism."},
+      {"optim.lr", "Peak learning rate of AdamW (> 0)."},
+      {"optim.betas", "AdamW betas, each in [0, 1)."},
+      {"optim.eps", "AdamW epsilon (> 0)."},
+      {"optim.weight_decay", "Decoupled weight decay (torch.optim.AdamW semantics)."},
+      {"optim.grad_clip", "Clip the global L2 gradient norm to this; 0 = off."},
+      {"optim.warmup_steps", "Linear warmup steps from 0 to lr."},
+      {"optim.schedule", "constant, linear or cosine (the last two decay to min_lr)."},
+      {"optim.min_lr", "The learning rate the schedule decays to; in [0, lr]."},
+      {"optim.max_consecutive_skips",
+       "A step whose grad_norm is not finite skips its update; this many such steps in a row "
+       "stop the run (diverged). 0 = never stop."},
+      {"train.steps", "Optimizer steps to run (0 = none; evaluation still runs when set)."},
+      {"train.seed", "Seed of the trainer's random state (saved in checkpoints)."},
+      {"train.device", "cpu or cuda (cuda:LOCAL_RANK)."},
+      {"checkpoint.dir",
+       "Where checkpoints go: DIR/step-N/ (HF model.safetensors + config.json, optimizer and "
+       "trainer state). \"\" = no checkpoints."},
+      {"checkpoint.every", "Save every N steps (and after the last step); 0 = only after the last."},
+      {"checkpoint.save_initial", "Also save the weights before the first step to DIR/initial/."},
+      {"checkpoint.resume",
+       "A step-N directory to continue from bit-for-bit, or latest (the highest step-N under "
+       "dir; none yet = start fresh). \"\" = start fresh."},
+      {"profile.warmup_steps", "Steps left out of the medians in summary.json."},
+      {"profile.nvtx", "Emit NVTX ranges (when compiled in)."},
+      {"profile.peak_tflops",
+       "One rank's peak TFLOP/s for MFU in summary.json (profiles/hardware/); 0 = take "
+       "$ULYSSES_PEAK_TFLOPS, and no MFU when that is unset."},
+      {"output.dir", "Where rank 0 writes metrics.jsonl and summary.json (docs/outputs.md)."},
+      {"eval.source",
+       "Held-out data, a source string like data.source; \"\" = no evaluation. Loss and "
+       "perplexity overall and per position bucket."},
+      {"eval.seed", "Seed of synthetic eval data."},
+      {"eval.every", "Evaluate every N steps (and after the last); 0 = only after the last."},
+      {"eval.steps", "Eval batches per evaluation (>= 1)."},
+      {"comm.timeout_s",
+       "Collective timeout in seconds: a dead peer makes the other ranks exit 13 after this."},
+      {"comm.store",
+       "Rendezvous: tcp (MASTER_ADDR:MASTER_PORT) or file:PATH (a shared file)."},
+      {"comm.backend", "auto (gloo on cpu, nccl on cuda), gloo or nccl (cuda only)."},
+  };
+  return table;
+}
+
+const std::map<std::string, std::string>& section_intros() {
+  static const std::map<std::string, std::string> intros = {
+      {"model", "Shapes of the Llama-family decoder. The defaults below are the inline model's."},
+      {"mesh", "How the ranks are arranged: world size = dp * sp."},
+      {"sequence", "Sequence length and batch."},
+      {"data", "Training tokens. Step s uses samples [(s-1)G, sG), G = dp * micro_batch * "
+               "grad_accum."},
+      {"memory", "ALST memory features; each leaves loss and gradients unchanged."},
+      {"attention", "The attention core."},
+      {"optim", "AdamW and the learning-rate schedule."},
+      {"train", "The run."},
+      {"checkpoint", "Checkpoints in Hugging Face format."},
+      {"profile", "Timing and NVTX."},
+      {"output", "Where results go."},
+      {"eval", "Held-out evaluation."},
+      {"comm", "The distributed runtime."},
+  };
+  return intros;
+}
+
+std::string type_name(const int64_t&) { return "integer"; }
+std::string type_name(const uint64_t&) { return "integer >= 0"; }
+std::string type_name(const double&) { return "number"; }
+std::string type_name(const bool&) { return "bool"; }
+std::string type_name(const std::string&) { return "string"; }
+std::string type_name(const TileCount&) { return "integer >= 1 or auto"; }
+std::string type_name(const std::array<double, 2>&) { return "[number, number]"; }
+
+template <class T>
+std::string default_text(const T& value) {
+  YAML::Emitter out;
+  emit_value(out, value);
+  return out.c_str();
+}
+
+}  // namespace
+
+std::string field_meaning(const std::string& key_path) {
+  const auto it = meanings().find(key_path);
+  return it == meanings().end() ? "" : it->second;
+}
+
+std::vector<std::string> undocumented_keys() {
+  std::vector<std::string> missing;
+  const RunConfig defaults;
+  for_each_field(defaults, [&](const char* section, const char* key, const auto&) {
+    const std::string path = std::string(section) + "." + key;
+    if (field_meaning(path).empty()) missing.push_back(path);
+  });
+  return missing;
+}
+
+std::vector<std::string> stale_documented_keys() {
+  std::set<std::string> known;
+  const RunConfig defaults;
+  for_each_field(defaults, [&](const char* section, const char* key, const auto&) {
+    known.insert(std::string(section) + "." + key);
+  });
+  std::vector<std::string> stale;
+  for (const auto& [path, meaning] : meanings()) {
+    if (!known.count(path)) stale.push_back(path);
+  }
+  return stale;
+}
+
+std::string config_reference_markdown() {
+  std::ostringstream md;
+  md << "# Run config reference (ulysses-train)\n\n"
+        "<!-- Generated by `ulysses-train --print-config-reference` from src/config/field_table.h "
+        "and src/config/field_docs.cpp; do not edit by hand (the test DocsReference checks that "
+        "this file is current). -->\n\n"
+        "A run config is a YAML file of the sections below; every key is optional (a key left "
+        "out takes its default), an unknown key is an error, and `--set section.key=value` "
+        "overrides any key (the value is read as YAML: `--set memory.tiled_mlp=auto`, `--set "
+        "optim.betas=[0.9,0.99]`). Resolution order, later wins: these defaults; the model "
+        "preset (`model.preset`) or the HF config (`model.load`); the file; the `--set` "
+        "overrides. Bad input exits 2 with one line naming the key "
+        "(`memory.tiled_mpl: unknown key (did you mean memory.tiled_mlp?)`). An example with "
+        "comments: `experiments/runs/tiny-cpu.yaml`.\n";
+  const RunConfig defaults;
+  std::string open_section;
+  for_each_field(defaults, [&](const char* section, const char* key, const auto& field) {
+    if (open_section != section) {
+      open_section = section;
+      md << "\n## " << section << "\n\n";
+      const auto intro = section_intros().find(section);
+      if (intro != section_intros().end()) md << intro->second << "\n\n";
+      md << "| key | type | default | meaning |\n|---|---|---|---|\n";
+    }
+    const std::string path = std::string(section) + "." + key;
+    const std::string meaning = field_meaning(path);
+    md << "| `" << path << "` | " << type_name(field) << " | `" << default_text(field) << "` | "
+       << (meaning.empty() ? "(undocumented)" : meaning) << " |\n";
+  });
+  return md.str();
+}
+
+}  // namespace ulysses::config

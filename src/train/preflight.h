@@ -1,0 +1,18 @@
+// The inputs of a run that can be checked before any rank starts or meets its peers: the device,
+// the data files, the checkpoint to resume from. `ulysses-tune launch` runs these checks before it
+// starts ranks, and ulysses-train before its rendezvous, so a bad input is one line, not one per
+// rank.
+#pragma once
+#include "config/options.h"
+
+namespace ulysses::train {
+
+// Checks, in this order: train.device is available (select_device's error); data.source and
+// eval.source open as the trainer opens them (missing, short or corrupt files: the data loader's
+// errors, naming the key and the file); checkpoint.resume names an existing checkpoint
+// (resolve_resume_dir's error; "latest" with none written yet is fine: the run starts fresh).
+// Throws UserError "<key>: <what>" for the first failing check. Reads files only; starts nothing.
+// REQUIRES: config validated.
+void check_run_inputs(const config::RunConfig& config);
+
+}  // namespace ulysses::train
