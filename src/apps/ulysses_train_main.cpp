@@ -61,8 +61,11 @@ int run(const std::string& config_path, const std::vector<std::string>& override
   // After the process groups (their threads belong to the baseline), before the model is built.
   const memory::MemoryLimit limit = memory::apply_memory_limit(config.memory.limit_gib, device);
   if (limit.limit_bytes > 0) std::cout << "ulysses-train: " << limit.describe() << std::endl;
-  if (config.train.steps == 0 && config.eval.source.empty()) return kExitOk;
-  return train::run_training(config, mesh, device);
+  const int status = config.train.steps == 0 && config.eval.source.empty()
+                         ? kExitOk
+                         : train::run_training(config, mesh, device);
+  mesh.finish();  // the final barrier; then the backends (NCCL communicators) shut down
+  return status;
 }
 
 }  // namespace

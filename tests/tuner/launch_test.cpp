@@ -609,6 +609,26 @@ TEST(LaunchTwoNodes, RealTrainerRanksZeroToThree) {
   }
 }
 
+// The README's example on tiny-cpu.yaml (a 2 x 2 mesh) for 2 nodes x 8 ranks: one line saying
+// what to set; with that set, the lines print.
+TEST(LaunchPrint, MultiNodeMeshMismatchSaysWhatToSet) {
+  const std::string launcher = sibling_binary("ulysses-tune");
+  const std::string tiny = (fs::path(project_home()) / "experiments/runs/tiny-cpu.yaml").string();
+  TempDir temp;
+  const std::vector<std::string> args{launcher, "launch", tiny, "--nproc", "8", "--nnodes", "2",
+                                      "--print", "torchrun"};
+  const pid_t bad = spawn_process(args, {}, temp.path() / "bad.out", temp.path() / "bad.err");
+  EXPECT_EQ(wait_exit(bad, kExitDeadlineS), kExitUsage);
+  EXPECT_EQ(read_text(temp.path() / "bad.err"),
+            "error: mesh: dp*sp = 4 does not match the world size 16 (--nnodes 2 x --nproc 8); "
+            "add --set mesh.dp=8 (keeps mesh.sp=2)\n");
+  std::vector<std::string> fixed = args;
+  fixed.insert(fixed.end(), {"--set", "mesh.dp=8"});
+  const pid_t good = spawn_process(fixed, {}, temp.path() / "good.out", temp.path() / "good.err");
+  EXPECT_EQ(wait_exit(good, kExitDeadlineS), 0) << read_text(temp.path() / "good.err");
+  EXPECT_EQ(split_lines(read_text(temp.path() / "good.out")).size(), 4u);  // 2 x (# node, line)
+}
+
 // The printed single-node torchrun line, run as printed (torchrun found on PATH, from the venv of
 // $ULYSSES_PYTHON), trains: no fixed port, and no rank serving the agent's store a second time.
 TEST(LaunchPrint, PrintedTorchrunLineRuns) {

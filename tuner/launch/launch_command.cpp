@@ -127,7 +127,7 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options) {
 int run_launch(const LaunchOptions& options) {
   check_launch_options(options);
   config::RunConfig run_config = config::load_run_config(options.config_path, options.overrides);
-  config::validate(run_config, world_size(options));
+  validate_for_launch(run_config, options);  // a mesh not fitting the world says what to set
   if (!options.print.empty()) {  // the files and devices are the cluster's: not checked here
     const std::string trainer =
         options.trainer.empty() ? sibling_binary(kTrainerName) : options.trainer;
