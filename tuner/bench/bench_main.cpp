@@ -212,7 +212,7 @@ int run(int argc, char** argv) {
     NullReporter quiet;
     benchmark::RunSpecifiedBenchmarks(&quiet);
   }
-  ctx.mesh->world().barrier();  // no rank tears down its store while others still use it
+  ctx.mesh->finish();  // final barrier: no rank tears down its store while others use it
   benchmark::Shutdown();
   return kExitOk;
 }
