@@ -31,8 +31,8 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // the master (the gradient converted to fp32), then the master is copied into the parameter.
 // kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in
 // host memory for every parameter and updates them with one fused, multi-threaded CPU pass
-// (train/cpu_adam.h: same op order; its sqrt is correctly rounded where ATen's CPU sqrt is within
-// 1 ulp, so kHost and kDevice may differ by about 1 ulp per step). Gradients reach that pass as:
+// (train/cpu_adam.h: the same results as kDevice's ATen ops on the CPU, bit for bit). Gradients
+// reach that pass as:
 //   - host gradients: read where they are, no copy (bf16/fp16 converted inline);
 //   - CUDA gradients: non_blocking copies, in the gradient's dtype, into pinned staging buffers on
 //     a side stream (after the work queued on the current stream), started by prefetch_gradient()

@@ -2,6 +2,7 @@
 // optim.cmake): every fma below is written out, no other is formed, and sqrt vectorizes.
 #include "train/cpu_adam.h"
 
+#include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
@@ -11,13 +12,15 @@
 #include <bit>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 namespace ulysses::train {
 namespace {
 
-// Elements per work item: large enough that the per-item cost vanishes, small enough that a
-// thread's items of a 1B-element step balance; a multiple of 64 (vector widths, cache lines).
-constexpr int64_t kChunk = 256 * 1024;
+// Elements per work item: its buffers stay in a core's L2 between the two loops, the per-item
+// cost (one ATen sqrt) stays small, and it is a multiple of 64 so that ATen's vector/tail split of
+// each chunk's sqrt lines up with that of the whole tensor (kDevice's sqrt).
+constexpr int64_t kChunk = 64 * 1024;
 
 // The scalars of one update, rounded to the master dtype T as ATen rounds a Scalar argument.
 template <typename T>
@@ -68,21 +71,27 @@ template <typename P, typename T>
   }
 }
 
-// The update of n elements; see cpu_adam.h for the formula and why each op is where it is.
+// The update of n <= kChunk elements; see cpu_adam.h for the formula and why each op is where
+// it is. Two loops over the (cache-resident) chunk around ATen's own sqrt, so that sqrt rounds
+// exactly as the ATen path's (its vectorized CPU sqrt is not always correctly rounded).
 template <typename T, typename G, typename P>
 [[gnu::always_inline]] inline void adamw_loop(T* __restrict w, T* __restrict m, T* __restrict v,
                                               const G* __restrict g, P* __restrict out, int64_t n,
                                               const Coeffs<T>& c) {
+  thread_local std::vector<T> scratch;  // [kChunk] sqrt(v) of this chunk
+  scratch.resize(static_cast<size_t>(kChunk));
+  T* __restrict root = scratch.data();
   for (int64_t i = 0; i < n; ++i) {
     const T grad = to_master<T>(g[i]);
-    const T weight = w[i] * c.decay;
-    const T exp_avg = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
-    const T exp_avg_sq = std::fma(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
-    const T denom = std::sqrt(exp_avg_sq) / c.sqrt_bias_correction2 + c.eps;
-    const T updated = weight + c.neg_step_size * exp_avg / denom;
+    m[i] = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
+    v[i] = std::fma(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
+    root[i] = v[i];
+  }
+  at::from_blob(root, {n}, at::TensorOptions(c10::CppTypeToScalarType<T>::value)).sqrt_();
+  for (int64_t i = 0; i < n; ++i) {
+    const T denom = root[i] / c.sqrt_bias_correction2 + c.eps;
+    const T updated = w[i] * c.decay + c.neg_step_size * m[i] / denom;
     w[i] = updated;
-    m[i] = exp_avg;
-    v[i] = exp_avg_sq;
     if constexpr (!std::is_same_v<P, NoOutput>) {
       out[i] = from_master<P>(updated);
     }

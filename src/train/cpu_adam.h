@@ -24,15 +24,15 @@ struct FusedAdamWBuffer {
 };
 
 // Applies one AdamW update (the op order and rounding of adamw.h, see adamw_aten_update) to every
-// buffer: per element, in the master dtype, with every scalar rounded to it as ATen rounds them
-// (measured against ATen's CPU kernels: m and v equal bit for bit; sqrt is correctly rounded here
-// and within 1 ulp in ATen, so w may differ by about 1 ulp):
-//   w  = w * (1 - lr*wd)
+// buffer: per element, in the master dtype, with every scalar rounded to it as ATen rounds them,
+// so that the result equals the ATen ops' bit for bit (tested):
 //   m  = fma(g, 1 - b1, m * b1)                       (Tensor.add_(g, alpha) is an fma)
 //   v  = fma((1 - b2) * g, g, v * b2)                 (addcmul_'s kernel, as compiled in
 //                                                      LibTorch 2.x, contracts to an fma)
-//   w  = w + (-lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
-// The buffers are cut into large chunks, spread over at::parallel_for's threads. The inner loop is
+//   w  = w * (1 - lr*wd) + (-lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+// sqrt is ATen's (at::sqrt_ on each cache-resident chunk: its CPU sqrt is within 1 ulp, not
+// always correctly rounded, and matching it keeps kHost equal to kDevice).
+// The buffers are cut into 64K-element chunks, spread over at::parallel_for's threads. The inner loop is
 // compiled for AVX-512, AVX2+FMA and the baseline ISA and picked at run time (same results).
 // REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0.
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
