@@ -4,7 +4,7 @@
 # Usage: scripts/check-readme-examples.sh [BUILD_DIR]      (default: build; ctest: readme_examples)
 #
 # Examples are the lines of README.md's indented code blocks that start with `ulysses-tune`,
-# `ulysses-train`, `build/bin/` or `scripts/`. Each runs in order with `bash -c` in one scratch
+# `ulysses-train`, `build/bin/`, `scripts/` or `torchrun` (the venv's, on PATH after our binaries). Each runs in order with `bash -c` in one scratch
 # directory that looks like a checkout (experiments/ and profiles/ linked, build/bin linked, the
 # binaries on PATH; runs/ and reports/ are fresh), so later examples see what earlier ones wrote
 # (the sweep writes runs/q.db, which list/show/recommend/export/report read). A synopsis is
@@ -25,7 +25,7 @@ SKIP=(
 # The example lines, one per line, as written.
 examples() {
   awk '/^    [^ ]/ { sub(/^    /, ""); print }' "$readme" |
-    grep -E '^(ulysses-tune|ulysses-train|build/bin/|scripts/)'
+    grep -E '^(ulysses-tune|ulysses-train|build/bin/|scripts/|torchrun )'
 }
 
 # A synopsis as a plain command: no comment, no [optional] parts, first of a|b alternatives.
@@ -51,7 +51,7 @@ mkdir -p "$scratch/build" "$scratch/runs" "$scratch/reports"
 ln -s "$root/experiments" "$scratch/experiments"
 ln -s "$root/profiles" "$scratch/profiles"
 ln -s "$build/bin" "$scratch/build/bin"
-export PATH="$build/bin:$PATH" ULYSSES_HOME="$root"
+export PATH="$build/bin:$root/.venv/bin:$PATH" ULYSSES_HOME="$root"
 
 mapfile -t lines < <(examples)
 if [[ ${#lines[@]} -eq 0 ]]; then
