@@ -141,6 +141,21 @@ at::Tensor Group::all_gather(const at::Tensor& t) {
   return out.to(t.device(), t.scalar_type());
 }
 
+at::Tensor Group::reduce_scatter(const at::Tensor& input) {
+  TORCH_CHECK(input.dim() >= 1 && input.size(0) == size(), "reduce_scatter on group ", name_,
+              ": input must have dim 0 == the group size ", size(), ", got shape ", input.sizes());
+  if (!backend_) return input[0].clone(at::MemoryFormat::Contiguous);
+  at::Tensor in = to_wire(input, device_, is_gloo_);    // [size, ...]
+  at::Tensor out = at::empty_like(in[0]);               // [...]
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  std::vector<at::Tensor> outputs = {out};
+  std::vector<std::vector<at::Tensor>> inputs(1);
+  for (int i = 0; i < size(); ++i) inputs[0].push_back(in[i]);  // contiguous views of in
+  run("reduce_scatter", [&] { return backend_->reduce_scatter(outputs, inputs, options); });
+  return out.to(input.device(), input.scalar_type());
+}
+
 void Group::broadcast(at::Tensor& t, int root) {
   TORCH_CHECK(root >= 0 && root < size(), "broadcast on group ", name_, ": root ", root,
               " is outside 0..", size() - 1);

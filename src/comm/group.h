@@ -1,5 +1,6 @@
 // A process group over a subset of the job's ranks, with the few blocking collectives the
-// training stack needs (STYLE 5): all_reduce, all_to_all_single, all_gather, broadcast, barrier.
+// training stack needs (STYLE 5): all_reduce, all_to_all_single, all_gather, reduce_scatter,
+// broadcast, barrier.
 // Backed by c10d ProcessGroupGloo (CPU tensors; CUDA tensors work too) or ProcessGroupNCCL (CUDA).
 #pragma once
 #include <ATen/ATen.h>
@@ -88,6 +89,12 @@ class Group {
 
   // Returns [size, ...t.shape]: slice i is member i's `t`. Shapes must be equal on all members.
   at::Tensor all_gather(const at::Tensor& t);  // [...] -> [size, ...]
+
+  // Reduce-scatter (sum): returns input[rank()] summed over members, a new contiguous tensor;
+  // `input` is not modified. A real reduce-scatter (each member receives only its slice: about
+  // half an all-reduce's traffic), not an all-reduce. Shapes must be equal on all members.
+  // REQUIRES: input.dim() >= 1 and input.size(0) == size().
+  at::Tensor reduce_scatter(const at::Tensor& input);  // [size, ...] -> [...]
 
   // In place: every member's `t` becomes member `root`'s `t` (root is a group rank).
   // REQUIRES: 0 <= root < size().

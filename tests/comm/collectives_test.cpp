@@ -128,6 +128,24 @@ TEST(Collectives, AllReduceSumMaxMin) {
   });
 }
 
+TEST(Collectives, ReduceScatterSumsOnlyThisRanksSlice) {
+  run_ranks(kWorld, [](const RankContext& ctx) {
+    DeviceMesh mesh = DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 2, 2);
+    Group& group = mesh.world();
+    const int r = ctx.rank;
+    // Element [i, k] of rank r = (r + 1) * (100 * i + k): slice i summed over ranks is
+    // 10 * (100 * i + k).
+    at::Tensor rows = at::arange(kWorld, at::kFloat).reshape({kWorld, 1});
+    at::Tensor input = (r + 1.0) * (100.0 * rows + at::arange(5, at::kFloat));  // [4, 5]
+    const at::Tensor before = input.clone();
+    at::Tensor out = group.reduce_scatter(input);  // [5]
+    ASSERT_EQ(out.sizes(), (std::vector<int64_t>{5}));
+    EXPECT_TRUE(at::equal(out, 10.0 * (100.0 * r + at::arange(5, at::kFloat)))) << out;
+    EXPECT_TRUE(at::equal(input, before));
+    EXPECT_THROW(group.reduce_scatter(at::zeros({3, 5})), c10::Error);
+  });
+}
+
 TEST(Collectives, AllGatherBroadcastBarrier) {
   run_ranks(kWorld, [](const RankContext& ctx) {
     DeviceMesh mesh = DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 2, 2);
