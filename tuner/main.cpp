@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "tuner/calibrate/calibrate_command.h"
 #include "tuner/launch/launch_command.h"
+#include "tuner/plan/plan_command.h"
 #include "tuner/profile_cmd/profile_command.h"
 #include "tuner/recommend/recommend_command.h"
 #include "tuner/report/list_show_command.h"
@@ -27,9 +28,8 @@ int run(int argc, char** argv) {
                        "Print the version, LibTorch version and compiled-in backends");
   app.footer(
       "Run `ulysses-tune COMMAND --help` for a command's options.\n"
-      "Not built yet: `plan` (predict memory and step time for clusters larger than the one at\n"
-      "hand from the cost model) and sweeps whose trials run through SLURM (`runner: srun`,\n"
-      "sbatch); sweeps run their trials as local processes. Reference: docs/ in the source tree.\n");
+      "Not built yet: sweeps whose trials run through SLURM (`runner: srun`, sbatch); sweeps run\n"
+      "their trials as local processes. Reference: docs/ in the source tree.\n");
 
   ulysses::sweep::SweepOptions sweep_options;
   CLI::App* sweep = ulysses::sweep::add_sweep_command(app, &sweep_options);
@@ -49,6 +49,8 @@ int run(int argc, char** argv) {
   CLI::App* calibrate = ulysses::calibrate::add_calibrate_command(app, &calibrate_options);
   ulysses::profile_cmd::ProfileOptions profile_options;
   CLI::App* profile = ulysses::profile_cmd::add_profile_command(app, &profile_options);
+  ulysses::plan::PlanOptions plan_options;
+  CLI::App* plan = ulysses::plan::add_plan_command(app, &plan_options);
 
   try {
     app.parse(argc, argv);
@@ -65,6 +67,7 @@ int run(int argc, char** argv) {
   if (launch->parsed()) return ulysses::launch::run_launch(launch_options);
   if (calibrate->parsed()) return ulysses::calibrate::run_calibrate(calibrate_options);
   if (profile->parsed()) return ulysses::profile_cmd::run_profile(profile_options);
+  if (plan->parsed()) return ulysses::plan::run_plan(plan_options);
   return ulysses::kExitUsage;  // unreachable: require_subcommand(1)
 }
 

@@ -1,8 +1,21 @@
-// Lower-bound memory terms per rank (see memory_model.h). Shapes: bs = micro_batch,
-// T = ceil(sl / sp) local tokens, h hidden, V vocab, L layers, P parameters.
+// Memory terms per rank (see memory_model.h). Shapes: bs = micro_batch, sl = sequence length,
+// T = ceil(sl / sp) local tokens, h hidden, V vocab, L layers, P parameters, ffn intermediate,
+// qd = hq x hd, kvd = hkv_r x hd with hkv_r = max(hkv, sp) KV heads after the all-to-all
+// (replicated when sp > hkv), d = bytes of the model dtype.
 #include "tuner/costmodel/memory_model.h"
 
+#include <algorithm>
+
 namespace ulysses::costmodel {
+namespace {
+
+std::string n(int64_t v) { return std::to_string(v); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+constexpr int64_t kGradBucketBytes = int64_t{128} << 20;  // train/grad_buffers.h
+
+}  // namespace
 
 int64_t MemoryEstimate::total_bytes() const {
   int64_t total = 0;
@@ -19,6 +32,21 @@ int64_t parameter_count(const config::ModelOptions& m) {
   const int64_t layer = attention + mlp + 2 * h;          // + two RMSNorm weights
   const int64_t embeddings = m.vocab_size * h;
   return embeddings + m.num_layers * layer + h + (m.tie_embeddings ? 0 : embeddings);
+}
+
+int64_t dtype_bytes(const config::RunConfig& c) { return c.memory.precision == "bf16" ? 2 : 4; }
+
+int64_t mlp_tiles(const config::RunConfig& c) {
+  const int64_t t = ceil_div(c.sequence.length, c.mesh.sp);
+  if (!c.memory.tiled_mlp.is_auto()) return c.memory.tiled_mlp.value;
+  return std::max<int64_t>(1, ceil_div(t, c.model.hidden_size));  // sp/tiled_mlp.h
+}
+
+int64_t loss_tiles(const config::RunConfig& c) {
+  const int64_t t = ceil_div(c.sequence.length, c.mesh.sp);
+  if (!c.memory.tiled_loss.is_auto()) return c.memory.tiled_loss.value;
+  const int64_t bytes = c.sequence.micro_batch * t * c.model.vocab_size * 4;  // fp32 logits
+  return std::clamp<int64_t>(ceil_div(bytes, int64_t{1} << 30), 1, t);  // sp/tiled_logits_loss.h
 }
 
 MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
@@ -52,6 +80,161 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
     e.terms.push_back({"logits", bs * local_tokens * v * 4, "bs x T x V x 4 B"});
   }
   return e;
+}
+
+MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoefficients& k) {
+  const config::ModelOptions& m = c.model;
+  const bool on_cpu = c.train.device == "cpu";
+  const bool bf16 = c.memory.precision == "bf16";
+  const int64_t d = dtype_bytes(c), p = parameter_count(m);
+  const int64_t sp = c.mesh.sp, world = c.mesh.dp * c.mesh.sp, bs = c.sequence.micro_batch;
+  const int64_t sl = ceil_div(c.sequence.length, sp) * sp, t = sl / sp;
+  const int64_t h = m.hidden_size, v = m.vocab_size, layers = m.num_layers;
+  const int64_t hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
+  const int64_t qd = m.num_heads * hd, kvd = std::max(m.num_kv_heads, sp) * hd;
+  const int64_t ffn = m.intermediate_size;
+  const int64_t tokens = bs * t;
+  const bool checkpointing = c.memory.checkpointing || c.memory.offload_activations;
+  const bool tiled_mlp = mlp_tiles(c) > 1;
+  const bool math = c.attention.backend == "math";
+  const Location opt_loc = c.memory.offload_optimizer && !on_cpu ? Location::kHost
+                                                                 : Location::kDevice;
+  const Location ckpt_loc = c.memory.offload_activations && !on_cpu ? Location::kHost
+                                                                    : Location::kDevice;
+  const std::string ds = n(d) + " B";
+
+  MemoryPrediction out;
+  auto add = [&](std::string name, double bytes, std::string formula, Lifetime life,
+                 Location loc = Location::kDevice) {
+    out.terms.push_back({std::move(name), static_cast<int64_t>(bytes), std::move(formula), life,
+                         loc});
+  };
+
+  // --- static state ---
+  if (k.runtime_bytes > 0) {
+    add("runtime", k.runtime_bytes, "calibrated: the rank's resident bytes before the model",
+        Lifetime::kStatic);
+  }
+  const int64_t shards = std::max<int64_t>(1, k.state_shards);
+  const std::string per_shard = shards > 1 ? " / " + n(shards) + " shards (what-if)" : "";
+  add("weights", static_cast<double>(p) * d / shards, "P x " + ds + per_shard, Lifetime::kStatic);
+  // Gradients: fp32 flat buffers for every parameter dtype (train/grad_buffers.h).
+  add("gradients", static_cast<double>(k.gradient_bytes) * p / shards,
+      "P x " + n(k.gradient_bytes) + " B" +
+          (k.gradient_bytes == 4 ? " (fp32 flat buffers)" : " (what-if)") + per_shard,
+      Lifetime::kStatic);
+  // Reduced in place bucket by bucket: the backend stages at most one bucket.
+  if (world > 1) {
+    add("gradient reduction buffer", static_cast<double>(std::min(kGradBucketBytes, 4 * p)),
+        "min(128 MiB bucket, 4 P) when dp x sp > 1 (in-place all-reduce, one bucket staged)",
+        Lifetime::kStatic);
+  }
+  // AdamW: two fp32 moments; an fp32 master unless the parameter is its own (fp32 on the
+  // optimizer's side). Offloaded (CUDA): on the host, with an fp32 staging copy of the gradient.
+  const double ps = static_cast<double>(p) / shards;
+  add("adam moments", 8.0 * ps, "P x 2 x 4 B" + per_shard, Lifetime::kStatic, opt_loc);
+  if (bf16 || opt_loc == Location::kHost) {
+    add("fp32 master weights", 4.0 * ps, "P x 4 B" + per_shard, Lifetime::kStatic, opt_loc);
+  }
+  if (opt_loc == Location::kHost) {
+    add("host gradient staging", 4.0 * ps, "P x 4 B (pinned, fp32)" + per_shard,
+        Lifetime::kStatic, Location::kHost);
+  }
+
+  // --- activations saved for backward ---
+  // Per token and layer, in elements of the model dtype, what autograd keeps:
+  //   input RMSNorm in/out 2h, q/k/v after the all-to-all qd + 2 kvd, attention output qd,
+  //   o_proj input qd, post-attention RMSNorm in/out 2h, untiled MLP gate/up/silu/product 4 ffn.
+  const int64_t mlp_elems = tiled_mlp ? 0 : 4 * ffn;
+  const int64_t layer_elems = 4 * h + 3 * qd + 2 * kvd + mlp_elems;
+  const std::string layer_formula = "(4h + 3qd + 2kvd" + std::string(tiled_mlp ? "" : " + 4ffn") +
+                                    ") x bs x T x " + ds;
+  const double scale = k.activation_scale;
+  // Math attention keeps the softmax probabilities [bs, hq/sp, sl, sl] per layer.
+  const double probs = math ? static_cast<double>(bs) * (m.num_heads / sp) * sl * sl * d : 0.0;
+  // Backward of one layer adds its gradients: dq, dk, dv (qd + 2kvd), the hidden-state gradient
+  // h, and for an untiled MLP the gate/up gradients 2 ffn; saved tensors are freed as it goes.
+  const int64_t grad_elems = qd + 2 * kvd + h + (tiled_mlp ? 0 : 2 * ffn);
+  const std::string grad_formula =
+      "(qd + 2kvd + h" + std::string(tiled_mlp ? "" : " + 2ffn") + ") x bs x T x " + ds;
+  if (checkpointing) {
+    add(ckpt_loc == Location::kHost ? "checkpoints (offloaded)" : "checkpoints",
+        static_cast<double>(layers) * tokens * h * d, "L x bs x T x h x " + ds, Lifetime::kSaved,
+        ckpt_loc);
+    // Backward recomputes one layer at a time: its saved set, then its gradients.
+    add("layer recompute",
+        scale * (static_cast<double>(layer_elems + grad_elems) * tokens * d + 2 * probs),
+        layer_formula + " + " + grad_formula + (math ? " + 2 x probs" : ""),
+        Lifetime::kTransient);
+  } else {
+    add("activations", scale * (static_cast<double>(layers) * layer_elems * tokens * d +
+                                layers * probs),
+        "L x " + layer_formula + (math ? " + L x probs" : ""), Lifetime::kSaved);
+    add("layer backward", scale * (static_cast<double>(grad_elems) * tokens * d + probs),
+        grad_formula + (math ? " + probs" : "") + " (gradients of one layer)",
+        Lifetime::kTransient);
+  }
+  // Residual stream: embedding output, final norm in/out and the hidden-state gradient.
+  add("residual stream", 4.0 * tokens * h * d, "4 x bs x T x h x " + ds, Lifetime::kSaved);
+
+  // --- working sets, one at a time ---
+  if (tiled_mlp) {
+    const int64_t tile = ceil_div(t, mlp_tiles(c));
+    add("tiled MLP tile", scale * 6.0 * bs * tile * ffn * d,
+        "6 ffn x bs x ceil(T / tiles) x " + ds + " (tile forward + backward)",
+        Lifetime::kTransient);
+  }
+  const int64_t lt = loss_tiles(c);
+  const double cast = bf16 ? 2.0 : 0.0;  // the GEMM's model-dtype logits before the fp32 upcast
+  if (lt > 1) {
+    const int64_t rows = ceil_div(tokens, lt);
+    add("loss tile", (3.0 * 4 + cast) * rows * v + static_cast<double>(v) * h * d +
+                         static_cast<double>(tokens) * h * d,
+        "(3 x 4 B" + std::string(bf16 ? " + 2 B" : "") +
+            ") x ceil(bs T / tiles) x V + grad W [V, h] + grad hidden [bs T, h]",
+        Lifetime::kTransient);
+  } else {
+    add("logits", (3.0 * 4 + cast) * tokens * v,
+        "(3 x 4 B" + std::string(bf16 ? " + 2 B" : "") +
+            ") x bs x T x V (fp32 logits, log-softmax, its gradient)",
+        Lifetime::kTransient);
+  }
+  if (math) {
+    add("attention scores", 2.0 * probs, "2 x bs x hq/sp x sl^2 x " + ds + " (math backend)",
+        Lifetime::kTransient);
+  }
+  if (c.data.pack) {
+    const double mask = static_cast<double>(bs) * sl * sl;
+    if (mask <= 64.0 * (1 << 20)) {
+      add("document mask", mask, "bs x sl^2 x 1 B (dense below 64 MiB)", Lifetime::kSaved);
+    }
+  }
+  if (sp > 1) {
+    add("all-to-all buffers", 2.0 * tokens * (qd + 2 * kvd) * d,
+        "2 x bs x T x (qd + 2kvd) x " + ds + " (send + receive)", Lifetime::kTransient);
+  }
+
+  // --- combine ---
+  double stat = 0, saved = 0, transient = 0, host = 0;
+  for (const MemoryTerm& term : out.terms) {
+    if (term.location == Location::kHost) {
+      host += term.bytes;
+      continue;
+    }
+    if (term.lifetime == Lifetime::kStatic) stat += term.bytes;
+    if (term.lifetime == Lifetime::kSaved) saved += term.bytes;
+    if (term.lifetime == Lifetime::kTransient && term.bytes > transient) {
+      transient = term.bytes;
+      out.largest_transient = term.name;
+    }
+  }
+  const double dynamic = stat - k.runtime_bytes + saved + transient;
+  const double overhead = k.allocator_fraction * dynamic;
+  add("allocator overhead", overhead,
+      "fraction x (static - runtime + saved + largest transient)", Lifetime::kOverhead);
+  out.peak_bytes = static_cast<int64_t>(stat + saved + transient + overhead);
+  out.host_bytes = static_cast<int64_t>(host);
+  return out;
 }
 
 }  // namespace ulysses::costmodel

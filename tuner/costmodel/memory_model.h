@@ -1,7 +1,11 @@
-// The memory model the sweep prunes with (SPEC 7 "Cost model", first part): a LOWER BOUND on the
-// peak memory of one rank, from terms that every configuration must hold at once. Pruning with a
-// lower bound never drops a configuration that would fit; the calibrated full model (every
-// working set, allocator overhead) refines it later. Each term's formula is written beside it.
+// The memory model of one rank (SPEC 7 "Cost model"): every component the trainer holds, each
+// with its formula (kept beside the bytes for reports), and how they combine into the peak.
+// Two entry points:
+//   lower_bound_peak  terms every configuration must hold at once; the sweep prunes with it (a
+//                     lower bound never drops a configuration that would fit).
+//   predict_memory    the full model: static state, saved activations, the largest transient
+//                     working set, the allocator's overhead and (CPU) the process baseline; on
+//                     CPU it predicts the rank's peak RSS, on CUDA the caching allocator's peak.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,22 +15,72 @@
 
 namespace ulysses::costmodel {
 
+// When a component is alive, which decides how it adds up into the peak.
+enum class Lifetime {
+  kStatic,     // the whole step (runtime, weights, gradients, optimizer states)
+  kSaved,      // from its layer's forward to its backward: all layers' add up at the loss
+  kTransient,  // one working set at a time: the peak adds only the largest
+  kOverhead,   // the allocator's share on top of the rest
+};
+
+enum class Location { kDevice, kHost };
+
 struct MemoryTerm {
   std::string name;     // "weights", "gradients", ...
   int64_t bytes = 0;
   std::string formula;  // how it was computed, for reports
+  Lifetime lifetime = Lifetime::kStatic;
+  Location location = Location::kDevice;
 };
 
 struct MemoryEstimate {
   std::vector<MemoryTerm> terms;
+  // Sum of every term (lower_bound_peak's terms all coexist).
   int64_t total_bytes() const;
+};
+
+// The few free coefficients of the memory model; calibrated (costmodel/fit.h) or defaults.
+struct MemoryCoefficients {
+  // CPU: resident bytes of a rank before its model exists (LibTorch, Gloo, OpenMP pool): part of
+  // the measured peak RSS. CUDA: 0 (the allocator's peak excludes the CUDA context).
+  double runtime_bytes = 0.0;
+  // Allocator overhead: fraction of the dynamic (non-runtime) bytes lost to fragmentation and
+  // rounding (glibc arenas on CPU, caching-allocator blocks on CUDA).
+  double allocator_fraction = 0.05;
+  // Scale on the saved + transient activation terms (1 = the hand counts below).
+  double activation_scale = 1.0;
+  // What-if knobs for comparing with other stacks (not this trainer's behaviour): bytes per
+  // gradient element (this stack: 4, fp32 flat buffers) and the ranks weights, gradients and
+  // optimizer states are sharded over (this stack: 1; DeepSpeed ZeRO-3: the world).
+  int64_t gradient_bytes = 4;
+  int64_t state_shards = 1;
+};
+
+// Per-rank prediction. On CPU host memory is the device: every term is counted in peak_bytes.
+struct MemoryPrediction {
+  std::vector<MemoryTerm> terms;
+  int64_t peak_bytes = 0;       // device peak (CPU: peak RSS incl. runtime_bytes)
+  int64_t host_bytes = 0;       // host memory this rank holds on top (CUDA offloads); CPU: 0
+  std::string largest_transient;  // name of the transient that sets the peak
 };
 
 // Parameters of the model (embeddings, every layer, final norm, LM head unless tied).
 int64_t parameter_count(const config::ModelOptions& m);
 
-// Lower bound of one rank's peak memory for a validated run config with world = dp * sp ranks.
-// On CPU (train.device cpu) host memory is the device: offloads move nothing out of it.
+// Lower bound of one rank's peak memory for a validated run config with world = dp * sp ranks,
+// above the process's start-up baseline. On CPU (train.device cpu) host memory is the device:
+// offloads move nothing out of it.
 MemoryEstimate lower_bound_peak(const config::RunConfig& c);
+
+// The full memory model for a validated run config (see the components in memory_model.cpp).
+MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoefficients& k);
+
+// Tiles memory.tiled_mlp / tiled_loss resolve to for this config (the trainer's auto rules:
+// sp/tiled_mlp.h, sp/tiled_logits_loss.h).
+int64_t mlp_tiles(const config::RunConfig& c);
+int64_t loss_tiles(const config::RunConfig& c);
+
+// Bytes per element of the model dtype (memory.precision): 2 for bf16, 4 for fp32.
+int64_t dtype_bytes(const config::RunConfig& c);
 
 }  // namespace ulysses::costmodel

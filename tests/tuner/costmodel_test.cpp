@@ -1,0 +1,187 @@
+// The cost model (tuner/costmodel/): every memory component of a tiny model against a hand
+// computation, how the components combine into the peak, the time model's work counts, and the
+// least-squares calibration recovering known coefficients from synthetic measurements.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "common/error.h"
+#include "config/run_config.h"
+#include "tuner/costmodel/calibration.h"
+#include "tuner/costmodel/fit.h"
+#include "tuner/costmodel/memory_model.h"
+#include "tuner/costmodel/time_model.h"
+
+namespace ulysses::costmodel {
+namespace {
+
+// h 8, L 2, hq 2, hkv 1, hd 4, ffn 16, V 32. P = 32x8 (embeddings) + 2 x (8x8 + 2x8x4 + 8x8
+// attention + 3x8x16 MLP + 2x8 norms = 592) + 8 (final norm) + 32x8 (LM head) = 1704.
+// sl 16 over sp 2: T = 8 local tokens, qd = 8, kvd = max(1, 2) x 4 = 8 (KV head replicated).
+config::RunConfig tiny() {
+  config::RunConfig c;
+  c.model.hidden_size = 8, c.model.num_layers = 2, c.model.num_heads = 2;
+  c.model.num_kv_heads = 1, c.model.head_dim = 4, c.model.intermediate_size = 16;
+  c.model.vocab_size = 32, c.model.bos_token_id = 1, c.model.eos_token_id = 2;
+  c.mesh.sp = 2, c.mesh.dp = 1;
+  c.sequence.length = 16;
+  c.memory.tiled_mlp.value = 2;
+  c.memory.tiled_loss.value = 2;
+  c.train.device = "cpu";
+  config::validate(c, 2);
+  return c;
+}
+
+std::map<std::string, int64_t> by_name(const MemoryPrediction& p) {
+  std::map<std::string, int64_t> m;
+  for (const MemoryTerm& t : p.terms) m[t.name] = t.bytes;
+  return m;
+}
+
+MemoryCoefficients k_test() {
+  MemoryCoefficients k;
+  k.runtime_bytes = 1000, k.allocator_fraction = 0.1;
+  return k;
+}
+
+TEST(CostModel, ParameterCountByHand) { EXPECT_EQ(parameter_count(tiny().model), 1704); }
+
+TEST(CostModel, EveryComponentOfTheTinyModelByHand) {
+  const MemoryPrediction p = predict_memory(tiny(), k_test());
+  const std::map<std::string, int64_t> m = by_name(p);
+  EXPECT_EQ(m.at("runtime"), 1000);
+  EXPECT_EQ(m.at("weights"), 1704 * 4);                // fp32
+  EXPECT_EQ(m.at("gradients"), 1704 * 4);              // fp32 flat buffers
+  EXPECT_EQ(m.at("gradient reduction buffer"), 1704 * 4);  // one bucket > 4P: all of it
+  EXPECT_EQ(m.at("adam moments"), 1704 * 8);
+  EXPECT_EQ(m.count("fp32 master weights"), 0u);       // an fp32 parameter is its own master
+  // No checkpointing, tiled MLP: (4h + 3qd + 2kvd) = 32 + 24 + 16 = 72 per token and layer.
+  EXPECT_EQ(m.at("activations"), 2 * 72 * 8 * 4);
+  EXPECT_EQ(m.at("layer backward"), (8 + 2 * 8 + 8) * 8 * 4);  // (qd + 2kvd + h) x T x 4
+  EXPECT_EQ(m.at("residual stream"), 4 * 8 * 8 * 4);
+  EXPECT_EQ(m.at("tiled MLP tile"), 6 * 16 * 4 * 4);   // 6 ffn x ceil(8 / 2) tokens x 4 B
+  // Loss tile: 3 fp32 [4, 32] + grad W [32, 8] + grad hidden [8, 8].
+  EXPECT_EQ(m.at("loss tile"), 12 * 4 * 32 + 32 * 8 * 4 + 8 * 8 * 4);
+  EXPECT_EQ(m.at("all-to-all buffers"), 2 * 8 * (8 + 16) * 4);
+  EXPECT_EQ(m.count("attention scores"), 0u);  // auto = SDPA: no [sl, sl] scores
+  // Peak = static + saved + the largest transient (the loss tile) + 10 % of the dynamic part.
+  const int64_t stat = 1000 + 6816 + 6816 + 6816 + 13632, saved = 4608 + 1024, tile = 2816;
+  EXPECT_EQ(p.largest_transient, "loss tile");
+  EXPECT_EQ(m.at("allocator overhead"), static_cast<int64_t>(0.1 * (stat - 1000 + saved + tile)));
+  EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile + 0.1 * (stat - 1000 + saved + tile)));
+  EXPECT_EQ(p.host_bytes, 0);
+}
+
+TEST(CostModel, CheckpointingKeepsLayerInputsAndRecomputesOneLayer) {
+  config::RunConfig c = tiny();
+  c.memory.offload_activations = true;  // implies checkpointing; on CPU it stays in memory
+  const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
+  EXPECT_EQ(m.count("activations"), 0u);
+  EXPECT_EQ(m.at("checkpoints"), 2 * 8 * 8 * 4);              // L x T x h x 4 B
+  EXPECT_EQ(m.at("layer recompute"), (72 + 32) * 8 * 4);     // saved set + gradients
+}
+
+TEST(CostModel, UntiledLossMathAttentionAndPackedMask) {
+  config::RunConfig c = tiny();
+  c.memory.tiled_loss.value = 1;
+  c.memory.tiled_mlp.value = 1;
+  c.attention.backend = "math";
+  c.data.pack = true;
+  const MemoryPrediction p = predict_memory(c, k_test());
+  const std::map<std::string, int64_t> m = by_name(p);
+  EXPECT_EQ(m.at("logits"), 12 * 8 * 32);  // fp32 logits, log-softmax, gradient [8, 32]
+  const int64_t probs = 1 * 1 * 16 * 16 * 4;  // bs x hq/sp x sl^2 x 4 B
+  EXPECT_EQ(m.at("attention scores"), 2 * probs);
+  // Untiled MLP adds 4 ffn per token and layer to the saved set, 2 ffn to the gradients.
+  EXPECT_EQ(m.at("activations"), 2 * (72 + 64) * 8 * 4 + 2 * probs);
+  EXPECT_EQ(m.at("layer backward"), (32 + 32) * 8 * 4 + probs);
+  EXPECT_EQ(m.at("document mask"), 16 * 16);
+  EXPECT_EQ(m.count("tiled MLP tile"), 0u);
+}
+
+TEST(CostModel, OptimizerAndCheckpointOffloadMoveToTheHostOnCuda) {
+  config::RunConfig c = tiny();
+  c.train.device = "cuda";
+  c.memory.precision = "bf16";
+  c.memory.offload_optimizer = true;
+  c.memory.offload_activations = true;
+  MemoryCoefficients k;
+  k.allocator_fraction = 0;
+  const MemoryPrediction p = predict_memory(c, k);
+  const std::map<std::string, int64_t> m = by_name(p);
+  EXPECT_EQ(m.at("weights"), 1704 * 2);
+  EXPECT_EQ(m.at("gradients"), 1704 * 4);  // fp32 whatever the weights' dtype
+  // Host: moments 8P + masters 4P + gradient staging 4P + checkpoints L x T x h x 2 B.
+  EXPECT_EQ(p.host_bytes, 1704 * 16 + 2 * 8 * 8 * 2);
+  EXPECT_EQ(m.at("checkpoints (offloaded)"), 2 * 8 * 8 * 2);
+}
+
+TEST(CostModel, LowerBoundIsBelowTheFullModel) {
+  const config::RunConfig c = tiny();
+  MemoryCoefficients k;
+  k.allocator_fraction = 0;
+  EXPECT_LE(lower_bound_peak(c).total_bytes(), predict_memory(c, k).peak_bytes);
+}
+
+TEST(CostModel, StepWorkByHand) {
+  config::RunConfig c = tiny();
+  c.memory.tiled_mlp.value = 1;
+  const StepWork w = step_work(c);
+  // Per token forward: layers 2 x (2 x (64 + 64 + 64) + 2 x 3 x 8 x 16) = 2 x 1152, head 2 x 8 x 32.
+  EXPECT_DOUBLE_EQ(w.matmul_flops, 8.0 * 3 * (2 * 1152 + 512));
+  // Causal core: 2 x 2 x sl x qd / 2 = 256 per token and layer, x3 for backward.
+  EXPECT_DOUBLE_EQ(w.attention_flops, 8.0 * 3 * 2 * 256);
+  // a2a: 2 layers x T x (qd + 2kvd + qd) x 4 B x (sp - 1) / sp, forward + backward.
+  EXPECT_DOUBLE_EQ(w.a2a_bytes, 2 * (8.0 * 32 * 4 / 2) * 2);
+  EXPECT_DOUBLE_EQ(w.allreduce_bytes, 2 * 0.5 * 4 * 1704);
+  c.memory.checkpointing = true;
+  EXPECT_DOUBLE_EQ(step_work(c).matmul_flops, 8.0 * (3 * (2 * 1152 + 512) + 2 * 1152));
+}
+
+TEST(CostModelFit, RecoversKnownMemoryCoefficients) {
+  MemoryCoefficients truth;
+  truth.runtime_bytes = 100 << 20, truth.allocator_fraction = 0.07;
+  std::vector<Measured> trials;
+  for (int64_t len : {16, 64, 256, 1024}) {
+    config::RunConfig c = tiny();
+    c.sequence.length = len;
+    trials.push_back({c, static_cast<double>(predict_memory(c, truth).peak_bytes)});
+  }
+  LinearFit fit;
+  const MemoryCoefficients k = fit_memory(trials, &fit);
+  EXPECT_NEAR(k.runtime_bytes, truth.runtime_bytes, 1e-6 * truth.runtime_bytes);
+  EXPECT_NEAR(k.allocator_fraction, 0.07, 1e-4);
+  EXPECT_LT(fit.rms_relative_error, 1e-6);
+}
+
+TEST(CostModelFit, RecoversKnownTimeCoefficients) {
+  TimeCoefficients truth;
+  truth.ms_per_tflop = 4000, truth.ms_per_tflop_attention = 9000;
+  truth.ms_per_gb_a2a = truth.ms_per_gb_allreduce = 300, truth.overhead_ms = 12;
+  std::vector<Measured> trials;
+  for (int64_t sp : {1, 2}) {
+    for (int64_t len : {64, 256, 1024, 4096}) {
+      for (bool ckpt : {false, true}) {
+        config::RunConfig c = tiny();
+        c.mesh.sp = sp, c.mesh.dp = 2 / sp, c.sequence.length = len;
+        c.memory.checkpointing = ckpt;
+        trials.push_back({c, predict_time(step_work(c), truth).step_ms});
+      }
+    }
+  }
+  const TimeCoefficients k = fit_time(trials, {});
+  EXPECT_NEAR(k.ms_per_tflop, 4000, 1e-3 * 4000);
+  EXPECT_NEAR(k.ms_per_tflop_attention, 9000, 1e-3 * 9000);
+  EXPECT_NEAR(k.ms_per_gb_a2a, 300, 1e-3 * 300);
+  EXPECT_NEAR(k.overhead_ms, 12, 1e-3 * 12);
+}
+
+TEST(CostModelFit, DependentColumnsAndTooFewRowsAreUserErrors) {
+  EXPECT_THROW(fit_relative_least_squares({{1, 2}, {2, 4}, {3, 6}}, {1, 2, 3}), UserError);
+  EXPECT_THROW(fit_relative_least_squares({{1, 2}}, {1}), UserError);
+  EXPECT_THROW(fit_relative_least_squares({{1}, {2}}, {1, 0}), UserError);
+}
+
+}  // namespace
+}  // namespace ulysses::costmodel

@@ -1,0 +1,119 @@
+// `ulysses-tune plan` (tuner/plan/): golden values for fixed H100 profiles (Llama-3.1-8B), the
+// limits each row names, feature parsing, and the shipped hardware profiles loading.
+// Golden tolerances: longest length exact to one search unit (sp x 1024 tokens); bytes and
+// milliseconds within 0.1 % (they only move when the model's formulas change, which must update
+// the goldens here and reports/plan-vs-alst/).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/paths.h"
+#include "config/presets.h"
+#include "tuner/plan/planner.h"
+
+namespace ulysses::plan {
+namespace {
+
+calibrate::HardwareProfile h100(int64_t devices) {
+  calibrate::HardwareProfile hw;
+  hw.name = "h100-test", hw.device_type = "cuda", hw.device_memory_gib = 79.6;
+  hw.nodes = 1, hw.devices_per_node = devices;
+  hw.host_memory_gib = devices == 1 ? 224 : 2048;
+  hw.peak_tflops_bf16 = 989.4, hw.peak_tflops_fp32 = 66.9;
+  hw.intra_node_gbps = devices == 1 ? 0 : 450, hw.inter_node_gbps = devices == 1 ? 0 : 50;
+  hw.host_to_device_gbps = 64;
+  return hw;
+}
+
+PlanRequest llama8b(int64_t devices, const std::vector<FeatureSet>& features) {
+  PlanRequest r;
+  r.model = config::load_model_preset("llama-3.1-8b");
+  r.hardware = h100(devices);
+  r.world = devices;
+  r.features = features;
+  r.memory = memory_coefficients(r.hardware);
+  return r;
+}
+
+void expect_within(double actual, double golden, double rel) {
+  EXPECT_NEAR(actual, golden, rel * golden) << "golden " << golden;
+}
+
+TEST(Plan, OneH100WithAlstFeaturesGolden) {
+  PlanRequest r = llama8b(1, {parse_features("alst")});
+  const std::vector<PlanRow> rows = make_plan(r);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_NEAR(rows[0].max_seqlen, 283648, 1024);
+  EXPECT_EQ(rows[0].max_limit, "device memory");
+  r.seqlen = 131072;
+  const PlanRow at = make_plan(r).at(0);
+  EXPECT_EQ(at.limit, "fits");
+  expect_within(at.peak_bytes, 66374650675.0, 1e-3);
+  expect_within(at.host_bytes_per_node, 162843918336.0, 1e-3);
+  expect_within(at.step_ms, 55772.98, 1e-3);
+  expect_within(at.mfu, 0.351795, 1e-3);
+}
+
+TEST(Plan, EightH100EveryMeshGolden) {
+  const std::vector<PlanRow> rows = make_plan(llama8b(8, {parse_features("alst")}));
+  ASSERT_EQ(rows.size(), 4u);  // sp 1, 2, 4, 8
+  const int64_t golden[] = {282624, 565248, 1130496, 2260992};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(rows[i].sp, int64_t{1} << i);
+    EXPECT_NEAR(rows[i].max_seqlen, golden[i], rows[i].sp * 1024) << "sp " << rows[i].sp;
+    EXPECT_EQ(rows[i].max_limit, "device memory");
+    expect_within(rows[i].host_bytes_per_node, 1620578926592.0, 1e-3);
+  }
+  expect_within(rows[3].step_ms, 1538384.7, 1e-3);
+}
+
+TEST(Plan, WithoutOptimizerOffloadNothingFitsOnOneH100) {
+  const std::vector<PlanRow> rows = make_plan(llama8b(1, default_feature_sets()));
+  ASSERT_EQ(rows.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(rows[i].max_seqlen, 0) << rows[i].features;
+    EXPECT_EQ(rows[i].limit, "device memory");
+  }
+  EXPECT_GT(rows[4].max_seqlen, 0);
+}
+
+TEST(Plan, HostMemoryLimitsOffloads) {
+  PlanRequest r = llama8b(1, {parse_features("alst")});
+  r.hardware.host_memory_gib = 64;  // less than the offloaded optimizer states (~120 GiB)
+  const PlanRow row = make_plan(r).at(0);
+  EXPECT_EQ(row.max_seqlen, 0);
+  EXPECT_EQ(row.max_limit, "host memory");
+}
+
+TEST(Plan, MeshesBreakingTheHeadRuleAreMarked) {
+  PlanRequest r = llama8b(64, {parse_features("alst")});
+  r.hardware.nodes = 8, r.hardware.devices_per_node = 8;
+  const std::vector<PlanRow> rows = make_plan(r);
+  const PlanRow& last = rows.back();
+  EXPECT_EQ(last.sp, 64);
+  EXPECT_FALSE(last.valid);
+  EXPECT_NE(last.limit.find("heads vs sp"), std::string::npos) << last.limit;
+}
+
+TEST(Plan, FeaturesParse) {
+  const FeatureSet f = parse_features("tiled-mlp,offload-checkpoints");
+  EXPECT_TRUE(f.tiled_mlp && f.checkpointing && f.offload_checkpoints);
+  EXPECT_FALSE(f.tiled_loss || f.offload_optimizer);
+  EXPECT_TRUE(parse_features("tiled+ckpt").checkpointing);
+  EXPECT_THROW(parse_features("tiled-mpl"), UserError);
+}
+
+TEST(Plan, ShippedHardwareProfilesLoad) {
+  const std::filesystem::path dir = std::filesystem::path(project_home()) / "profiles/hardware";
+  for (const char* name : {"h100-sxm", "h200", "dgx-h100-8", "dgx-h100-8x4", "cpu-local"}) {
+    const calibrate::HardwareProfile hw =
+        calibrate::load_hardware_profile((dir / (std::string(name) + ".yaml")).string());
+    EXPECT_EQ(hw.name, name);
+  }
+  EXPECT_EQ(calibrate::load_hardware_profile((dir / "dgx-h100-8x4.yaml").string()).world_size(),
+            32);
+}
+
+}  // namespace
+}  // namespace ulysses::plan

@@ -1,0 +1,64 @@
+// Least-squares calibration of the cost model's free coefficients (see calibration.h).
+#include "tuner/costmodel/calibration.h"
+
+#include <cstddef>
+
+#include "common/error.h"
+
+namespace ulysses::costmodel {
+
+MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fit) {
+  MemoryCoefficients bare;
+  bare.runtime_bytes = 0, bare.allocator_fraction = 0, bare.activation_scale = 1;
+  std::vector<std::vector<double>> x;
+  std::vector<double> y;
+  for (const Measured& m : trials) {
+    x.push_back({1.0, static_cast<double>(predict_memory(m.config, bare).peak_bytes)});
+    y.push_back(m.value);
+  }
+  const LinearFit f = fit_relative_least_squares(x, y);
+  if (fit) *fit = f;
+  MemoryCoefficients k;
+  k.runtime_bytes = f.coefficients[0];
+  k.allocator_fraction = f.coefficients[1] - 1.0;
+  return k;
+}
+
+TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
+                          LinearFit* fit) {
+  std::vector<std::vector<double>> all;
+  std::vector<double> y;
+  for (const Measured& m : trials) {
+    const StepWork w = step_work(m.config);
+    all.push_back({w.matmul_flops / 1e12, w.attention_flops / 1e12,
+                   (w.a2a_bytes + w.allreduce_bytes) / 1e9, 1.0});
+    y.push_back(m.value);
+  }
+  std::vector<size_t> used;
+  for (size_t c = 0; c < 4; ++c) {
+    for (const auto& row : all) {
+      if (row[c] != 0) {
+        used.push_back(c);
+        break;
+      }
+    }
+  }
+  std::vector<std::vector<double>> x;
+  for (const auto& row : all) {
+    std::vector<double> r;
+    for (size_t c : used) r.push_back(row[c]);
+    x.push_back(r);
+  }
+  const LinearFit f = fit_relative_least_squares(x, y);
+  if (fit) *fit = f;
+  double b[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < used.size(); ++i) b[used[i]] = f.coefficients[i];
+  TimeCoefficients k = base;
+  k.ms_per_tflop = b[0];
+  k.ms_per_tflop_attention = b[1] > 0 ? b[1] : b[0];
+  k.ms_per_gb_a2a = k.ms_per_gb_allreduce = b[2];
+  k.overhead_ms = b[3];
+  return k;
+}
+
+}  // namespace ulysses::costmodel

@@ -1,0 +1,30 @@
+// Calibration of the cost model from measured trials (SPEC 7): the memory model's runtime bytes
+// and allocator fraction, and the time model's throughputs and per-step overhead, each a
+// least-squares fit (fit.h) over trials whose config and measurement are given.
+#pragma once
+#include <vector>
+
+#include "config/options.h"
+#include "tuner/costmodel/fit.h"
+#include "tuner/costmodel/memory_model.h"
+#include "tuner/costmodel/time_model.h"
+
+namespace ulysses::costmodel {
+
+struct Measured {
+  config::RunConfig config;  // validated
+  double value = 0;          // peak bytes, or step milliseconds
+};
+
+// peak = runtime_bytes + (1 + allocator_fraction) x dynamic, dynamic = the model's peak with no
+// runtime and no overhead. activation_scale stays 1. REQUIRES >= 2 trials (else UserError).
+MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fit = nullptr);
+
+// step_ms = ms_per_tflop x GEMM TFLOP + ms_per_tflop_attention x attention TFLOP
+//           + ms_per_gb x (all-to-all + all-reduce) GB + overhead_ms.
+// Columns that are zero in every trial (e.g. no communication at world 1) are left out and their
+// coefficient set to 0. Offload and overlap keep their values from `base`.
+TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
+                          LinearFit* fit = nullptr);
+
+}  // namespace ulysses::costmodel

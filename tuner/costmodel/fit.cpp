@@ -1,0 +1,61 @@
+// Weighted least squares by the normal equations (see fit.h).
+#include "tuner/costmodel/fit.h"
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+#include "common/error.h"
+
+namespace ulysses::costmodel {
+
+LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
+                                     const std::vector<double>& y) {
+  if (x.empty() || x.size() != y.size()) throw UserError("fit: need one y per row of x");
+  const size_t k = x.front().size();
+  if (k == 0 || x.size() < k) {
+    throw UserError("fit: " + std::to_string(x.size()) + " rows for " + std::to_string(k) +
+                    " coefficients");
+  }
+  // A = X^T W X (k x k), r = X^T W y, augmented into [A | r].
+  std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i].size() != k) throw UserError("fit: row " + std::to_string(i) + " has another width");
+    if (!(y[i] > 0)) throw UserError("fit: measurement " + std::to_string(i) + " is not > 0");
+    const double w = 1.0 / (y[i] * y[i]);
+    for (size_t r = 0; r < k; ++r) {
+      for (size_t c = 0; c < k; ++c) a[r][c] += w * x[i][r] * x[i][c];
+      a[r][k] += w * x[i][r] * y[i];
+    }
+  }
+  for (size_t col = 0; col < k; ++col) {
+    size_t pivot = col;
+    for (size_t r = col + 1; r < k; ++r) {
+      if (std::fabs(a[r][col]) > std::fabs(a[pivot][col])) pivot = r;
+    }
+    double scale = 0;
+    for (size_t r = 0; r < k; ++r) scale = std::fmax(scale, std::fabs(a[r][col]));
+    if (std::fabs(a[pivot][col]) <= 1e-12 * scale || scale == 0) {
+      throw UserError("fit: the columns are linearly dependent on these measurements");
+    }
+    std::swap(a[col], a[pivot]);
+    for (size_t r = 0; r < k; ++r) {
+      if (r == col) continue;
+      const double f = a[r][col] / a[col][col];
+      for (size_t c = col; c <= k; ++c) a[r][c] -= f * a[col][c];
+    }
+  }
+  LinearFit fit;
+  fit.rows = static_cast<int>(x.size());
+  for (size_t r = 0; r < k; ++r) fit.coefficients.push_back(a[r][k] / a[r][r]);
+  double sum = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    double pred = 0;
+    for (size_t c = 0; c < k; ++c) pred += x[i][c] * fit.coefficients[c];
+    sum += std::pow((pred - y[i]) / y[i], 2);
+  }
+  fit.rms_relative_error = std::sqrt(sum / static_cast<double>(x.size()));
+  return fit;
+}
+
+}  // namespace ulysses::costmodel

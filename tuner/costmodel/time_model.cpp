@@ -1,0 +1,80 @@
+// FLOPs and bytes of one step (see time_model.h). Per layer and token, forward: GEMMs
+// 2 x (h qd + 2 h kvd0 + qd h + 3 h ffn) FLOPs (kvd0 = hkv hd, before replication); causal
+// attention 2 x 2 x sl x qd / 2 per token of this rank; the LM head 2 x h x V. Backward costs
+// twice the forward; checkpointing recomputes every layer's forward once more, tiled MLP its MLP.
+#include "tuner/costmodel/time_model.h"
+
+#include <algorithm>
+
+#include "tuner/costmodel/memory_model.h"
+
+namespace ulysses::costmodel {
+
+StepWork step_work(const config::RunConfig& c) {
+  const config::ModelOptions& m = c.model;
+  const double sp = static_cast<double>(c.mesh.sp);
+  const double world = static_cast<double>(c.mesh.dp * c.mesh.sp);
+  const int64_t t_local = (c.sequence.length + c.mesh.sp - 1) / c.mesh.sp;
+  const double sl = static_cast<double>(t_local) * sp;
+  const double tokens = static_cast<double>(c.sequence.micro_batch * c.sequence.grad_accum) *
+                        static_cast<double>(t_local);
+  const double h = static_cast<double>(m.hidden_size), v = static_cast<double>(m.vocab_size);
+  const double hd = static_cast<double>(m.head_dim > 0 ? m.head_dim : m.hidden_size / m.num_heads);
+  const double qd = static_cast<double>(m.num_heads) * hd;
+  const double kvd0 = static_cast<double>(m.num_kv_heads) * hd;
+  const double kvd = static_cast<double>(std::max<int64_t>(m.num_kv_heads, c.mesh.sp)) * hd;
+  const double ffn = static_cast<double>(m.intermediate_size);
+  const double layers = static_cast<double>(m.num_layers);
+  const double d = static_cast<double>(dtype_bytes(c));
+  const bool checkpointing = c.memory.checkpointing || c.memory.offload_activations;
+  const bool tiled_mlp = mlp_tiles(c) > 1;
+
+  const double attn_gemm = 2 * (h * qd + 2 * h * kvd0 + qd * h);  // per token, forward
+  const double mlp_gemm = 2 * 3 * h * ffn;
+  const double core = 2 * 2 * sl * qd / 2;  // causal QK^T + PV per token (all heads, after a2a)
+  const double head = 2 * h * v;
+
+  StepWork w;
+  w.tokens = tokens;
+  const double fwd_layer_gemm = layers * (attn_gemm + mlp_gemm);
+  double recompute_gemm = 0, recompute_core = 0;
+  if (checkpointing) {
+    recompute_gemm = fwd_layer_gemm, recompute_core = layers * core;
+  } else if (tiled_mlp) {
+    recompute_gemm = layers * mlp_gemm;  // sequence_tiled_compute recomputes each tile
+  }
+  w.matmul_flops = tokens * (3 * (fwd_layer_gemm + head) + recompute_gemm);
+  w.attention_flops = tokens * (3 * layers * core + recompute_core);
+  w.model_flops = tokens * (3 * (fwd_layer_gemm + head) + 3 * layers * core);
+  if (c.mesh.sp > 1) {
+    // q, k, v over and the output back in forward; their gradients in backward; again in the
+    // recompute. A rank keeps 1/sp of what it sends.
+    const double per_layer = tokens * (qd + 2 * kvd + qd) * d * (sp - 1) / sp;
+    w.a2a_bytes = layers * per_layer * (2 + (checkpointing ? 1 : 0));
+  }
+  if (world > 1) {
+    w.allreduce_bytes = 2 * (world - 1) / world * 4.0 * static_cast<double>(parameter_count(m));
+  }
+  if (c.memory.offload_activations && c.train.device != "cpu") {
+    w.offload_bytes += 2 * layers * tokens * h * d;
+  }
+  if (c.memory.offload_optimizer && c.train.device != "cpu") {
+    w.offload_bytes += static_cast<double>(parameter_count(m)) * (4 + d);
+  }
+  return w;
+}
+
+TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k) {
+  TimePrediction p;
+  const double attention = k.ms_per_tflop_attention > 0 ? k.ms_per_tflop_attention : k.ms_per_tflop;
+  p.compute_ms = w.matmul_flops / 1e12 * k.ms_per_tflop + w.attention_flops / 1e12 * attention;
+  p.a2a_ms = w.a2a_bytes / 1e9 * k.ms_per_gb_a2a;
+  p.allreduce_ms = w.allreduce_bytes / 1e9 * k.ms_per_gb_allreduce;
+  p.offload_ms = w.offload_bytes / 1e9 * k.ms_per_gb_offload;
+  p.overhead_ms = k.overhead_ms;
+  p.step_ms = p.compute_ms + (1 - k.overlap) * (p.a2a_ms + p.allreduce_ms + p.offload_ms) +
+              p.overhead_ms;
+  return p;
+}
+
+}  // namespace ulysses::costmodel

@@ -1,0 +1,44 @@
+// The time model of one training step (SPEC 7 "Cost model"): work counted from the run config
+// (FLOPs, all-to-all bytes, gradient all-reduce bytes, host-link bytes) and turned into
+// milliseconds by throughputs, calibrated (costmodel/fit.h) or taken from a hardware profile.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "config/options.h"
+
+namespace ulysses::costmodel {
+
+// Work of one optimizer step on one rank (micro_batch x grad_accum sequences of length sl).
+struct StepWork {
+  double matmul_flops = 0;     // forward + backward (+ recompute) GEMMs, incl. the LM head
+  double attention_flops = 0;  // core attention (causal: half of QK^T and PV), fwd + bwd (+ rec)
+  double a2a_bytes = 0;        // bytes this rank sends in Ulysses all-to-alls (0 at sp 1)
+  double allreduce_bytes = 0;  // ring all-reduce bytes of the fp32 gradients (0 at world 1)
+  double offload_bytes = 0;    // checkpoints out + back, optimizer-offload gradients and weights
+  double model_flops = 0;      // 6 x N x tokens + attention, no recompute (for MFU)
+  double tokens = 0;           // tokens this rank processes per step
+};
+
+StepWork step_work(const config::RunConfig& c);
+
+// Throughputs of one rank and the constant cost per step; the fit's free coefficients are
+// ms_per_tflop, ms_per_tflop_attention, ms_per_gb_a2a (= ms_per_gb_allreduce) and overhead_ms.
+struct TimeCoefficients {
+  double ms_per_tflop = 1.0;            // 1000 / achieved GEMM TFLOP/s
+  double ms_per_tflop_attention = 0.0;  // 1000 / achieved attention TFLOP/s; 0 = as GEMMs
+  double ms_per_gb_a2a = 0.0;    // 1000 / all-to-all GB/s at this sp (0 = free)
+  double ms_per_gb_allreduce = 0.0;
+  double ms_per_gb_offload = 0.0;  // 1000 / host-link GB/s
+  double overlap = 0.0;          // fraction of communication + offload hidden behind compute
+  double overhead_ms = 0.0;      // per step: launches, optimizer, loader, synchronization
+};
+
+struct TimePrediction {
+  double compute_ms = 0, a2a_ms = 0, allreduce_ms = 0, offload_ms = 0, overhead_ms = 0;
+  double step_ms = 0;  // compute + (1 - overlap) x (a2a + allreduce + offload) + overhead
+};
+
+TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k);
+
+}  // namespace ulysses::costmodel

@@ -1,0 +1,300 @@
+// `ulysses-tune plan` (see plan_command.h): options -> PlanRequest -> table or JSON; --fit reads
+// a sweep's ok trials, fits the free coefficients and prints predicted vs measured.
+#include "tuner/plan/plan_command.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/paths.h"
+#include "config/presets.h"
+#include "config/run_config.h"
+#include "tuner/costmodel/calibration.h"
+#include "tuner/plan/planner.h"
+#include "tuner/report/sweep_source.h"
+#include "tuner/report/table.h"
+
+namespace ulysses::plan {
+namespace {
+
+using nlohmann::json;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string fmt(const char* f, double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, f, v);
+  return text;
+}
+
+std::string tokens_text(int64_t n) {
+  if (n >= 1000000) return fmt("%.2fM", n / 1e6);
+  if (n >= 1000) return fmt("%.0fK", n / 1e3);
+  return std::to_string(n);
+}
+
+std::string hardware_path(const std::string& name) {
+  if (name.find('/') != std::string::npos || name.ends_with(".yaml")) return name;
+  return project_home() + "/profiles/hardware/" + name + ".yaml";
+}
+
+void apply_calibration(const std::string& path, PlanRequest* r) {
+  std::ifstream in(path);
+  if (!in) throw UserError("--calibration: cannot read " + path);
+  json j;
+  try {
+    j = json::parse(in);
+    const json& m = j.at("memory");
+    r->memory.runtime_bytes = m.at("runtime_bytes").get<double>();
+    r->memory.allocator_fraction = m.at("allocator_fraction").get<double>();
+    const json& t = j.at("time");
+    r->time.ms_per_tflop = t.at("ms_per_tflop").get<double>();
+    r->time.ms_per_tflop_attention = t.at("ms_per_tflop_attention").get<double>();
+    r->time.ms_per_gb_a2a = r->time.ms_per_gb_allreduce = t.at("ms_per_gb_comm").get<double>();
+    r->time.overhead_ms = t.at("overhead_ms").get<double>();
+    r->time_calibrated = true;
+  } catch (const json::exception& e) {
+    throw UserError("--calibration: " + path + ": " + e.what());
+  }
+}
+
+std::string pct(double predicted, double measured) {
+  return fmt("%+.1f%%", 100.0 * (predicted - measured) / measured);
+}
+
+int run_fit(const PlanOptions& o) {
+  store::Database db = report::open_results(o.fit_db);
+  const report::SweepData data = report::load_sweep(db, o.sweep);
+  std::vector<costmodel::Measured> mem, time;
+  std::vector<const store::TrialRecord*> mem_rows, time_rows;
+  for (const store::TrialRecord& t : data.trials) {
+    if (t.status != "ok" || !t.peak_mem_bytes) continue;
+    const config::RunConfig c = config::parse_run_config_yaml(t.config_yaml);
+    mem.push_back({c, static_cast<double>(*t.peak_mem_bytes)});
+    mem_rows.push_back(&t);
+    // Probes skip attention in all but the last layer: their time is not a step's.
+    if (!t.probe && t.step_ms) {
+      time.push_back({c, *t.step_ms});
+      time_rows.push_back(&t);
+    }
+  }
+  if (mem.size() < 2) throw UserError("--fit: " + o.fit_db + ": fewer than 2 ok trials to fit");
+  costmodel::LinearFit mfit, tfit;
+  const costmodel::MemoryCoefficients mk = costmodel::fit_memory(mem, &mfit);
+  const costmodel::TimeCoefficients tk = costmodel::fit_time(time, {}, &tfit);
+
+  report::Table table;
+  for (const char* h : {"trial", "sp", "seqlen", "probe", "point", "peak MiB", "predicted",
+                        "error", "step ms", "predicted ", "error "}) {
+    table.add_column(h, std::string(h) != "point");
+  }
+  json rows = json::array();
+  double worst_mem = 0, worst_time = 0;
+  for (size_t i = 0; i < mem.size(); ++i) {
+    const store::TrialRecord& t = *mem_rows[i];
+    const double measured = mem[i].value;
+    const double predicted = static_cast<double>(costmodel::predict_memory(mem[i].config, mk).peak_bytes);
+    worst_mem = std::max(worst_mem, std::fabs(predicted - measured) / measured);
+    std::vector<std::string> cells = {std::to_string(t.id), std::to_string(t.sp),
+                                      std::to_string(t.seqlen), t.probe ? "yes" : "no", t.point,
+                                      fmt("%.1f", measured / (1 << 20)),
+                                      fmt("%.1f", predicted / (1 << 20)), pct(predicted, measured)};
+    json row = {{"trial", t.id}, {"peak_bytes", measured}, {"predicted_peak_bytes", predicted}};
+    if (!t.probe && t.step_ms) {
+      const double p = costmodel::predict_time(costmodel::step_work(mem[i].config), tk).step_ms;
+      worst_time = std::max(worst_time, std::fabs(p - *t.step_ms) / *t.step_ms);
+      cells.insert(cells.end(), {fmt("%.0f", *t.step_ms), fmt("%.0f", p), pct(p, *t.step_ms)});
+      row["step_ms"] = *t.step_ms;
+      row["predicted_step_ms"] = p;
+      const costmodel::StepWork w = costmodel::step_work(mem[i].config);
+      row["work"] = {{"matmul_tflop", w.matmul_flops / 1e12},
+                     {"attention_tflop", w.attention_flops / 1e12},
+                     {"comm_gb", (w.a2a_bytes + w.allreduce_bytes) / 1e9}};
+    } else {
+      cells.insert(cells.end(), {"-", "-", "-"});
+    }
+    table.rows.push_back(cells);
+    rows.push_back(row);
+  }
+  std::cout << "sweep " << data.sweep.name << ": " << mem.size() << " ok trials (memory), "
+            << time.size() << " (time)\n"
+            << report::render_terminal(table)
+            << fmt("memory: runtime %.1f MiB", mk.runtime_bytes / (1 << 20))
+            << fmt(", allocator overhead %.1f %%", 100 * mk.allocator_fraction)
+            << fmt("; worst error %.1f %%", 100 * worst_mem) << "\n"
+            << fmt("time: %.1f ms/GEMM-TFLOP", tk.ms_per_tflop)
+            << fmt(", %.1f ms/attention-TFLOP", tk.ms_per_tflop_attention)
+            << fmt(", %.1f ms/GB comm", tk.ms_per_gb_a2a)
+            << fmt(", overhead %.1f ms", tk.overhead_ms)
+            << fmt("; worst error %.1f %%", 100 * worst_time) << "\n";
+  if (!o.out.empty()) {
+    const json out = {
+        {"fitted_on", {{"db", o.fit_db}, {"sweep", data.sweep.name}, {"rows", rows}}},
+        {"memory",
+         {{"runtime_bytes", mk.runtime_bytes},
+          {"allocator_fraction", mk.allocator_fraction},
+          {"rms_relative_error", mfit.rms_relative_error}}},
+        {"time",
+         {{"ms_per_tflop", tk.ms_per_tflop},
+          {"ms_per_tflop_attention", tk.ms_per_tflop_attention},
+          {"ms_per_gb_comm", tk.ms_per_gb_a2a},
+          {"overhead_ms", tk.overhead_ms},
+          {"rms_relative_error", tfit.rms_relative_error}}}};
+    std::ofstream file(o.out);
+    if (!(file << out.dump(2) << "\n")) throw UserError("--out: cannot write " + o.out);
+    std::cout << "calibration written to " << o.out << "\n";
+  }
+  return kExitOk;
+}
+
+const char* lifetime_name(costmodel::Lifetime l) {
+  switch (l) {
+    case costmodel::Lifetime::kStatic: return "static";
+    case costmodel::Lifetime::kSaved: return "saved";
+    case costmodel::Lifetime::kTransient: return "transient";
+    case costmodel::Lifetime::kOverhead: return "overhead";
+  }
+  return "";
+}
+
+void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
+  for (const PlanRow& row : rows) {
+    if (!row.valid) continue;
+    FeatureSet f;
+    for (const FeatureSet& candidate : r.features) {
+      if (candidate.name == row.features) f = candidate;
+    }
+    const config::RunConfig c = row_config(r, row.sp, f, row.seqlen);
+    const costmodel::MemoryPrediction m = costmodel::predict_memory(c, r.memory);
+    report::Table t;
+    for (const char* h : {"component", "GiB", "lifetime", "where", "formula"}) {
+      t.add_column(h, std::string(h) == "GiB");
+    }
+    for (const costmodel::MemoryTerm& term : m.terms) {
+      t.rows.push_back({term.name, fmt("%.2f", term.bytes / kGiB), lifetime_name(term.lifetime),
+                        term.location == costmodel::Location::kHost ? "host" : "device",
+                        term.formula});
+    }
+    std::cout << "\n" << row.dp << " x " << row.sp << " " << row.features << " at "
+              << row.seqlen << " tokens: peak " << fmt("%.2f", m.peak_bytes / kGiB)
+              << " GiB per rank (static + saved + largest transient '" << m.largest_transient
+              << "' + overhead), host " << fmt("%.2f", m.host_bytes / kGiB) << " GiB per rank\n"
+              << report::render_terminal(t);
+  }
+  std::cout << "\n";
+}
+
+}  // namespace
+
+CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Predict peak memory per rank, step time, tokens/s, MFU and the longest sequence that fits "
+      "for meshes x memory features from the cost model (no run); --fit DB calibrates it on a "
+      "sweep's trials");
+  cmd->add_option("--model", o->model, "model preset (profiles/models) or YAML path")
+      ->capture_default_str();
+  cmd->add_option("--hardware", o->hardware, "hardware profile (profiles/hardware) or YAML path")
+      ->capture_default_str();
+  cmd->add_option("--world", o->world, "ranks (devices); default: the profile's nodes x devices");
+  cmd->add_option("--nodes", o->nodes, "nodes of the profile's kind (world = nodes x devices)");
+  cmd->add_option("--seqlen", o->seqlen, "predict at this sequence length");
+  cmd->add_flag("--max-seqlen", o->max_seqlen, "predict at each row's longest fitting length "
+                                                "(the default without --seqlen)");
+  cmd->add_option("--features", o->features,
+                  "memory features of one row set, comma-separated: tiled-mlp, tiled-loss, "
+                  "checkpoint, offload-checkpoints, offload-optimizer, alst, none; repeatable "
+                  "(default: base, tiled, tiled+ckpt, tiled+ckpt-offload, alst)");
+  cmd->add_option("--micro-batch", o->micro_batch, "sequences per rank and micro-step")
+      ->capture_default_str();
+  cmd->add_option("--precision", o->precision, "bf16 | fp32 (default bf16 on cuda, fp32 on cpu)");
+  cmd->add_option("--calibration", o->calibration, "coefficients written by plan --fit --out");
+  cmd->add_flag("--json", o->json, "print JSON instead of a table");
+  cmd->add_flag("--what-if-deepspeed", o->what_if_deepspeed,
+                "what-if, not this trainer: gradients in the model dtype; weights, gradients and "
+                "optimizer states sharded over the world (DeepSpeed ZeRO-3), for comparing with "
+                "published results");
+  cmd->add_flag("--components", o->components,
+                "also print each row's memory components (bytes, formula, lifetime, location)");
+  cmd->add_option("--fit", o->fit_db, "calibrate on this results database's ok trials");
+  cmd->add_option("--sweep", o->sweep, "with --fit: the sweep (default: the latest)");
+  cmd->add_option("--out", o->out, "with --fit: write the calibration JSON here");
+  return cmd;
+}
+
+int run_plan(const PlanOptions& o) {
+  if (!o.fit_db.empty()) return run_fit(o);
+  if (o.seqlen > 0 && o.max_seqlen) throw UserError("--seqlen: give either --seqlen or --max-seqlen");
+  if (o.seqlen < 0) throw UserError("--seqlen: must be >= 1");
+  if (o.world > 0 && o.nodes > 0) throw UserError("--world: give either --world or --nodes");
+  if (o.world < 0 || o.nodes < 0) throw UserError("--world/--nodes: must be >= 1");
+  if (o.precision != "" && o.precision != "bf16" && o.precision != "fp32") {
+    throw UserError("--precision: expected bf16 or fp32, got '" + o.precision + "'");
+  }
+  PlanRequest r;
+  r.model = config::load_model_preset(o.model);
+  r.hardware = calibrate::load_hardware_profile(hardware_path(o.hardware));
+  if (o.nodes > 0) r.hardware.nodes = o.nodes;
+  r.world = o.world > 0 ? o.world : r.hardware.world_size();
+  r.seqlen = o.seqlen;
+  r.micro_batch = o.micro_batch;
+  r.precision = o.precision;
+  for (const std::string& f : o.features) r.features.push_back(parse_features(f));
+  if (r.features.empty()) r.features = default_feature_sets();
+  r.memory = memory_coefficients(r.hardware);
+  if (!o.calibration.empty()) apply_calibration(o.calibration, &r);
+  if (o.what_if_deepspeed) {
+    r.memory.gradient_bytes = r.precision == "fp32" ? 4 : 2;
+    r.memory.state_shards = r.world;
+  }
+  const std::vector<PlanRow> rows = make_plan(r);
+
+  if (o.json) {
+    json out = {{"model", o.model}, {"hardware", r.hardware.name}, {"world", r.world},
+                {"usable_device_bytes", usable_device_bytes(r.hardware)}, {"rows", json::array()}};
+    for (const PlanRow& row : rows) {
+      out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"features", row.features},
+                             {"valid", row.valid}, {"limit", row.limit}, {"seqlen", row.seqlen},
+                             {"peak_bytes", row.peak_bytes},
+                             {"host_bytes_per_node", row.host_bytes_per_node},
+                             {"step_ms", row.step_ms},
+                             {"tokens_per_s_per_device", row.tokens_per_s_per_device},
+                             {"mfu", row.mfu}, {"max_seqlen", row.max_seqlen},
+                             {"max_limit", row.max_limit}});
+    }
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  report::Table table;
+  for (const char* h : {"dp x sp", "features", "seqlen", "peak GiB/rank", "host GiB/node",
+                        "step s", "tok/s/dev", "MFU", "at seqlen", "max seqlen", "limited by"}) {
+    const std::string name = h;
+    table.add_column(name, name != "features" && name != "at seqlen" && name != "limited by");
+  }
+  for (const PlanRow& row : rows) {
+    const std::string mesh = std::to_string(row.dp) + " x " + std::to_string(row.sp);
+    if (!row.valid) {
+      table.rows.push_back({mesh, row.features, "-", "-", "-", "-", "-", "-", "-", "-", row.limit});
+      continue;
+    }
+    table.rows.push_back({mesh, row.features, tokens_text(row.seqlen),
+                          fmt("%.1f", row.peak_bytes / kGiB),
+                          fmt("%.1f", row.host_bytes_per_node / kGiB),
+                          fmt("%.2f", row.step_ms / 1000), fmt("%.0f", row.tokens_per_s_per_device),
+                          fmt("%.1f%%", 100 * row.mfu), row.limit,
+                          tokens_text(row.max_seqlen), row.max_limit});
+  }
+  std::cout << "plan: " << o.model << " on " << r.hardware.name << ", world " << r.world << " ("
+            << r.hardware.nodes << " x " << r.hardware.devices_per_node << "), "
+            << fmt("%.1f GiB usable per device", usable_device_bytes(r.hardware) / kGiB)
+            << ", micro-batch " << r.micro_batch << "\n"
+            << report::render_terminal(table);
+  if (o.components) print_components(r, rows);
+  std::cout << "cost model: tuner/costmodel/ (formulas in memory_model.cpp, time_model.cpp); "
+               "times are uncalibrated estimates unless --calibration is given\n";
+  return kExitOk;
+}
+
+}  // namespace ulysses::plan

@@ -1,0 +1,199 @@
+// Meshes x feature sets through the cost model (see planner.h).
+#include "tuner/plan/planner.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+#include "config/run_config.h"
+
+namespace ulysses::plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string default_precision(const calibrate::HardwareProfile& hw) {
+  return hw.device_type == "cuda" ? "bf16" : "fp32";
+}
+
+// Whether a length fits, and if not, what is over.
+std::string check(const PlanRequest& r, const config::RunConfig& c, PlanRow* row) {
+  const costmodel::MemoryPrediction m = costmodel::predict_memory(c, r.memory);
+  const int64_t per_node = std::min(r.world, r.hardware.devices_per_node);
+  if (row) {
+    row->peak_bytes = m.peak_bytes;
+    row->host_bytes_per_node = m.host_bytes * per_node;
+  }
+  if (m.peak_bytes > usable_device_bytes(r.hardware)) return "device memory";
+  if (r.hardware.device_type == "cuda" &&
+      static_cast<double>(m.host_bytes * per_node) > r.hardware.host_memory_gib * kGiB) {
+    return "host memory";
+  }
+  return "fits";
+}
+
+void fill_time(const PlanRequest& r, const config::RunConfig& c, PlanRow* row) {
+  const costmodel::StepWork w = costmodel::step_work(c);
+  const costmodel::TimePrediction t = costmodel::predict_time(w, r.time);
+  row->step_ms = t.step_ms;
+  row->tokens_per_s_per_device = t.step_ms > 0 ? w.tokens / (t.step_ms / 1000.0) : 0;
+  const double peak = r.hardware.peak_tflops(c.memory.precision);
+  row->mfu = peak > 0 && t.step_ms > 0 ? w.model_flops / (t.step_ms / 1000.0) / (peak * 1e12) : 0;
+}
+
+}  // namespace
+
+std::vector<FeatureSet> default_feature_sets() {
+  return {{"base", false, false, false, false, false},
+          {"tiled", true, true, false, false, false},
+          {"tiled+ckpt", true, true, true, false, false},
+          {"tiled+ckpt-offload", true, true, true, true, false},
+          {"alst", true, true, true, true, true}};
+}
+
+FeatureSet parse_features(const std::string& text) {
+  for (const FeatureSet& named : default_feature_sets()) {
+    if (named.name == text) return named;
+  }
+  FeatureSet f;
+  f.name = text;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item == "tiled-mlp") {
+      f.tiled_mlp = true;
+    } else if (item == "tiled-loss") {
+      f.tiled_loss = true;
+    } else if (item == "checkpoint") {
+      f.checkpointing = true;
+    } else if (item == "offload-checkpoints") {
+      f.checkpointing = f.offload_checkpoints = true;
+    } else if (item == "offload-optimizer") {
+      f.offload_optimizer = true;
+    } else if (item == "alst") {
+      f = {text, true, true, true, true, true};
+    } else if (item != "none" && item != "ulysses" && item != "bf16" && !item.empty()) {
+      throw UserError("--features: unknown feature '" + item +
+                      "' (tiled-mlp, tiled-loss, checkpoint, offload-checkpoints, "
+                      "offload-optimizer, alst, none)");
+    }
+  }
+  return f;
+}
+
+costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& hw,
+                                              const std::string& precision, int64_t sp,
+                                              int64_t world) {
+  const bool cuda = hw.device_type == "cuda";
+  const double peak = hw.peak_tflops(precision.empty() ? default_precision(hw) : precision);
+  costmodel::TimeCoefficients k;
+  if (peak > 0) {
+    k.ms_per_tflop = 1000.0 / (peak * (cuda ? 0.60 : 0.25));
+    k.ms_per_tflop_attention = 1000.0 / (peak * (cuda ? 0.45 : 0.10));
+  }
+  auto link = [&](int64_t ranks) {
+    const double gbps = ranks <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
+    return gbps > 0 ? 1000.0 / (0.8 * gbps) : 0.0;
+  };
+  k.ms_per_gb_a2a = link(sp);
+  k.ms_per_gb_allreduce = link(world);
+  k.ms_per_gb_offload = hw.host_to_device_gbps > 0 ? 1000.0 / (0.8 * hw.host_to_device_gbps) : 0;
+  k.overhead_ms = 5.0;
+  k.overlap = 0.0;
+  return k;
+}
+
+costmodel::MemoryCoefficients memory_coefficients(const calibrate::HardwareProfile& hw) {
+  costmodel::MemoryCoefficients k;
+  if (hw.device_type == "cuda") {
+    k.runtime_bytes = 0, k.allocator_fraction = 0.05;
+  } else {
+    k.runtime_bytes = 0.13 * kGiB, k.allocator_fraction = 0.10;
+  }
+  return k;
+}
+
+int64_t usable_device_bytes(const calibrate::HardwareProfile& hw) {
+  const double context = hw.device_type == "cuda" ? 0.6 : 0.0;
+  return static_cast<int64_t>((hw.device_memory_gib - context) * kGiB);
+}
+
+config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet& f,
+                             int64_t seqlen) {
+  config::RunConfig c;
+  c.model = r.model;
+  c.mesh.sp = sp;
+  c.mesh.dp = r.world / sp;
+  c.sequence.length = seqlen;
+  c.sequence.micro_batch = r.micro_batch;
+  c.train.device = r.hardware.device_type;
+  c.memory.precision = r.precision.empty() ? default_precision(r.hardware) : r.precision;
+  c.memory.tiled_mlp.value = f.tiled_mlp ? 0 : 1;
+  c.memory.tiled_loss.value = f.tiled_loss ? 0 : 1;
+  c.memory.checkpointing = f.checkpointing;
+  c.memory.offload_activations = f.offload_checkpoints;
+  c.memory.offload_optimizer = f.offload_optimizer;
+  c.attention.backend = "auto";
+  config::validate(c, static_cast<int>(r.world));
+  return c;
+}
+
+std::vector<PlanRow> make_plan(const PlanRequest& r) {
+  if (r.world < 1) throw UserError("--world: must be >= 1");
+  if (r.micro_batch < 1) throw UserError("--micro-batch: must be >= 1");
+  std::vector<PlanRow> rows;
+  for (int64_t sp = 1; sp <= r.world; ++sp) {
+    if (r.world % sp != 0) continue;
+    for (const FeatureSet& f : r.features) {
+      PlanRow row;
+      row.sp = sp, row.dp = r.world / sp, row.features = f.name;
+      PlanRequest req = r;
+      if (!r.time_calibrated) req.time = time_coefficients(r.hardware, r.precision, sp, r.world);
+      try {
+        row_config(req, sp, f, sp);
+      } catch (const UserError& e) {
+        row.valid = false;
+        row.limit = row.max_limit = std::string("heads vs sp: ") + e.what();
+        rows.push_back(row);
+        continue;
+      }
+      // Longest fitting length: doubling, then bisection, in units of sp x 1024 tokens.
+      const int64_t unit = sp * 1024;
+      int64_t good = 0, bad = 0;
+      std::string over;
+      for (int64_t len = unit; len <= req.max_search_tokens; len *= 2) {
+        const std::string s = check(req, row_config(req, sp, f, len), nullptr);
+        if (s != "fits") {
+          bad = len, over = s;
+          break;
+        }
+        good = len;
+      }
+      if (bad == 0) {
+        over = "search cap " + std::to_string(req.max_search_tokens) + " tokens";
+      } else {
+        while (bad - good > unit) {
+          const int64_t mid = (good + bad) / 2 / unit * unit;
+          const std::string s = check(req, row_config(req, sp, f, mid), nullptr);
+          if (s == "fits") {
+            good = mid;
+          } else {
+            bad = mid, over = s;
+          }
+        }
+      }
+      row.max_seqlen = good;
+      row.max_limit = over;
+      // The figures at --seqlen, else at the longest fitting length, else at the shortest
+      // length tried (showing how far over it is).
+      row.seqlen = r.seqlen > 0 ? r.seqlen : (good > 0 ? good : unit);
+      const config::RunConfig c = row_config(req, sp, f, row.seqlen);
+      row.limit = check(req, c, &row);
+      fill_time(req, c, &row);
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+}  // namespace ulysses::plan

@@ -1,0 +1,83 @@
+// `ulysses-tune plan` without the command line: meshes x memory features of one model on one
+// hardware profile, each predicted by the cost model (tuner/costmodel/): peak memory per rank,
+// host memory per node, step time, tokens/s per device, MFU, the longest sequence that fits, and
+// what limits it (device memory, host memory for offloads, heads vs sp).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/options.h"
+#include "tuner/calibrate/hardware_profile.h"
+#include "tuner/costmodel/memory_model.h"
+#include "tuner/costmodel/time_model.h"
+
+namespace ulysses::plan {
+
+// A set of memory features; Ulysses SP is always on (sp from the mesh).
+struct FeatureSet {
+  std::string name;  // "tiled+ckpt", or the --features text
+  bool tiled_mlp = false, tiled_loss = false, checkpointing = false;
+  bool offload_checkpoints = false, offload_optimizer = false;
+};
+
+// The default sets, from none to all of ALST's: base, tiled, tiled+ckpt, tiled+ckpt-offload, alst.
+std::vector<FeatureSet> default_feature_sets();
+
+// Parses "tiled-mlp,tiled-loss,checkpoint,offload-checkpoints,offload-optimizer" (any subset,
+// "alst" = all, "none" = none, or a default set's name; "ulysses" and "bf16" are accepted and change nothing: SP is
+// always on, the precision is --precision). Throws UserError("--features: unknown feature 'x'").
+FeatureSet parse_features(const std::string& text);
+
+struct PlanRequest {
+  config::ModelOptions model;      // resolved (preset loaded, head_dim set or 0)
+  calibrate::HardwareProfile hardware;
+  int64_t world = 1;               // ranks (devices)
+  int64_t seqlen = 0;              // 0 = --max-seqlen only
+  int64_t micro_batch = 1;
+  std::string precision;           // "" = bf16 on cuda, fp32 on cpu
+  std::vector<FeatureSet> features;
+  costmodel::MemoryCoefficients memory;
+  costmodel::TimeCoefficients time;  // used when time_calibrated, else time_coefficients()
+  bool time_calibrated = false;      // per mesh
+  int64_t max_search_tokens = int64_t{1} << 27;  // longest length tried by the search
+};
+
+// Time coefficients for a profile and sp: ms per TFLOP from peak x efficiency (GEMM 0.60,
+// attention 0.45 on CUDA; 0.25 / 0.10 on CPU), all-to-all and all-reduce at 0.8 x the link they
+// cross (intra-node when sp (resp. world) <= devices_per_node, else inter-node), offload at
+// 0.8 x host_to_device, 5 ms overhead, no overlap.
+costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& hw,
+                                              const std::string& precision, int64_t sp,
+                                              int64_t world);
+
+// Default memory coefficients: CPU 0.13 GiB runtime and 10 % allocator overhead (quickstart
+// calibration, reports/plan-vs-alst/), CUDA 0 and 5 %.
+costmodel::MemoryCoefficients memory_coefficients(const calibrate::HardwareProfile& hw);
+
+struct PlanRow {
+  int64_t dp = 1, sp = 1;
+  std::string features;
+  bool valid = true;        // false: the mesh breaks a rule (limit says which)
+  std::string limit;        // "fits" | "device memory" | "host memory" | "heads vs sp: ..."
+  int64_t seqlen = 0;       // the figures' length: --seqlen, else max_seqlen, else sp x 1024
+  int64_t peak_bytes = 0;   // per rank at seqlen
+  int64_t host_bytes_per_node = 0;
+  double step_ms = 0, tokens_per_s_per_device = 0, mfu = 0;
+  int64_t max_seqlen = 0;       // longest fitting length (multiple of sp x 1024); 0 = none fits
+  std::string max_limit;        // what stops the length from growing
+};
+
+// Usable bytes per rank: device memory minus 0.6 GiB for the CUDA context (CUDA), or the whole
+// memory_gib (CPU). Host bytes per node: host_memory_gib.
+int64_t usable_device_bytes(const calibrate::HardwareProfile& hw);
+
+// Every valid-or-not mesh (dp x sp = world, sp dividing world) x every feature set, in that
+// order (sp ascending). Throws UserError for world < 1 or micro_batch < 1.
+std::vector<PlanRow> make_plan(const PlanRequest& r);
+
+// The run config a row describes (validated against the world), for tests and --json.
+config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet& f,
+                             int64_t seqlen);
+
+}  // namespace ulysses::plan
