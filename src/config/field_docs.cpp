@@ -125,6 +125,14 @@ const std::map<std::string, std::string>& meanings() {
        "Collective timeout in seconds: a dead peer makes the other ranks exit 13 after this."},
       {"comm.store",
        "Rendezvous: tcp (MASTER_ADDR:MASTER_PORT) or file:PATH (a shared file)."},
+      {"zero.stage",
+       "ZeRO over all dp x sp ranks: 0 = every rank holds the full AdamW state; 1 = AdamW "
+       "moments and fp32 master weights sharded over the ranks; 2 = also the gradients "
+       "(reduce-scatter instead of all-reduce); 3 (weights sharded) is not built yet. In a world "
+       "of 1 every stage is a no-op."},
+      {"zero.bucket_mb",
+       "Size in MiB of one gradient all-reduce / reduce-scatter and one weight all-gather (every "
+       "stage); > 0."},
       {"comm.backend", "auto (gloo on cpu, nccl on cuda), gloo or nccl (cuda only)."},
   };
   return table;
@@ -145,6 +153,7 @@ const std::map<std::string, std::string>& section_intros() {
       {"profile", "Timing and NVTX."},
       {"output", "Where results go."},
       {"eval", "Held-out evaluation."},
+      {"zero", "ZeRO sharding of optimizer state and gradients over the world group."},
       {"comm", "The distributed runtime."},
   };
   return intros;

@@ -71,6 +71,8 @@ void for_each_field(C& c, Visit&& visit) {
   visit("optim", "schedule", c.optim.schedule);
   visit("optim", "min_lr", c.optim.min_lr);
   visit("optim", "max_consecutive_skips", c.optim.max_consecutive_skips);
+  visit("zero", "stage", c.zero.stage);
+  visit("zero", "bucket_mb", c.zero.bucket_mb);
   visit("train", "steps", c.train.steps);
   visit("train", "seed", c.train.seed);
   visit("train", "device", c.train.device);
@@ -95,7 +97,7 @@ void for_each_field(C& c, Visit&& visit) {
 inline const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {
       "model", "mesh",       "sequence", "data",   "memory", "attention", "optim",
-      "train", "checkpoint", "profile",  "output", "eval",   "comm"};
+      "zero",  "train",      "checkpoint", "profile", "output", "eval",   "comm"};
   return names;
 }
 

@@ -92,6 +92,14 @@ struct OptimOptions {
   int64_t max_consecutive_skips = 5;
 };
 
+// ZeRO over the world group (all dp x sp ranks): 0 = every rank holds full optimizer state;
+// 1 = optimizer states and fp32 masters sharded; 2 = also gradients (reduce-scatter). 3 is
+// refused (not built yet) except in a world of 1, where every stage is a no-op.
+struct ZeroOptions {
+  int64_t stage = 0;
+  double bucket_mb = 128.0;  // size of one gradient reduce / weight gather, MiB (all stages)
+};
+
 struct TrainOptions {
   int64_t steps = 10;
   uint64_t seed = 0;
@@ -140,6 +148,7 @@ struct RunConfig {
   MemoryOptions memory;
   AttentionOptions attention;
   OptimOptions optim;
+  ZeroOptions zero;
   TrainOptions train;
   CheckpointOptions checkpoint;
   ProfileOptions profile;

@@ -115,7 +115,7 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
-                     const TrainerState& state, comm::Group& world) {
+                     const TrainerState& state, comm::Group& world, const ZeroOptimizer* zero) {
   const fs::path final_path(final_dir);
   const fs::path parent = final_path.parent_path();
   const fs::path tmp_path = parent / ("." + final_path.filename().string() + ".tmp");
@@ -140,7 +140,15 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
     model::save_safetensors(file.string(), to_cpu(std::move(mine)),
                             {{"step", std::to_string(optimizer->step_count())}});
     sync_path(file);
+  } else if (zero != nullptr) {  // every rank writes its whole shard
+    for (int r = 0; r < world.size(); ++r) optimizer_files.push_back(optimizer_file(r, world.size()));
+    const fs::path file = tmp_path / optimizer_files[world.rank()];
+    model::save_safetensors(file.string(), to_cpu(zero->state_tensors()),
+                            {{"step", std::to_string(zero->step_count())}});
+    sync_path(file);
   }
+  const int64_t optimizer_step =
+      optimizer ? optimizer->step_count() : (zero ? zero->step_count() : 0);
   if (is_rank0) {
     const fs::path weights = tmp_path / "model.safetensors";
     model::save_safetensors(weights.string(), to_cpu(model::hf_state(model)), {{"format", "pt"}});
@@ -154,7 +162,8 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
                               {"dp", state.dp},
                               {"sp", state.sp},
                               {"skipped_steps", state.skipped_steps},
-                              {"optimizer_step", optimizer ? optimizer->step_count() : 0},
+                              {"optimizer_step", optimizer_step},
+                              {"zero_stage", zero ? zero->stage() : 0},
                               {"optimizer_files", optimizer_files}};
     write_text(tmp_path / "trainer_state.json", trainer.dump(2) + "\n");
   }
@@ -174,7 +183,7 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
 }
 
 TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
-                             AdamW* optimizer) {
+                             AdamW* optimizer, ZeroOptimizer* zero) {
   const fs::path path(dir);
   if (!fs::is_directory(path)) throw UserError(dir + ": checkpoint directory does not exist");
   nlohmann::json trainer = read_json(path / "trainer_state.json");
@@ -190,6 +199,26 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
 
   std::vector<std::string> files = trainer.value("optimizer_files", std::vector<std::string>{});
   if (files.empty() && fs::exists(path / "optimizer.safetensors")) files = {"optimizer.safetensors"};
+  const int64_t saved_stage = trainer.value("zero_stage", int64_t{0});
+  if (!files.empty() && (saved_stage > 0) != (zero != nullptr)) {
+    throw UserError("zero.stage: " + dir + " holds the optimizer state of a zero.stage " +
+                    std::to_string(saved_stage) + " run and this run has zero.stage " +
+                    std::to_string(zero ? zero->stage() : 0) +
+                    "; converting between unsharded and sharded optimizer state is not built yet "
+                    "(resume with the checkpoint's zero.stage)");
+  }
+  if (zero != nullptr && !files.empty() &&
+      static_cast<int>(files.size()) != zero->world().size()) {
+    throw UserError("zero.stage: " + dir + " holds ZeRO optimizer shards of a world of " +
+                    std::to_string(files.size()) + " ranks and this run has " +
+                    std::to_string(zero->world().size()) +
+                    "; resharding is not built yet (resume on the same world size)");
+  }
+  if (zero != nullptr && files.empty() && state.step > 0) {
+    throw UserError((path / "trainer_state.json").string() +
+                    ": no optimizer state, so resuming would restart AdamW from zero moments (a "
+                    "weights-only checkpoint: start from it with model.load instead)");
+  }
   if (optimizer != nullptr && files.empty() && state.step > 0) {
     throw UserError((path / "optimizer.safetensors").string() +
                     ": missing, so resuming would restart AdamW from zero moments (a weights-only "
@@ -205,6 +234,15 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
       for (auto& entry : model::load_safetensors((path / file).string())) named.push_back(entry);
     }
     optimizer->load_state(named, trainer.value("optimizer_step", int64_t{0}), dir);
+  }
+  if (zero != nullptr) {
+    zero->reload_parameters();  // masters from the loaded weights, overwritten by the shard below
+    if (!files.empty()) {
+      const std::string file = (path / files[zero->world().rank()]).string();
+      NamedTensors named;
+      for (auto& entry : model::load_safetensors(file)) named.push_back(entry);
+      zero->load_state(named, trainer.value("optimizer_step", int64_t{0}), file);
+    }
   }
   return state;
 }

@@ -14,6 +14,7 @@
 #include "config/options.h"
 #include "model/llama.h"
 #include "train/adamw.h"
+#include "train/zero_optimizer.h"
 
 namespace ulysses::train {
 
@@ -41,16 +42,23 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 // checkpoint of the same name with one rename, and fsyncs the parent. Throws UserError when a
 // file cannot be written, comm::CommError when a peer fails. On return on rank 0 `final_dir`
 // exists and is complete.
+// With `zero` (a ZeRO-1/2 run; `optimizer` is then null) every rank writes all of its own shard's
+// state into optimizer-<r>-of-<W>.safetensors, and trainer_state.json records zero_stage.
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
-                     const TrainerState& state, comm::Group& world);
+                     const TrainerState& state, comm::Group& world,
+                     const ZeroOptimizer* zero = nullptr);
 
 // Loads weights, optimizer state (when `optimizer` is non-null) and trainer state from `dir`.
 // Throws UserError naming the file when something is missing or does not match the model; in
 // particular when `optimizer` is non-null and a checkpoint past step 0 holds no optimizer state
 // (a weights-only checkpoint: start from it with model.load instead).
+// With `zero` (optimizer null) this rank loads its own optimizer-<r>-of-<W> file into it. A
+// checkpoint's optimizer state is only loaded by a run of the same kind: ZeRO (stage 1 or 2, which
+// share one layout) on the same world size, or no ZeRO; otherwise UserError names zero.stage
+// (converting between them is not built yet).
 TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
-                             AdamW* optimizer);
+                             AdamW* optimizer, ZeroOptimizer* zero = nullptr);
 
 // Resolves checkpoint.resume: "" -> ""; "latest" -> the highest <checkpoint.dir>/step-<N>, or ""
 // when there is none yet (then `*note` says so); a relative name such as "step-2" ->

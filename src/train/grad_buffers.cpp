@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "profile/phase_timer.h"
@@ -31,8 +32,13 @@ struct AccumulateIntoMainGrad : public torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
-GradientBuffers::GradientBuffers(std::vector<at::Tensor> params)
-    : params_(std::move(params)), grads_(params_.size()), hooked_(params_.size(), false) {
+GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards)
+    : params_(std::move(params)),
+      grads_(params_.size()),
+      hooked_(params_.size(), false),
+      flat_index_(params_.size(), -1),
+      flat_offset_(params_.size(), 0) {
+  TORCH_CHECK(shards >= 1, "GradientBuffers: shards must be >= 1, got ", shards);
   // Sizes per (device, dtype) first, then one allocation each, then the views.
   std::map<std::pair<std::string, at::ScalarType>, int64_t> numel_of;
   for (const auto& p : params_) {
@@ -40,19 +46,22 @@ GradientBuffers::GradientBuffers(std::vector<at::Tensor> params)
     TORCH_CHECK(p.is_leaf(), "GradientBuffers: parameters must be leaf tensors");
     numel_of[{p.device().str(), accumulation_dtype(p.scalar_type())}] += p.numel();
   }
-  std::map<std::pair<std::string, at::ScalarType>, std::pair<at::Tensor, int64_t>> flat_of;
+  std::map<std::pair<std::string, at::ScalarType>, std::tuple<at::Tensor, int64_t, int>> flat_of;
   for (const auto& [key, numel] : numel_of) {
-    at::Tensor flat = at::zeros({numel}, at::TensorOptions()
+    const int64_t padded = (numel + shards - 1) / shards * shards;
+    at::Tensor flat = at::zeros({padded}, at::TensorOptions()
                                              .device(at::Device(key.first))
-                                             .dtype(key.second));  // [numel]
+                                             .dtype(key.second));  // [padded]
+    flat_of[key] = {flat, 0, static_cast<int>(flats_.size())};
     flats_.push_back(flat);
-    flat_of[key] = {flat, 0};
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     if (!p.requires_grad()) continue;
-    auto& [flat, offset] = flat_of[{p.device().str(), accumulation_dtype(p.scalar_type())}];
+    auto& [flat, offset, index] = flat_of[{p.device().str(), accumulation_dtype(p.scalar_type())}];
     grads_[i] = flat.narrow(0, offset, p.numel()).view(p.sizes());  // [param shape]
+    flat_index_[i] = index;
+    flat_offset_[i] = offset;
     offset += p.numel();
     if (p.scalar_type() == grads_[i].scalar_type()) {
       p.mutable_grad() = grads_[i];

@@ -29,8 +29,10 @@ inline constexpr int64_t kDefaultGradBucketBytes = int64_t{128} << 20;  // 128 M
 class GradientBuffers {
  public:
   // REQUIRES: params are leaf tensors; the ones that do not require grad get no buffer (their
-  // entry in grads() is undefined). Allocates zeroed buffers.
-  explicit GradientBuffers(std::vector<at::Tensor> params);
+  // entry in grads() is undefined); shards >= 1. Allocates zeroed buffers, each padded at its end
+  // with zeros to a multiple of `shards` elements (ZeRO splits them into `shards` equal parts;
+  // the padding is never written by autograd and stays zero until ZeRO reuses the buffer).
+  explicit GradientBuffers(std::vector<at::Tensor> params, int64_t shards = 1);
   ~GradientBuffers();
   GradientBuffers(const GradientBuffers&) = delete;
   GradientBuffers& operator=(const GradientBuffers&) = delete;
@@ -54,11 +56,21 @@ class GradientBuffers {
   // Total bytes held by the buffers.
   int64_t bytes() const;
 
+  // The flat buffers ([padded numel], accumulation dtype), and where each parameter's view lies:
+  // grads()[i] is flats()[flat_index(i)].narrow(0, flat_offset(i), numel) viewed as the
+  // parameter's shape. flat_index(i) is -1 for a parameter without a buffer.
+  const std::vector<at::Tensor>& flats() const { return flats_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  int flat_index(size_t i) const { return flat_index_[i]; }
+  int64_t flat_offset(size_t i) const { return flat_offset_[i]; }
+
  private:
   std::vector<at::Tensor> params_;  // [any], the module's parameters
   std::vector<at::Tensor> grads_;   // [param shape] views into flats_, accumulation dtype
   std::vector<bool> hooked_;        // params_[i] has our post-accumulate-grad hook
-  std::vector<at::Tensor> flats_;   // [sum of numel] one per (device, dtype)
+  std::vector<at::Tensor> flats_;   // [sum of numel, padded] one per (device, dtype)
+  std::vector<int> flat_index_;     // per parameter: its flat in flats_, or -1
+  std::vector<int64_t> flat_offset_;  // per parameter: its first element in that flat
 };
 
 }  // namespace ulysses::train

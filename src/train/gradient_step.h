@@ -27,6 +27,9 @@ struct GradientOptions {
   // in the parameter's dtype. Not owned.
   GradientBuffers* buffers = nullptr;
   int64_t bucket_bytes = kDefaultGradBucketBytes;  // size of one gradient all-reduce
+  // false: leave options.buffers holding this rank's own sums, unreduced (ZeRO reduces them
+  // itself: zero_optimizer.h). REQUIRES options.buffers when false.
+  bool reduce = true;
 };
 
 struct StepLoss {
@@ -36,7 +39,8 @@ struct StepLoss {
 };
 
 // Runs forward + backward for `micro_batches` (this rank's, already on the model's device),
-// accumulating in fp32 into options.buffers (zeroed first), then sums them over the world. With
+// accumulating in fp32 into options.buffers (zeroed first), then sums them over the world
+// (unless options.reduce is false). With
 // options.buffers the result is buffers->grads(); without, each parameter's .grad().
 // Returns the global loss. Every rank of `mesh` must call it with the same number of micro-batches.
 // `ctx` carries the attention options (doc_ids are taken from each batch).

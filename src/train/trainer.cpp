@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <stdexcept>
 
 #include "common/error.h"
@@ -32,6 +33,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/run_description.h"
+#include "train/zero_optimizer.h"
 
 namespace ulysses::train {
 namespace {
@@ -122,12 +124,25 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   profile::set_timing_device(device);
   profile::enable_nvtx(config.profile.nvtx);
   profile::install_model_ranges(model);
-  AdamW optimizer(model->named_parameters().pairs(), config.optim,
-                  config.memory.offload_optimizer ? OptimizerPlacement::kHost
-                                                  : OptimizerPlacement::kDevice);
+  const OptimizerPlacement placement = config.memory.offload_optimizer
+                                           ? OptimizerPlacement::kHost
+                                           : OptimizerPlacement::kDevice;
+  // zero.stage 1/2 shard AdamW over the world; in a world of 1 every stage is stage 0.
+  const int zero_stage = mesh.world().size() > 1 ? static_cast<int>(config.zero.stage) : 0;
+  const int64_t bucket_bytes =
+      std::max<int64_t>(static_cast<int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0), 1);
   std::vector<at::Tensor> params = model->parameters();
-  // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there).
-  GradientBuffers gradients(params);
+  // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there),
+  // padded to a multiple of the world for ZeRO's shards.
+  GradientBuffers gradients(params, zero_stage > 0 ? mesh.world().size() : 1);
+  std::unique_ptr<AdamW> adamw;        // zero.stage 0
+  std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2
+  if (zero_stage > 0) {
+    zero = std::make_unique<ZeroOptimizer>(gradients, mesh.world(), zero_stage, config.optim,
+                                           placement, bucket_bytes);
+  } else {
+    adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), config.optim, placement);
+  }
   data::DataLoader loader(config.data, config.sequence, config.model.vocab_size, mesh.dp_size(),
                           mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank());
   const int64_t global_samples = loader.global_batch_size();
@@ -151,7 +166,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   const std::string resume_dir = resolve_resume_dir(config.checkpoint, &resume_note);
   if (is_rank0 && !resume_note.empty()) say(resume_note);
   if (!resume_dir.empty()) {
-    state = load_checkpoint(resume_dir, model, &optimizer);
+    state = load_checkpoint(resume_dir, model, adamw.get(), zero.get());
     model->to(device);
     if (state.step >= config.train.steps) {  // finished: nothing to train, keep its outputs
       if (is_rank0) {
@@ -241,16 +256,23 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     profile::take_phase_times();  // drop anything accumulated between steps
     const auto start = std::chrono::steady_clock::now();
     std::vector<data::Batch> batches = load_step(loader, step, config.sequence.grad_accum, device);
-    StepLoss loss = compute_gradients(model, batches, mesh, GradientOptions{config.memory.tiled_loss, &gradients});
+    GradientOptions gradient_options{config.memory.tiled_loss, &gradients, bucket_bytes};
+    gradient_options.reduce = zero == nullptr;
+    StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
+    if (zero) zero->reduce_gradients();
     const double lr = lr_at(config.optim, step, config.train.steps);
     double grad_norm = 0.0;
     // Gradients are summed over the world before the norm, so every rank takes the same branch.
     bool skipped = false;
-    {
+    if (zero) {  // optimizer phase inside; zero_gather after it
+      grad_norm = zero->clip(config.optim.grad_clip);
+      skipped = !std::isfinite(grad_norm);
+      if (!skipped) zero->step(lr);
+    } else {
       profile::ScopedPhase phase("optimizer");
       grad_norm = clip_gradients(gradients.grads(), config.optim.grad_clip);
       skipped = !std::isfinite(grad_norm);
-      if (!skipped) optimizer.step(lr, gradients.grads());
+      if (!skipped) adamw->step(lr, gradients.grads());
     }
     consecutive_skips = skipped ? consecutive_skips + 1 : 0;
     if (skipped) ++state.skipped_steps;
@@ -295,7 +317,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     const bool last = step == config.train.steps;
     if (checkpoints && (last || (config.checkpoint.every > 0 && step % config.checkpoint.every == 0))) {
       const std::string dir = step_dir(config.checkpoint.dir, step);
-      save_checkpoint(dir, model, config.model, &optimizer, state, mesh.world());
+      save_checkpoint(dir, model, config.model, adamw.get(), state, mesh.world(), zero.get());
       if (is_rank0) say("saved checkpoint " + dir);
     }
     if (evaluating && (last || (config.eval.every > 0 && step % config.eval.every == 0))) {

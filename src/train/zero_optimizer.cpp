@@ -1,0 +1,186 @@
+// ZeRO-1/2: sharded AdamW over flat gradient buffers, reduce-scatter and all-gather by bucket
+// (see zero_optimizer.h).
+#include "train/zero_optimizer.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "common/error.h"
+#include "profile/phase_timer.h"
+
+namespace ulysses::train {
+namespace {
+
+std::string flat_name(size_t f) { return "zero.flat" + std::to_string(f); }
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, int stage,
+                             const config::OptimOptions& options, OptimizerPlacement placement,
+                             int64_t bucket_bytes)
+    : buffers_(buffers), world_(world), stage_(stage), bucket_bytes_(bucket_bytes) {
+  TORCH_CHECK(stage == 1 || stage == 2, "ZeroOptimizer: stage must be 1 or 2, got ", stage);
+  TORCH_CHECK(bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1");
+  NamedTensors named;
+  for (size_t f = 0; f < buffers_.flats().size(); ++f) {
+    const at::Tensor& flat = buffers_.flats()[f];  // [world * S_f]
+    TORCH_CHECK(flat.numel() % world_.size() == 0,
+                "ZeroOptimizer: gradient buffers must be padded to the world size");
+    shard_numel_.push_back(flat.numel() / world_.size());
+    at::TensorOptions where = flat.options();
+    if (placement == OptimizerPlacement::kHost) where = where.device(at::kCPU);
+    masters_.push_back(at::zeros({shard_numel_.back()}, where));  // [S_f]
+    named.emplace_back(flat_name(f), masters_.back());
+  }
+  copy_parameters_to_masters();
+  adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+}
+
+void ZeroOptimizer::copy_parameters_to_masters() {
+  at::NoGradGuard no_grad;
+  const auto& params = buffers_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int f = buffers_.flat_index(i);
+    if (f < 0) continue;
+    const int64_t begin = world_.rank() * shard_numel_[f], end = begin + shard_numel_[f];
+    const int64_t p_begin = buffers_.flat_offset(i), p_end = p_begin + params[i].numel();
+    const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
+    if (lo >= hi) continue;
+    masters_[f].narrow(0, lo - begin, hi - lo)
+        .copy_(params[i].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
+  }
+}
+
+void ZeroOptimizer::reload_parameters() { copy_parameters_to_masters(); }
+
+std::vector<at::Tensor> ZeroOptimizer::shard_grads() const {
+  std::vector<at::Tensor> out;
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    out.push_back(buffers_.flats()[f].narrow(0, world_.rank() * shard_numel_[f], shard_numel_[f]));
+  }
+  return out;
+}
+
+void ZeroOptimizer::reduce_gradients() {
+  if (world_.size() == 1) return;
+  profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
+  const int world = world_.size(), rank = world_.rank();
+  if (stage_ == 1) {  // all-reduce of every bucket as stage 0 does; only the own shard is read
+    for (const at::Tensor& flat : buffers_.flats()) {
+      const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size(), 1);
+      for (int64_t start = 0; start < flat.numel(); start += bucket) {
+        at::Tensor slice = flat.narrow(0, start, std::min(bucket, flat.numel() - start));
+        world_.all_reduce(slice, comm::ReduceOp::kSum);
+      }
+    }
+    return;
+  }
+  // Stage 2: bucket b covers shard offsets [o, o + n) of every rank's shard; rank r's slice of
+  // the bucket is flat[r * S + o, + n). Packed into one [world, n] tensor (bucket-sized), reduce-
+  // scattered, and the own sums written back into the own shard.
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    at::Tensor flat = buffers_.flats()[f];
+    const int64_t shard = shard_numel_[f];
+    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size() / world, 1);
+    for (int64_t o = 0; o < shard; o += bucket) {
+      const int64_t n = std::min(bucket, shard - o);
+      at::Tensor packed = flat.view({world, shard}).narrow(1, o, n).contiguous();  // [world, n]
+      at::Tensor mine = world_.reduce_scatter(packed);                               // [n]
+      flat.narrow(0, rank * shard + o, n).copy_(mine);
+    }
+  }
+}
+
+double ZeroOptimizer::clip(double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads = shard_grads();
+  at::Tensor sum_sq = at::zeros({1}, at::kDouble);  // [1] this rank's sum of squares
+  for (const at::Tensor& g : grads) {
+    const at::ScalarType accumulate = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor norm = at::norm(g, 2, accumulate).to(at::kCPU, at::kDouble);
+    sum_sq += norm * norm;
+  }
+  world_.all_reduce(sum_sq, comm::ReduceOp::kSum);
+  const double total_norm = std::sqrt(sum_sq.item<double>());
+  if (max_norm <= 0.0 || !std::isfinite(total_norm)) return total_norm;
+  const double coef = max_norm / (total_norm + 1e-6);
+  if (coef < 1.0) {
+    for (at::Tensor& g : grads) g.mul_(coef);
+  }
+  return total_norm;
+}
+
+void ZeroOptimizer::step(double lr) {
+  std::vector<at::Tensor> grads = shard_grads();
+  for (size_t f = 0; f < grads.size(); ++f) grads[f] = grads[f].to(masters_[f].device());
+  {
+    profile::ScopedPhase phase("optimizer");
+    adamw_->step(lr, grads);
+  }
+  // All-gather the updated shards into the (now dead) gradient buffers, bucket by bucket, then
+  // copy each parameter's view into the parameter, converting to its dtype.
+  at::NoGradGuard no_grad;
+  {
+    profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
+    const int world = world_.size();
+    for (size_t f = 0; f < masters_.size(); ++f) {
+      at::Tensor flat = buffers_.flats()[f];
+      const int64_t shard = shard_numel_[f];
+      const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size() / world, 1);
+      for (int64_t o = 0; o < shard; o += bucket) {
+        const int64_t n = std::min(bucket, shard - o);
+        at::Tensor gathered = world_.all_gather(masters_[f].narrow(0, o, n).to(flat.device()));
+        flat.view({world, shard}).narrow(1, o, n).copy_(gathered);  // [world, n]
+      }
+    }
+  }
+  const auto& params = buffers_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (buffers_.flat_index(i) < 0) continue;
+    params[i].detach().copy_(buffers_.grads()[i]);
+  }
+}
+
+NamedTensors ZeroOptimizer::state_tensors() const {
+  NamedTensors out = adamw_->state_tensors();
+  for (size_t f = 0; f < masters_.size(); ++f) out.emplace_back(flat_name(f) + ".master", masters_[f]);
+  return out;
+}
+
+void ZeroOptimizer::load_state(const NamedTensors& state, int64_t step_count,
+                               const std::string& source) {
+  NamedTensors adam;
+  std::map<std::string, at::Tensor> masters;
+  for (const auto& [name, t] : state) {
+    const std::string suffix = ".master";
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      masters[name] = t;
+    } else {
+      adam.emplace_back(name, t);
+    }
+  }
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    const std::string name = flat_name(f) + ".master";
+    auto it = masters.find(name);
+    if (it == masters.end()) throw UserError(source + ": optimizer entry " + name + " is missing");
+    if (!it->second.sizes().equals(masters_[f].sizes()) ||
+        it->second.scalar_type() != masters_[f].scalar_type()) {
+      throw UserError(source + ": optimizer entry " + name + " has shape " +
+                      c10::str(it->second.sizes()) + ", expected " + c10::str(masters_[f].sizes()) +
+                      " (written on another world size?)");
+    }
+  }
+  if (masters.size() != masters_.size()) {
+    throw UserError(source + ": unexpected ZeRO master entries (written on another layout)");
+  }
+  adamw_->load_state(adam, step_count, source);  // checks everything before copying
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    masters_[f].copy_(masters.at(flat_name(f) + ".master"));
+  }
+}
+
+}  // namespace ulysses::train
