@@ -11,6 +11,7 @@
 #include "common/paths.h"
 #include "config/presets.h"
 #include "tuner/plan/planner.h"
+#include "tuner/report/trial_table.h"
 
 namespace ulysses::plan {
 namespace {
@@ -113,6 +114,27 @@ TEST(Plan, ShippedHardwareProfilesLoad) {
   }
   EXPECT_EQ(calibrate::load_hardware_profile((dir / "dgx-h100-8x4.yaml").string()).world_size(),
             32);
+}
+
+// The report's predicted-vs-measured table (tuner/report/trial_table.h): only ok trials with a
+// prediction, signed errors.
+TEST(Plan, ReportShowsPredictionBesideMeasurement) {
+  store::TrialRecord ok;
+  ok.id = 3, ok.status = "ok", ok.dp = 2, ok.sp = 2, ok.seqlen = 4096;
+  ok.peak_mem_bytes = 200 << 20, ok.predicted_peak_bytes = 220 << 20;
+  ok.step_ms = 100.0, ok.predicted_step_ms = 85.0;
+  store::TrialRecord no_time = ok;
+  no_time.id = 4, no_time.predicted_step_ms.reset();
+  store::TrialRecord pruned = ok;
+  pruned.id = 5, pruned.status = "pruned";
+  const report::Table t = report::prediction_table({ok, no_time, pruned});
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.rows[0][0], "3");
+  EXPECT_EQ(t.rows[0][4], "200.0");
+  EXPECT_EQ(t.rows[0][5], "220.0");
+  EXPECT_EQ(t.rows[0][6], "+10.0 %");
+  EXPECT_EQ(t.rows[0][9], "-15.0 %");
+  EXPECT_EQ(t.rows[1][9], "-");
 }
 
 }  // namespace

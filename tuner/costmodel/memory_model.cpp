@@ -34,6 +34,16 @@ int64_t parameter_count(const config::ModelOptions& m) {
   return embeddings + m.num_layers * layer + h + (m.tie_embeddings ? 0 : embeddings);
 }
 
+MemoryCoefficients default_memory_coefficients(const std::string& device_type) {
+  MemoryCoefficients k;
+  if (device_type == "cuda") {
+    k.runtime_bytes = 0, k.allocator_fraction = 0.05;
+  } else {
+    k.runtime_bytes = 124.0 * (1 << 20), k.allocator_fraction = 0.078;
+  }
+  return k;
+}
+
 int64_t dtype_bytes(const config::RunConfig& c) { return c.memory.precision == "bf16" ? 2 : 4; }
 
 int64_t mlp_tiles(const config::RunConfig& c) {

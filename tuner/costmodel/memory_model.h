@@ -56,6 +56,11 @@ struct MemoryCoefficients {
   int64_t state_shards = 1;
 };
 
+// Coefficients before a sweep's own calibration. CPU: runtime 124 MiB and 7.8 % allocator
+// overhead, fitted by `ulysses-tune plan --fit` on the quickstart sweep of the 2-core dev machine
+// (reports/plan-vs-alst/quickstart-fit.txt). CUDA: 0 and 5 % (assumed, not yet measured).
+MemoryCoefficients default_memory_coefficients(const std::string& device_type);
+
 // Per-rank prediction. On CPU host memory is the device: every term is counted in peak_bytes.
 struct MemoryPrediction {
   std::vector<MemoryTerm> terms;

@@ -104,13 +104,7 @@ costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& 
 }
 
 costmodel::MemoryCoefficients memory_coefficients(const calibrate::HardwareProfile& hw) {
-  costmodel::MemoryCoefficients k;
-  if (hw.device_type == "cuda") {
-    k.runtime_bytes = 0, k.allocator_fraction = 0.05;
-  } else {
-    k.runtime_bytes = 0.13 * kGiB, k.allocator_fraction = 0.10;
-  }
-  return k;
+  return costmodel::default_memory_coefficients(hw.device_type);
 }
 
 int64_t usable_device_bytes(const calibrate::HardwareProfile& hw) {

@@ -51,8 +51,7 @@ costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& 
                                               const std::string& precision, int64_t sp,
                                               int64_t world);
 
-// Default memory coefficients: CPU 0.13 GiB runtime and 10 % allocator overhead (quickstart
-// calibration, reports/plan-vs-alst/), CUDA 0 and 5 %.
+// Default memory coefficients: costmodel::default_memory_coefficients(hw.device_type).
 costmodel::MemoryCoefficients memory_coefficients(const calibrate::HardwareProfile& hw);
 
 struct PlanRow {

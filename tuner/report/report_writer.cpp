@@ -84,6 +84,17 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
       "Plot data: `throughput.dat`, `memory.dat`, `phases.dat`, `pareto.dat` (those with data); "
       "redraw with `gnuplot plots.gp` in this directory.\n\n";
 
+  const Table predictions = prediction_table(data.trials);
+  if (!predictions.rows.empty()) {
+    out += "## Cost model: predicted vs measured\n\n"
+           "Each measured trial (status `ok`) beside the cost model's prediction stored before it "
+           "ran (`trials.predicted_peak_bytes`, `predicted_step_ms`; tuner/costmodel/): peak per "
+           "rank (peak RSS on CPU, the allocator's peak on CUDA) and step time; error = "
+           "(predicted - measured) / measured. `ulysses-tune plan --fit` recalibrates the model "
+           "on these trials.\n\n" +
+           render_markdown(predictions) + "\n";
+  }
+
   out += "## Trials\n\n";
   if (data.trials.empty()) {
     out += "The sweep has no trials.\n";

@@ -1,6 +1,8 @@
 // Tables of trials (see trial_table.h).
 #include "tuner/report/trial_table.h"
 
+#include <cstdio>
+
 #include "tuner/report/format.h"
 #include "tuner/report/sweep_analysis.h"
 
@@ -112,6 +114,44 @@ std::string status_count_text(const std::vector<store::TrialRecord>& trials) {
     out += (out.empty() ? "" : ", ") + status + " " + std::to_string(count);
   }
   return out.empty() ? "none" : out;
+}
+
+Table prediction_table(const std::vector<store::TrialRecord>& trials) {
+  auto error = [](double predicted, double measured) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%+.1f %%", 100.0 * (predicted - measured) / measured);
+    return std::string(text);
+  };
+  auto mib = [](double bytes) { return fixed(bytes / (1 << 20), 1); };
+  Table table;
+  table.add_column("id", true);
+  table.add_column("mesh");
+  table.add_column("seqlen", true);
+  table.add_column("probe");
+  for (const char* name : {"peak MiB", "predicted MiB", "error", "step ms", "predicted ms",
+                           "error "}) {
+    table.add_column(name, true);
+  }
+  for (const store::TrialRecord& t : trials) {
+    if (t.status != "ok" || !(t.predicted_peak_bytes || t.predicted_step_ms)) continue;
+    std::vector<std::string> row = {std::to_string(t.id), mesh(t), std::to_string(t.seqlen),
+                                    t.probe ? "yes" : "no"};
+    if (t.peak_mem_bytes && t.predicted_peak_bytes && *t.peak_mem_bytes > 0) {
+      const double measured = static_cast<double>(*t.peak_mem_bytes);
+      const double predicted = static_cast<double>(*t.predicted_peak_bytes);
+      row.insert(row.end(), {mib(measured), mib(predicted), error(predicted, measured)});
+    } else {
+      row.insert(row.end(), {"-", "-", "-"});
+    }
+    if (t.step_ms && t.predicted_step_ms && *t.step_ms > 0) {
+      row.insert(row.end(), {fixed(*t.step_ms, 1), fixed(*t.predicted_step_ms, 1),
+                             error(*t.predicted_step_ms, *t.step_ms)});
+    } else {
+      row.insert(row.end(), {"-", "-", "-"});
+    }
+    table.rows.push_back(row);
+  }
+  return table;
 }
 
 }  // namespace ulysses::report

@@ -26,6 +26,12 @@ Table trials_table(const std::vector<store::TrialRecord>& trials);
 // seqlen, configuration, id) and the longest measured sequence with its throughput.
 Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials);
 
+// The cost model beside the measurement, one row per trial that ran to the end (status ok) and
+// has a prediction: id, mesh, seqlen, probe, measured and predicted peak (MiB) and the error,
+// measured and predicted step ms and the error ("-" where either is missing). Error =
+// (predicted - measured) / measured, signed percent.
+Table prediction_table(const std::vector<store::TrialRecord>& trials);
+
 // "ok 6, oom 1, pruned 2" (status_counts()), "none" for no trials.
 std::string status_count_text(const std::vector<store::TrialRecord>& trials);
 

@@ -26,6 +26,13 @@ std::string gib(double bytes) {
   return buffer;
 }
 
+// The full memory model's peak (CPU: peak RSS, CUDA: the allocator's), stored beside the
+// measurement; pruning compares the lower bound with the limit instead (prune_reason).
+int64_t predicted_peak(const config::RunConfig& c) {
+  return costmodel::predict_memory(c, costmodel::default_memory_coefficients(c.train.device))
+      .peak_bytes;
+}
+
 }  // namespace
 
 std::string utc_now() {
@@ -142,7 +149,7 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   r.dp = plan.config.mesh.dp;
   r.sp = plan.config.mesh.sp;
   r.run_dir = run_dir;
-  r.predicted_peak_bytes = costmodel::lower_bound_peak(plan.config).total_bytes();
+  r.predicted_peak_bytes = predicted_peak(plan.config);
   r.started_at = utc_now();
 
   trial::TrialSpec spec;
@@ -187,7 +194,7 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
     r.config_yaml = plan.yaml;
     r.dp = plan.config.mesh.dp;
     r.sp = plan.config.mesh.sp;
-    r.predicted_peak_bytes = costmodel::lower_bound_peak(plan.config).total_bytes();
+    r.predicted_peak_bytes = predicted_peak(plan.config);
   }
   store_.add_trial(r);
   progress_.not_run(r.key, status, reason);
