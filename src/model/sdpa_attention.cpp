@@ -76,15 +76,7 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   const int64_t sl = q.size(1), hq = q.size(2), hd = q.size(3), hkv = k.size(2);
   const int64_t group = hq / hkv;
   at::Tensor q_t = q.transpose(1, 2);  // [bs, hq, sl, hd]
-#if ULYSSES_HAS_SDPA_GQA
-  at::Tensor k_t = k.transpose(1, 2);  // [bs, hkv, sl, hd]
-  at::Tensor v_t = v.transpose(1, 2);  // [bs, hkv, sl, hd]
-  const bool gqa = group > 1;
-#else
-  at::Tensor k_t = (group == 1 ? k : k.repeat_interleave(group, 2)).transpose(1, 2);  // [bs, hq, sl, hd]
-  at::Tensor v_t = (group == 1 ? v : v.repeat_interleave(group, 2)).transpose(1, 2);  // [bs, hq, sl, hd]
-#endif
-
+  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
   std::optional<at::Tensor> mask;  // [bs, 1, sl, sl] bool, true = may attend
   bool is_causal = true;
   AttentionBackend kernel = backend;
@@ -102,7 +94,19 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
       kernel = AttentionBackend::kEfficient;  // these CUDA kernels take no arbitrary mask
     }
   }
-  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  // Native GQA (enable_gqa) runs in SDPA's flash, cuDNN and math kernels and on the CPU; CUDA's
+  // memory-efficient kernel rejects it ("Invalid backend", seen on an H100 with LibTorch 2.11),
+  // and it is the only fused CUDA kernel for fp32 and for a dense mask, so there K/V are
+  // expanded to hq heads.
+  const bool native_gqa = ULYSSES_HAS_SDPA_GQA && group > 1 &&
+                          (!q.is_cuda() || (half && kernel != AttentionBackend::kEfficient &&
+                                                  !mask.has_value()));
+  at::Tensor k_t = (native_gqa || group == 1 ? k : k.repeat_interleave(group, 2))
+                       .transpose(1, 2);  // [bs, hkv or hq, sl, hd]
+  at::Tensor v_t = (native_gqa || group == 1 ? v : v.repeat_interleave(group, 2))
+                       .transpose(1, 2);  // [bs, hkv or hq, sl, hd]
+  [[maybe_unused]] const bool gqa = native_gqa;
+
   if (q.is_cuda() && !half &&
       (kernel == AttentionBackend::kFlash || kernel == AttentionBackend::kCudnn)) {
     throw UserError("attention.backend: " + attention_backend_name(kernel) +

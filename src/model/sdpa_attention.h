@@ -25,7 +25,8 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> document_runs(const at::Te
 
 // Same contract as local_attention (attention_core.h) for backend kFlash, kEfficient, kCudnn or
 // kSdpaAuto: q [bs, sl, hq, hd], k/v [bs, sl, hkv, hd] -> [bs, sl, hq, hd] (input dtype).
-// GQA runs natively (enable_gqa, LibTorch >= 2.5; k/v are expanded to hq heads before that).
+// GQA runs natively (enable_gqa, LibTorch >= 2.5) except where CUDA's memory-efficient kernel runs
+// (forced, fp32, or a dense mask), which rejects it: there k/v are expanded to hq heads.
 // With doc_ids (packed documents) two paths give the same result:
 //  - block-diagonal, when a dense mask would take more than max_dense_mask_bytes (bs * sl * sl
 //    bytes) and each document is one contiguous run of its id: one causal SDPA call per document

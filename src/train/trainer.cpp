@@ -85,7 +85,12 @@ at::Device select_device(const config::RunConfig& config, const comm::DistEnv& e
   if (!at::hasCUDA()) {
     throw UserError("train.device: cuda requested but this LibTorch build or machine has no CUDA");
   }
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  int64_t index = env.local_rank;
+  // Gloo (asked for by name) can run several ranks on one GPU, for correctness runs on a machine
+  // with fewer GPUs than ranks; NCCL cannot, so the mesh refuses a LOCAL_RANK beyond the GPUs.
+  const int64_t gpus = static_cast<int64_t>(at::getNumGPUs());
+  if (config.comm.backend == "gloo" && gpus > 0) index %= gpus;
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::DeviceMesh& mesh,
