@@ -3,6 +3,7 @@
 // least-squares calibration recovering known coefficients from synthetic measurements.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -175,6 +176,32 @@ TEST(CostModelFit, RecoversKnownTimeCoefficients) {
   EXPECT_NEAR(k.ms_per_tflop_attention, 9000, 1e-3 * 9000);
   EXPECT_NEAR(k.ms_per_gb_a2a, 300, 1e-3 * 300);
   EXPECT_NEAR(k.overhead_ms, 12, 1e-3 * 12);
+}
+
+TEST(CostModelFit, TimeCoefficientsAreNeverNegative) {
+  // Measurements a plain least-squares fit explains with a negative per-step overhead.
+  TimeCoefficients truth;
+  truth.ms_per_tflop = 4e9, truth.ms_per_tflop_attention = 9e9, truth.overhead_ms = -50;
+  std::vector<Measured> trials;
+  for (int64_t len : {64, 256, 1024, 4096}) {
+    for (bool ckpt : {false, true}) {
+      config::RunConfig c = tiny();
+      c.mesh.sp = 1, c.mesh.dp = 1, c.sequence.length = len, c.memory.checkpointing = ckpt;
+      trials.push_back({c, predict_time(step_work(c), truth).step_ms});  // > 0: >= 1.8 s
+    }
+  }
+  LinearFit fit;
+  const TimeCoefficients k = fit_time(trials, {}, &fit);
+  EXPECT_GE(k.ms_per_tflop, 0);
+  EXPECT_GE(k.ms_per_tflop_attention, 0);
+  EXPECT_GE(k.ms_per_gb_a2a, 0);
+  EXPECT_EQ(k.overhead_ms, 0);  // dropped, the rest refitted
+  // The reported fit is that of the returned coefficients (refitted, not merely clamped).
+  double sum = 0;
+  for (const Measured& m : trials) {
+    sum += std::pow((predict_time(step_work(m.config), k).step_ms - m.value) / m.value, 2);
+  }
+  EXPECT_NEAR(std::sqrt(sum / static_cast<double>(trials.size())), fit.rms_relative_error, 1e-9);
 }
 
 TEST(CostModelFit, DependentColumnsAndTooFewRowsAreUserErrors) {

@@ -1,6 +1,7 @@
 // Least-squares calibration of the cost model's free coefficients (see calibration.h).
 #include "tuner/costmodel/calibration.h"
 
+#include <algorithm>
 #include <cstddef>
 
 #include "common/error.h"
@@ -43,19 +44,31 @@ TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoeffic
       }
     }
   }
-  std::vector<std::vector<double>> x;
-  for (const auto& row : all) {
-    std::vector<double> r;
-    for (size_t c : used) r.push_back(row[c]);
-    x.push_back(r);
+  // Non-negative: a throughput or an overhead below zero has no meaning. Refit without the most
+  // negative column until none is left negative (a small active-set method).
+  LinearFit f;
+  while (true) {
+    std::vector<std::vector<double>> x;
+    for (const auto& row : all) {
+      std::vector<double> r;
+      for (size_t c : used) r.push_back(row[c]);
+      x.push_back(r);
+    }
+    f = fit_relative_least_squares(x, y);
+    size_t worst = used.size();
+    for (size_t i = 0; i < used.size(); ++i) {
+      const bool more_negative = worst == used.size() || f.coefficients[i] < f.coefficients[worst];
+      if (f.coefficients[i] < 0 && more_negative) worst = i;
+    }
+    if (worst == used.size() || used.size() == 1) break;
+    used.erase(used.begin() + static_cast<std::ptrdiff_t>(worst));
   }
-  const LinearFit f = fit_relative_least_squares(x, y);
   if (fit) *fit = f;
   double b[4] = {0, 0, 0, 0};
-  for (size_t i = 0; i < used.size(); ++i) b[used[i]] = f.coefficients[i];
+  for (size_t i = 0; i < used.size(); ++i) b[used[i]] = std::max(0.0, f.coefficients[i]);
   TimeCoefficients k = base;
   k.ms_per_tflop = b[0];
-  k.ms_per_tflop_attention = b[1] > 0 ? b[1] : b[0];
+  k.ms_per_tflop_attention = b[1];
   k.ms_per_gb_a2a = k.ms_per_gb_allreduce = b[2];
   k.overhead_ms = b[3];
   return k;

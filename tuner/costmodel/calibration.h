@@ -23,7 +23,8 @@ MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fi
 // step_ms = ms_per_tflop x GEMM TFLOP + ms_per_tflop_attention x attention TFLOP
 //           + ms_per_gb x (all-to-all + all-reduce) GB + overhead_ms.
 // Columns that are zero in every trial (e.g. no communication at world 1) are left out and their
-// coefficient set to 0. Offload and overlap keep their values from `base`.
+// coefficient set to 0; so is a coefficient the least-squares fit makes negative (that column is
+// dropped and the rest refitted). Offload and overlap keep their values from `base`.
 TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
                           LinearFit* fit = nullptr);
 

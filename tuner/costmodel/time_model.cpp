@@ -66,7 +66,7 @@ StepWork step_work(const config::RunConfig& c) {
 
 TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k) {
   TimePrediction p;
-  const double attention = k.ms_per_tflop_attention > 0 ? k.ms_per_tflop_attention : k.ms_per_tflop;
+  const double attention = k.ms_per_tflop_attention >= 0 ? k.ms_per_tflop_attention : k.ms_per_tflop;
   p.compute_ms = w.matmul_flops / 1e12 * k.ms_per_tflop + w.attention_flops / 1e12 * attention;
   p.a2a_ms = w.a2a_bytes / 1e9 * k.ms_per_gb_a2a;
   p.allreduce_ms = w.allreduce_bytes / 1e9 * k.ms_per_gb_allreduce;

@@ -26,7 +26,7 @@ StepWork step_work(const config::RunConfig& c);
 // ms_per_tflop, ms_per_tflop_attention, ms_per_gb_a2a (= ms_per_gb_allreduce) and overhead_ms.
 struct TimeCoefficients {
   double ms_per_tflop = 1.0;            // 1000 / achieved GEMM TFLOP/s
-  double ms_per_tflop_attention = 0.0;  // 1000 / achieved attention TFLOP/s; 0 = as GEMMs
+  double ms_per_tflop_attention = -1.0;  // 1000 / achieved attention TFLOP/s; < 0 = as GEMMs
   double ms_per_gb_a2a = 0.0;    // 1000 / all-to-all GB/s at this sp (0 = free)
   double ms_per_gb_allreduce = 0.0;
   double ms_per_gb_offload = 0.0;  // 1000 / host-link GB/s
