@@ -15,6 +15,7 @@
 #include "config/hf_config.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
+#include "train/grad_buffers.h"
 
 namespace fs = std::filesystem;
 
@@ -94,6 +95,62 @@ std::map<std::string, int> assign_writers(const NamedTensors& entries, int64_t w
     load[rank] += bytes;
   }
   return writer;
+}
+
+// The per-parameter AdamW entries (AdamW::state_tensors() names) of the ZeRO shards in `files`
+// (one per rank, in rank order): each flat's shards concatenated in rank order, then cut at the
+// parameters' offsets (plan_flat_layout, as the run that wrote them laid them out). ".master"
+// entries only for bf16/fp16 parameters (AdamW keeps no separate master for the others).
+NamedTensors unshard_state(const std::vector<fs::path>& files, model::LlamaForCausalLM& model,
+                           const std::string& source) {
+  std::vector<std::map<std::string, at::Tensor>> shards;
+  for (const auto& file : files) shards.push_back(model::load_safetensors(file.string()));
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& item : model->named_parameters()) {
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  const FlatLayout layout = plan_flat_layout(params, static_cast<int64_t>(files.size()));
+  auto full_flat = [&](size_t f, const std::string& what) {  // [flat_numel[f]]
+    const std::string key = "zero.flat" + std::to_string(f) + what;
+    std::vector<at::Tensor> parts;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      auto it = shards[r].find(key);
+      if (it == shards[r].end()) {
+        throw UserError(files[r].string() + ": optimizer entry " + key + " is missing");
+      }
+      parts.push_back(it->second.reshape({-1}));
+    }
+    at::Tensor flat = at::cat(parts);
+    if (what != ".step" && flat.numel() != layout.flat_numel[f]) {
+      throw UserError(source + ": ZeRO optimizer shards of " + key + " hold " +
+                      std::to_string(flat.numel()) + " elements, this model needs " +
+                      std::to_string(layout.flat_numel[f]) + " (another model?)");
+    }
+    return flat;
+  };
+  std::vector<at::Tensor> exp_avg, exp_avg_sq, master;
+  for (size_t f = 0; f < layout.flat_numel.size(); ++f) {
+    exp_avg.push_back(full_flat(f, ".exp_avg"));
+    exp_avg_sq.push_back(full_flat(f, ".exp_avg_sq"));
+    master.push_back(full_flat(f, ".master"));
+  }
+  const at::Tensor step = full_flat(0, ".step").reshape({-1})[0].clone();  // [] int64
+  NamedTensors out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int f = layout.flat_index[i];
+    if (f < 0) continue;
+    auto cut = [&](const at::Tensor& flat) {
+      return flat.narrow(0, layout.flat_offset[i], params[i].numel()).view(params[i].sizes()).clone();
+    };
+    out.emplace_back(names[i] + ".exp_avg", cut(exp_avg[f]));
+    out.emplace_back(names[i] + ".exp_avg_sq", cut(exp_avg_sq[f]));
+    out.emplace_back(names[i] + ".step", step);
+    const at::ScalarType dtype = params[i].scalar_type();
+    if (dtype == at::kBFloat16 || dtype == at::kHalf) out.emplace_back(names[i] + ".master", cut(master[f]));
+  }
+  return out;
 }
 
 }  // namespace
@@ -200,20 +257,6 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
   std::vector<std::string> files = trainer.value("optimizer_files", std::vector<std::string>{});
   if (files.empty() && fs::exists(path / "optimizer.safetensors")) files = {"optimizer.safetensors"};
   const int64_t saved_stage = trainer.value("zero_stage", int64_t{0});
-  if (!files.empty() && (saved_stage > 0) != (zero != nullptr)) {
-    throw UserError("zero.stage: " + dir + " holds the optimizer state of a zero.stage " +
-                    std::to_string(saved_stage) + " run and this run has zero.stage " +
-                    std::to_string(zero ? zero->stage() : 0) +
-                    "; converting between unsharded and sharded optimizer state is not built yet "
-                    "(resume with the checkpoint's zero.stage)");
-  }
-  if (zero != nullptr && !files.empty() &&
-      static_cast<int>(files.size()) != zero->world().size()) {
-    throw UserError("zero.stage: " + dir + " holds ZeRO optimizer shards of a world of " +
-                    std::to_string(files.size()) + " ranks and this run has " +
-                    std::to_string(zero->world().size()) +
-                    "; resharding is not built yet (resume on the same world size)");
-  }
   if (zero != nullptr && files.empty() && state.step > 0) {
     throw UserError((path / "trainer_state.json").string() +
                     ": no optimizer state, so resuming would restart AdamW from zero moments (a "
@@ -228,20 +271,32 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
     if (!fs::exists(path / file)) throw UserError((path / file).string() + ": missing");
   }
   model::load_hf_weights(model, dir);
-  if (optimizer != nullptr && !files.empty()) {
+  const int64_t optimizer_step = trainer.value("optimizer_step", int64_t{0});
+  const bool same_shards = zero != nullptr && saved_stage > 0 &&
+                           static_cast<int>(files.size()) == zero->world().size();
+  if (zero != nullptr) zero->reload_parameters();  // masters from the loaded weights
+  if (same_shards) {  // this rank's own file: bit-exact
+    const std::string file = (path / files[zero->world().rank()]).string();
     NamedTensors named;
-    for (const auto& file : files) {
-      for (auto& entry : model::load_safetensors((path / file).string())) named.push_back(entry);
+    for (auto& entry : model::load_safetensors(file)) named.push_back(entry);
+    zero->load_state(named, optimizer_step, file);
+  } else if ((optimizer != nullptr || zero != nullptr) && !files.empty()) {
+    NamedTensors named;
+    if (saved_stage > 0) {  // shards of another stage or world: per-parameter entries first
+      std::vector<fs::path> paths;
+      for (const auto& file : files) paths.push_back(path / file);
+      named = unshard_state(paths, model, dir);
+    } else {
+      for (const auto& file : files) {
+        for (auto& entry : model::load_safetensors((path / file).string())) named.push_back(entry);
+      }
     }
-    optimizer->load_state(named, trainer.value("optimizer_step", int64_t{0}), dir);
-  }
-  if (zero != nullptr) {
-    zero->reload_parameters();  // masters from the loaded weights, overwritten by the shard below
-    if (!files.empty()) {
-      const std::string file = (path / files[zero->world().rank()]).string();
-      NamedTensors named;
-      for (auto& entry : model::load_safetensors(file)) named.push_back(entry);
-      zero->load_state(named, trainer.value("optimizer_step", int64_t{0}), file);
+    if (optimizer != nullptr) {
+      optimizer->load_state(named, optimizer_step, dir);
+    } else {
+      std::vector<std::string> names;
+      for (const auto& item : model->named_parameters()) names.push_back(item.key());
+      zero->load_full_state(named, names, optimizer_step, dir);
     }
   }
   return state;

@@ -53,10 +53,11 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
 // Throws UserError naming the file when something is missing or does not match the model; in
 // particular when `optimizer` is non-null and a checkpoint past step 0 holds no optimizer state
 // (a weights-only checkpoint: start from it with model.load instead).
-// With `zero` (optimizer null) this rank loads its own optimizer-<r>-of-<W> file into it. A
-// checkpoint's optimizer state is only loaded by a run of the same kind: ZeRO (stage 1 or 2, which
-// share one layout) on the same world size, or no ZeRO; otherwise UserError names zero.stage
-// (converting between them is not built yet).
+// With `zero` (optimizer null) a checkpoint of a ZeRO-1/2 run on the same world size loads this
+// rank's own optimizer-<r>-of-<W> file (bit-exact resume). Any other combination converts: a
+// zero.stage 0 state is sliced into this rank's shard; ZeRO shards of another world (or into a
+// stage 0 run) are concatenated and cut back into per-parameter entries first (the same values:
+// AdamW is elementwise).
 TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
                              AdamW* optimizer, ZeroOptimizer* zero = nullptr);
 

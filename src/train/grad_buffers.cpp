@@ -5,7 +5,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <map>
-#include <tuple>
 #include <utility>
 
 #include "profile/phase_timer.h"
@@ -32,37 +31,49 @@ struct AccumulateIntoMainGrad : public torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
-GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards)
-    : params_(std::move(params)),
-      grads_(params_.size()),
-      hooked_(params_.size(), false),
-      flat_index_(params_.size(), -1),
-      flat_offset_(params_.size(), 0) {
+FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shards) {
   TORCH_CHECK(shards >= 1, "GradientBuffers: shards must be >= 1, got ", shards);
-  // Sizes per (device, dtype) first, then one allocation each, then the views.
-  std::map<std::pair<std::string, at::ScalarType>, int64_t> numel_of;
-  for (const auto& p : params_) {
-    if (!p.requires_grad()) continue;
-    TORCH_CHECK(p.is_leaf(), "GradientBuffers: parameters must be leaf tensors");
-    numel_of[{p.device().str(), accumulation_dtype(p.scalar_type())}] += p.numel();
+  using Key = std::pair<std::string, at::ScalarType>;
+  std::map<Key, int64_t> numel_of;
+  for (const auto& p : params) {
+    if (p.requires_grad()) numel_of[{p.device().str(), accumulation_dtype(p.scalar_type())}] += p.numel();
   }
-  std::map<std::pair<std::string, at::ScalarType>, std::tuple<at::Tensor, int64_t, int>> flat_of;
+  FlatLayout layout;
+  std::map<Key, std::pair<int, int64_t>> cursor;  // flat index, next offset
   for (const auto& [key, numel] : numel_of) {
-    const int64_t padded = (numel + shards - 1) / shards * shards;
-    at::Tensor flat = at::zeros({padded}, at::TensorOptions()
-                                             .device(at::Device(key.first))
-                                             .dtype(key.second));  // [padded]
-    flat_of[key] = {flat, 0, static_cast<int>(flats_.size())};
-    flats_.push_back(flat);
+    cursor[key] = {static_cast<int>(layout.flat_numel.size()), 0};
+    layout.flat_numel.push_back((numel + shards - 1) / shards * shards);
   }
+  layout.flat_index.assign(params.size(), -1);
+  layout.flat_offset.assign(params.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].requires_grad()) continue;
+    auto& [index, offset] = cursor[{params[i].device().str(), accumulation_dtype(params[i].scalar_type())}];
+    layout.flat_index[i] = index;
+    layout.flat_offset[i] = offset;
+    offset += params[i].numel();
+  }
+  return layout;
+}
+
+GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards)
+    : params_(std::move(params)), grads_(params_.size()), hooked_(params_.size(), false) {
+  const FlatLayout layout = plan_flat_layout(params_, shards);
+  flat_index_ = layout.flat_index;
+  flat_offset_ = layout.flat_offset;
+  for (size_t f = 0; f < layout.flat_numel.size(); ++f) flats_.push_back(at::Tensor());
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     if (!p.requires_grad()) continue;
-    auto& [flat, offset, index] = flat_of[{p.device().str(), accumulation_dtype(p.scalar_type())}];
-    grads_[i] = flat.narrow(0, offset, p.numel()).view(p.sizes());  // [param shape]
-    flat_index_[i] = index;
-    flat_offset_[i] = offset;
-    offset += p.numel();
+    TORCH_CHECK(p.is_leaf(), "GradientBuffers: parameters must be leaf tensors");
+    at::Tensor& flat = flats_[flat_index_[i]];
+    if (!flat.defined()) {
+      flat = at::zeros({layout.flat_numel[flat_index_[i]]},
+                       at::TensorOptions()
+                           .device(p.device())
+                           .dtype(accumulation_dtype(p.scalar_type())));  // [padded]
+    }
+    grads_[i] = flat.narrow(0, flat_offset_[i], p.numel()).view(p.sizes());  // [param shape]
     if (p.scalar_type() == grads_[i].scalar_type()) {
       p.mutable_grad() = grads_[i];
     } else {

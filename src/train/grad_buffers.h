@@ -14,6 +14,17 @@ namespace ulysses::train {
 // Default size of one all-reduce over a flat gradient buffer.
 inline constexpr int64_t kDefaultGradBucketBytes = int64_t{128} << 20;  // 128 MiB
 
+// Where GradientBuffers(params, shards) puts each parameter (pure: allocates nothing): flat f has
+// flat_numel[f] elements (padded to a multiple of shards); parameter i lies in flat flat_index[i]
+// (-1 when it does not require grad) from element flat_offset[i]. Flats are ordered by (device,
+// accumulation dtype), parameters within a flat in their order.
+struct FlatLayout {
+  std::vector<int64_t> flat_numel;
+  std::vector<int> flat_index;
+  std::vector<int64_t> flat_offset;
+};
+FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shards);
+
 // Owns one flat accumulation buffer per (device, accumulation dtype) and a view of it per
 // parameter, in the parameters' order. The accumulation dtype is fp32, or fp64 for fp64
 // parameters.

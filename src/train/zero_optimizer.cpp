@@ -183,4 +183,58 @@ void ZeroOptimizer::load_state(const NamedTensors& state, int64_t step_count,
   }
 }
 
+void ZeroOptimizer::load_full_state(const NamedTensors& state,
+                                    const std::vector<std::string>& names, int64_t step_count,
+                                    const std::string& source) {
+  TORCH_CHECK(names.size() == buffers_.params().size(), "load_full_state: one name per parameter");
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  auto entry = [&](const std::string& key) -> const at::Tensor* {
+    auto it = by_name.find(key);
+    return it == by_name.end() ? nullptr : &it->second;
+  };
+  std::vector<at::Tensor> exp_avg, exp_avg_sq, masters;  // [S_f] each
+  for (const at::Tensor& m : masters_) {
+    exp_avg.push_back(at::zeros_like(m));
+    exp_avg_sq.push_back(at::zeros_like(m));
+    masters.push_back(m.clone());
+  }
+  copy_parameters_to_masters();  // defaults for parameters without a saved master
+  for (size_t f = 0; f < masters_.size(); ++f) masters[f].copy_(masters_[f]);
+  int64_t step = -1;
+  const auto& params = buffers_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int f = buffers_.flat_index(i);
+    if (f < 0) continue;
+    const int64_t begin = world_.rank() * shard_numel_[f], end = begin + shard_numel_[f];
+    const int64_t p_begin = buffers_.flat_offset(i), p_end = p_begin + params[i].numel();
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq", ".step"}) {
+      const at::Tensor* t = entry(names[i] + suffix);
+      if (t == nullptr) throw UserError(source + ": optimizer entry " + names[i] + suffix + " is missing");
+    }
+    const at::Tensor& saved_step = *entry(names[i] + ".step");
+    if (step < 0) step = saved_step.item<int64_t>();
+    const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
+    if (lo >= hi) continue;
+    auto slice_into = [&](std::vector<at::Tensor>& dst, const std::string& key) {
+      const at::Tensor& t = *entry(key);
+      if (t.numel() != params[i].numel()) {
+        throw UserError(source + ": optimizer entry " + key + " has " + std::to_string(t.numel()) +
+                        " elements, expected " + std::to_string(params[i].numel()));
+      }
+      dst[f].narrow(0, lo - begin, hi - lo).copy_(t.reshape({-1}).narrow(0, lo - p_begin, hi - lo));
+    };
+    slice_into(exp_avg, names[i] + ".exp_avg");
+    slice_into(exp_avg_sq, names[i] + ".exp_avg_sq");
+    if (entry(names[i] + ".master") != nullptr) slice_into(masters, names[i] + ".master");
+  }
+  NamedTensors adam;
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    adam.emplace_back(flat_name(f) + ".exp_avg", exp_avg[f]);
+    adam.emplace_back(flat_name(f) + ".exp_avg_sq", exp_avg_sq[f]);
+    adam.emplace_back(flat_name(f) + ".step", at::tensor(std::max<int64_t>(step, 0), at::kLong));
+  }
+  adamw_->load_state(adam, step_count, source);
+  for (size_t f = 0; f < masters_.size(); ++f) masters_[f].copy_(masters[f]);
+}
+
 }  // namespace ulysses::train

@@ -71,6 +71,14 @@ class ZeroOptimizer {
   // Throws UserError "<source>: ..." when an entry is missing, unexpected or mis-shaped.
   void load_state(const NamedTensors& state, int64_t step_count, const std::string& source);
 
+  // Loads an unsharded AdamW state (AdamW::state_tensors()' per-parameter entries, e.g. from a
+  // zero.stage 0 checkpoint or rebuilt from another world's shards): this rank's slices of each
+  // parameter's moments; masters from "<param>.master" entries where present, else from the
+  // parameters (load the weights first). names[i] is buffers.params()[i]'s name.
+  // Throws UserError "<source>: ..." naming a missing or mis-shaped entry.
+  void load_full_state(const NamedTensors& state, const std::vector<std::string>& names,
+                       int64_t step_count, const std::string& source);
+
   // Copies this rank's shard of the parameters into the masters (after loading weights without
   // load_state).
   void reload_parameters();

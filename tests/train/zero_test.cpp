@@ -162,8 +162,8 @@ TEST(Zero, EachRankWritesOnlyItsShard) {
 }
 
 // Resuming a stage 2 run from step 2 on the same mesh gives the uninterrupted run's step-4
-// weights bit for bit; a stage 0 run refuses the sharded optimizer state with one line.
-TEST(Zero, ResumeIsBitExactAndStageChangeIsRefused) {
+// weights bit for bit.
+TEST(Zero, ResumeIsBitExact) {
   const std::string dir = shared_dir("resume");
   config::RunConfig full = zero_config(dir, 2, 2, 2, "full");
   full.checkpoint.every = 2;
@@ -171,19 +171,6 @@ TEST(Zero, ResumeIsBitExactAndStageChangeIsRefused) {
   config::RunConfig resumed = zero_config(dir, 2, 2, 2, "resumed");
   resumed.checkpoint.resume = full.checkpoint.dir + "/step-2";
   train_on_ranks(resumed);
-  config::RunConfig other = zero_config(dir, 2, 2, 0, "other");
-  other.checkpoint.resume = full.checkpoint.dir + "/step-2";
-  testing::run_ranks(4, [&](const testing::RankContext& ctx) {
-    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 2, 2);
-    try {
-      train::run_training(other, mesh, at::Device(at::kCPU));
-      ADD_FAILURE() << "stage 0 loaded a stage 2 optimizer state";
-    } catch (const UserError& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(what.rfind("zero.stage: ", 0), 0u) << what;
-      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    }
-  });
   if (testing::in_rank_child()) return;
   const auto a = final_weights(full);
   const auto b = final_weights(resumed);
@@ -193,6 +180,39 @@ TEST(Zero, ResumeIsBitExactAndStageChangeIsRefused) {
   const auto lb = read_steps(resumed.output.dir + "/metrics.jsonl");
   ASSERT_EQ(lb.size(), 2u);
   EXPECT_EQ(la[3].loss, lb[1].loss);
+}
+
+// Checkpoints convert between stages and world sizes: a stage 0 checkpoint resumed with stage 2,
+// a stage 2 (world 4) checkpoint resumed with stage 0, and on a world of 2 with stage 1, each end
+// where the uninterrupted run of the checkpoint's writer ends (rel 1e-4; a run that restarted
+// AdamW from zero moments is off by far more).
+TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
+  const std::string dir = shared_dir("convert");
+  struct Case {
+    int64_t from_stage, from_dp, to_stage, to_dp;
+  };
+  for (const Case& k : {Case{0, 2, 2, 2}, Case{2, 2, 0, 2}, Case{2, 2, 1, 1}}) {
+    const std::string tag = std::to_string(k.from_stage) + "to" + std::to_string(k.to_stage) +
+                            "dp" + std::to_string(k.to_dp);
+    config::RunConfig full = zero_config(dir, k.from_dp, 2, k.from_stage, "full" + tag);
+    full.checkpoint.every = 2;
+    train_on_ranks(full);
+    config::RunConfig resumed = zero_config(dir, k.to_dp, 2, k.to_stage, "resumed" + tag);
+    resumed.sequence.micro_batch = full.sequence.micro_batch * k.from_dp / k.to_dp;  // same batch
+    resumed.checkpoint.resume = full.checkpoint.dir + "/step-2";
+    train_on_ranks(resumed);
+    if (testing::in_rank_child()) continue;
+    const auto a = final_weights(full);
+    const auto b = final_weights(resumed);
+    ASSERT_EQ(a.size(), b.size()) << tag;
+    for (const auto& [name, w] : a) {
+      EXPECT_LT(testing::relative_error(b.at(name), w), kWeightRelTol) << tag << " " << name;
+    }
+    const auto la = read_steps(full.output.dir + "/metrics.jsonl");
+    const auto lb = read_steps(resumed.output.dir + "/metrics.jsonl");
+    ASSERT_EQ(lb.size(), 2u) << tag;
+    EXPECT_NEAR(lb[1].loss, la[3].loss, kLossRelTol * la[3].loss) << tag;
+  }
 }
 
 std::string validation_error(config::RunConfig c) {
