@@ -16,6 +16,7 @@
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
 #include "train/grad_buffers.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -163,7 +164,7 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
   for (const auto& entry : fs::directory_iterator(checkpoint_dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (entry.is_directory(ec) && std::regex_match(name, temp)) {
-      fs::remove_all(entry.path(), ec);
+      ulysses::remove_tree(entry.path());
       removed.push_back(name);
     }
   }
@@ -230,13 +231,13 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
   // Replace any older checkpoint of the same name, then publish with one rename.
   sync_path(tmp_path);
   const fs::path old_path = parent / ("." + final_path.filename().string() + ".old");
-  fs::remove_all(old_path, ec);
+  ulysses::remove_tree(old_path);
   if (fs::exists(final_path)) fs::rename(final_path, old_path, ec);
   ec.clear();
   fs::rename(tmp_path, final_path, ec);
   if (ec) throw UserError(final_path.string() + ": cannot publish checkpoint (" + ec.message() + ")");
   sync_path(parent);
-  fs::remove_all(old_path, ec);
+  ulysses::remove_tree(old_path);
 }
 
 TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "config/options.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::config::testing {
 
@@ -128,7 +129,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    ulysses::remove_tree(path_);
   }
   std::string path() const { return path_.string(); }
   // Writes `text` to <dir>/<name> and returns that path.

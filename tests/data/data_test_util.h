@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::data::test {
 
@@ -23,7 +24,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
+    ulysses::remove_tree(path_);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

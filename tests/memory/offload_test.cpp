@@ -26,6 +26,7 @@
 #include "train/gradient_step.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -53,7 +54,7 @@ comm::DeviceMesh single_rank_mesh(const std::string& dir, const std::string& nam
 std::string fresh_temp_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() /
                        ("ulysses-offload-test-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  ulysses::remove_tree(dir);
   fs::create_directories(dir);
   return dir.string();
 }
@@ -370,7 +371,7 @@ TEST(MixedPrecision, Bf16CheckpointedOffloadedGradientsAreCloseToFp32) {
   EXPECT_NEAR(got.loss, want.loss, kBf16LossRelTol * want.loss);
   EXPECT_EQ(model->parameters()[0].grad().scalar_type(), at::kBFloat16);
   expect_same_gradients(model, ref_model, kBf16GradRelTol, "bf16");
-  fs::remove_all(dir);
+  ulysses::remove_tree(dir);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -388,7 +389,7 @@ std::vector<nlohmann::json> read_lines(const std::string& path) {
 TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
   const fs::path dir = fs::temp_directory_path() / "ulysses-offload-test-run";
   if (!testing::in_rank_child()) {
-    fs::remove_all(dir);
+    ulysses::remove_tree(dir);
     fs::create_directories(dir);
   }
   auto run = [&](const std::string& name, bool features) {
@@ -430,7 +431,7 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
   for (const auto& [name, t] : ref_weights) {
     EXPECT_LT(testing::relative_error(weights.at(name), t), kGradRelTol) << name;
   }
-  fs::remove_all(dir);
+  ulysses::remove_tree(dir);
 }
 
 struct Process {
@@ -480,7 +481,7 @@ TEST(MemoryLimit, TooSmallALimitEndsInOutOfMemoryAndEnoughTrains) {
   Process enough = run_trainer("--config " + dir + "/run.yaml --set memory.limit_gib=1", dir);
   EXPECT_EQ(enough.status, 0) << enough.stdout_text << enough.stderr_text;
   EXPECT_NE(enough.stdout_text.find("step 1/1"), std::string::npos) << enough.stdout_text;
-  fs::remove_all(dir);
+  ulysses::remove_tree(dir);
 }
 
 }  // namespace

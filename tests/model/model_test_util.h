@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/options.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::model::testing {
 
@@ -37,7 +38,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    ulysses::remove_tree(path_);
   }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
   std::string str() const { return path_.string(); }

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "nsys_fixture.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -27,7 +28,7 @@ class NsysIngest : public ::testing::Test {
     path_ = (dir_ / "profile.sqlite").string();
     testing::write_nsys_fixture(path_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ulysses::remove_tree(dir_); }
   fs::path dir_;
   std::string path_;
 };

@@ -18,6 +18,7 @@
 
 #if defined(ULYSSES_HAS_NVTX)
 #include "nvtx_recorder.h"
+#include "common/remove_tree.h"
 #endif
 
 namespace fs = std::filesystem;
@@ -62,7 +63,7 @@ constexpr double kStepFlops = 9437184.0 * 512.0;
 std::string shared_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("ulysses-profile-test-" + name);
   if (!testing::in_rank_child()) {
-    fs::remove_all(dir);
+    ulysses::remove_tree(dir);
     fs::create_directories(dir);
   }
   return dir.string();

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "tuner/store/migrations.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -22,10 +23,10 @@ class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("store-test-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
+    ulysses::remove_tree(dir_);
     path_ = (dir_ / "sub" / "results.db").string();  // the parent is created on open
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ulysses::remove_tree(dir_); }
 
   std::string expect_user_error(const std::function<void()>& fn) {
     try {

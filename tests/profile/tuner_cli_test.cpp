@@ -23,6 +23,7 @@
 #include "tuner/calibrate/bench_results.h"
 #include "tuner/calibrate/hardware_profile.h"
 #include "tuner/store/store.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -60,10 +61,10 @@ class TunerCli : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("tuner-cli-test-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
+    ulysses::remove_tree(dir_);
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ulysses::remove_tree(dir_); }
   fs::path dir_;
 };
 

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <thread>
 #include <vector>
+#include "common/remove_tree.h"
 
 extern char** environ;
 
@@ -141,7 +142,7 @@ void run_ranks_with_filter(const std::string& gtest_filter, int world,
   std::vector<bool> ran(world);
   for (int r = 0; r < world; ++r) ran[r] = std::filesystem::exists(ran_marker(temp_dir, r));
   std::error_code ec;
-  std::filesystem::remove_all(temp_dir, ec);
+  ulysses::remove_tree(temp_dir);
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(exit_codes[r], 0) << "rank " << r << " failed";
     if (exit_codes[r] == 0) {

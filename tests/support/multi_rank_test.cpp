@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/multi_rank.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::testing {
 namespace {
@@ -42,7 +43,7 @@ TEST(MultiRank, EveryRankRunsTheBodyWithItsRank) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / "ulysses-multi-rank-test-every";
   if (!in_rank_child()) {
-    std::filesystem::remove_all(dir);
+    ulysses::remove_tree(dir);
     std::filesystem::create_directories(dir);
   }
   run_ranks(3, [&](const RankContext& ctx) {
@@ -51,7 +52,7 @@ TEST(MultiRank, EveryRankRunsTheBodyWithItsRank) {
   });
   if (in_rank_child()) return;
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(std::filesystem::exists(dir / ("rank-" + std::to_string(r)))) << r;
-  std::filesystem::remove_all(dir);
+  ulysses::remove_tree(dir);
 }
 
 TEST(MultiRank, AFailingRankFailsTheRun) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/paths.h"
+#include "common/remove_tree.h"
 
 namespace {
 
@@ -72,7 +73,7 @@ TEST(TrainCli, UnknownKeyAndMissingFileFail) {
 
 TEST(TrainCli, SingleRankRunWritesMetrics) {
   const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-run";
-  std::filesystem::remove_all(out);
+  ulysses::remove_tree(out);
   Result r = run("--config " + example() +
                  " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=2 --set sequence.length=64"
                  " --set output.dir=" + out.string());
@@ -80,7 +81,7 @@ TEST(TrainCli, SingleRankRunWritesMetrics) {
   EXPECT_TRUE(std::filesystem::exists(out / "metrics.jsonl"));
   EXPECT_TRUE(std::filesystem::exists(out / "summary.json"));
   EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
-  std::filesystem::remove_all(out);
+  ulysses::remove_tree(out);
 }
 
 std::string read_text(const std::filesystem::path& path) {
@@ -90,7 +91,7 @@ std::string read_text(const std::filesystem::path& path) {
 
 TEST(TrainCli, RunEchoesItsEffectiveConfigAndWritesARunYamlThatRunsAgain) {
   const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-echo";
-  std::filesystem::remove_all(out);
+  ulysses::remove_tree(out);
   Result r = run("--config " + example() +
                  " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=1 --set sequence.length=60"
                  " --set memory.tiled_mlp=auto --set output.dir=" + (out / "a").string() +
@@ -112,12 +113,12 @@ TEST(TrainCli, RunEchoesItsEffectiveConfigAndWritesARunYamlThatRunsAgain) {
   EXPECT_EQ(read_text(out / "a" / "run.yaml").find("output:\n  dir: " + (out / "a").string()) ==
                 std::string::npos,
             false);
-  std::filesystem::remove_all(out);
+  ulysses::remove_tree(out);
 }
 
 TEST(TrainCli, ResumeLatestWithoutACheckpointSaysSo) {
   const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-latest";
-  std::filesystem::remove_all(out);
+  ulysses::remove_tree(out);
   std::filesystem::create_directories(out / "ckpt");
   Result r = run("--config " + example() +
                  " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=1 --set sequence.length=32"
@@ -127,7 +128,7 @@ TEST(TrainCli, ResumeLatestWithoutACheckpointSaysSo) {
   EXPECT_NE(r.output.find("checkpoint.resume: latest found no step-<N> checkpoint"),
             std::string::npos)
       << r.output;
-  std::filesystem::remove_all(out);
+  ulysses::remove_tree(out);
 }
 
 }  // namespace

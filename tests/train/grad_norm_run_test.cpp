@@ -12,6 +12,7 @@
 #include "support/multi_rank.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -29,7 +30,7 @@ constexpr int64_t kSteps = 6;
 std::string shared_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("ulysses-grad-norm-test-" + name);
   if (!testing::in_rank_child()) {
-    fs::remove_all(dir);
+    ulysses::remove_tree(dir);
     fs::create_directories(dir);
   }
   return dir.string();
@@ -90,7 +91,7 @@ TEST(TrainingRunGradNorm, SameGradNormPerStepForEverySequenceParallelDegree) {
           << "dp " << meshes[i].dp << " sp " << meshes[i].sp << " step " << s + 1;
     }
   }
-  fs::remove_all(dir);
+  ulysses::remove_tree(dir);
 }
 
 }  // namespace

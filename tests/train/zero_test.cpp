@@ -15,6 +15,7 @@
 #include "support/multi_rank.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -28,7 +29,7 @@ constexpr int64_t kSteps = 4;
 std::string shared_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("ulysses-zero-test-" + name);
   if (!testing::in_rank_child()) {
-    fs::remove_all(dir);
+    ulysses::remove_tree(dir);
     fs::create_directories(dir);
   }
   return dir.string();

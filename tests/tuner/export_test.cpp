@@ -30,6 +30,7 @@
 #include "tuner/export/arctic_recipe.h"
 #include "tuner/export/deepspeed_config.h"
 #include "tuner/export/export_files.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::exports {
 namespace {
@@ -55,7 +56,7 @@ class TempDir {
   ~TempDir() {
     if (keep_) return;
     std::error_code ec;
-    fs::remove_all(path_, ec);
+    ulysses::remove_tree(path_);
   }
   const fs::path& path() const { return path_; }
   void keep() { keep_ = true; }

@@ -20,6 +20,7 @@
 #include "tuner/report/report_command.h"
 #include "tuner/store/store.h"
 #include "tuner/store/sweep_store.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::report::testing {
 
@@ -29,7 +30,7 @@ class ReportFixture : public ::testing::Test {
     dir_ = std::filesystem::temp_directory_path() /
            ("report-test-" + std::to_string(getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
+    ulysses::remove_tree(dir_);
     std::filesystem::create_directories(dir_);
     db_path_ = (dir_ / "results.db").string();
     store::Store store = store::Store::open(db_path_);
@@ -77,7 +78,7 @@ class ReportFixture : public ::testing::Test {
                     std::to_string(id("D")) + R"(,"same_recommendation":true},"extra_key":"kept"})";
     sweeps.update_sweep(sweep);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { ulysses::remove_tree(dir_); }
 
   int64_t id(const std::string& name) const { return ids_.at(name); }
 

@@ -21,6 +21,7 @@
 #include "config/run_config.h"
 #include "tuner/store/store.h"
 #include "tuner/store/sweep_store.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::sweep {
 namespace {
@@ -61,7 +62,7 @@ class SweepCliTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("sweep-cli-" + std::to_string(getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    ulysses::remove_tree(dir_);
     fs::create_directories(dir_);
     tune_ = sibling_binary("ulysses-tune");
     fake_ = (fs::path(project_home()) / "tests/tuner/fake_trainer.sh").string();
@@ -69,7 +70,7 @@ class SweepCliTest : public ::testing::Test {
     experiment_ = (dir_ / "fake.yaml").string();
     std::ofstream(experiment_) << kExperiment;
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ulysses::remove_tree(dir_); }
 
   // Runs ulysses-tune with `args` (and environment assignments in `env`), capturing its output.
   Result tune(const std::string& args, const std::string& env = "") {

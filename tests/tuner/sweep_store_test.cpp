@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "tuner/store/migrations.h"
 #include "tuner/store/store.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -26,10 +27,10 @@ class SweepStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("sweep-store-test-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
+    ulysses::remove_tree(dir_);
     path_ = (dir_ / "results.db").string();
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ulysses::remove_tree(dir_); }
 
   static void expect_integrity_ok(Database& db) {
     Statement check = db.prepare("PRAGMA integrity_check");

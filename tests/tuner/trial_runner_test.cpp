@@ -30,6 +30,7 @@
 #include "tuner/trial/classify.h"
 #include "tuner/trial/measurements.h"
 #include "tuner/trial/trial_runner.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -564,7 +565,7 @@ TEST_F(FakeTrialTest, SignalDeathsAreKilled) {
   EXPECT_EQ(sigkill.error, "rank 1: starting step 3");
   expect_all_gone(rank_pids());
 
-  fs::remove_all(fake_dir_);
+  ulysses::remove_tree(fake_dir_);
   fs::create_directories(fake_dir_);
   const TrialOutcome sigsegv = run("sigsegv");
   EXPECT_EQ(sigsegv.status, "killed");

@@ -20,6 +20,7 @@
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/supervisor.h"
 #include "tuner/store/store.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -101,7 +102,7 @@ int run_calibrate(const CalibrateOptions& options) {
     fs::path dir;
     ~Cleanup() {
       std::error_code ec;
-      fs::remove_all(dir, ec);
+      ulysses::remove_tree(dir);
     }
   } cleanup{temp};
 

@@ -22,6 +22,7 @@
 #include "tuner/recommend/why.h"
 #include "tuner/report/sweep_source.h"
 #include "tuner/store/sweep_store.h"
+#include "common/remove_tree.h"
 
 namespace ulysses::recommend {
 namespace {
@@ -131,7 +132,7 @@ int run_recommend(const RecommendOptions& options) {
   const fs::path out = fs::absolute(options.out_dir);
   const fs::path tmp = out.parent_path() / (out.filename().string() + ".tmp");
   std::error_code ec;
-  fs::remove_all(tmp, ec);
+  ulysses::remove_tree(tmp);
   fs::create_directories(tmp, ec);
   if (ec) throw UserError("--out: cannot create " + tmp.string() + " (" + ec.message() + ")");
   write_file(tmp / "recommended.yaml",
@@ -148,7 +149,7 @@ int run_recommend(const RecommendOptions& options) {
     for (const std::string& w : files.warnings) why += "- " + w + "\n";
   }
   write_file(tmp / "WHY.md", why);
-  fs::remove_all(out, ec);
+  ulysses::remove_tree(out);
   fs::rename(tmp, out, ec);
   if (ec) throw UserError("--out: cannot write " + out.string() + " (" + ec.message() + ")");
 

@@ -13,6 +13,7 @@
 #include "tuner/report/report_writer.h"
 #include "tuner/report/sweep_source.h"
 #include "tuner/report/trial_table.h"
+#include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -61,7 +62,7 @@ struct TempDir {
   fs::path path;
   ~TempDir() {
     std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
+    if (!path.empty()) ulysses::remove_tree(path);
   }
 };
 
@@ -91,7 +92,7 @@ int run_report(const ReportOptions& options) {
   fs::create_directories(parent, ec);
   const std::string tag = std::to_string(getpid());
   TempDir temp{parent / ("." + out.filename().string() + ".tmp-" + tag)};
-  fs::remove_all(temp.path, ec);
+  ulysses::remove_tree(temp.path);
   if (!fs::create_directory(temp.path, ec)) {
     throw UserError("--out " + out.string() + ": cannot create " + temp.path.string() + " (" +
                     ec.message() + ")");
@@ -108,7 +109,7 @@ int run_report(const ReportOptions& options) {
   TempDir old;
   if (fs::exists(fs::symlink_status(out, ec))) {
     old.path = parent / ("." + out.filename().string() + ".old-" + tag);
-    fs::remove_all(old.path, ec);
+    ulysses::remove_tree(old.path);
     fs::rename(out, old.path);
   }
   try {
