@@ -39,18 +39,31 @@ ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, int s
   adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
 }
 
+ZeroOptimizer::ShardSlice ZeroOptimizer::shard_slice(size_t i) const {
+  ShardSlice slice;
+  slice.flat = buffers_.flat_index(i);
+  if (slice.flat < 0) return slice;
+  const int64_t begin = world_.rank() * shard_numel_[slice.flat];
+  const int64_t end = begin + shard_numel_[slice.flat];
+  const int64_t p_begin = buffers_.flat_offset(i);
+  const int64_t p_end = p_begin + buffers_.params()[i].numel();
+  const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
+  if (lo >= hi) return slice;
+  slice.shard_offset = lo - begin;
+  slice.param_offset = lo - p_begin;
+  slice.length = hi - lo;
+  return slice;
+}
+
 void ZeroOptimizer::copy_parameters_to_masters() {
   at::NoGradGuard no_grad;
   const auto& params = buffers_.params();
   for (size_t i = 0; i < params.size(); ++i) {
-    const int f = buffers_.flat_index(i);
-    if (f < 0) continue;
-    const int64_t begin = world_.rank() * shard_numel_[f], end = begin + shard_numel_[f];
-    const int64_t p_begin = buffers_.flat_offset(i), p_end = p_begin + params[i].numel();
-    const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
-    if (lo >= hi) continue;
-    masters_[f].narrow(0, lo - begin, hi - lo)
-        .copy_(params[i].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
+    const ShardSlice slice = shard_slice(i);
+    if (slice.length == 0) continue;
+    masters_[slice.flat]
+        .narrow(0, slice.shard_offset, slice.length)
+        .copy_(params[i].detach().reshape({-1}).narrow(0, slice.param_offset, slice.length));
   }
 }
 
@@ -203,25 +216,24 @@ void ZeroOptimizer::load_full_state(const NamedTensors& state,
   int64_t step = -1;
   const auto& params = buffers_.params();
   for (size_t i = 0; i < params.size(); ++i) {
-    const int f = buffers_.flat_index(i);
-    if (f < 0) continue;
-    const int64_t begin = world_.rank() * shard_numel_[f], end = begin + shard_numel_[f];
-    const int64_t p_begin = buffers_.flat_offset(i), p_end = p_begin + params[i].numel();
+    const ShardSlice slice = shard_slice(i);
+    if (slice.flat < 0) continue;
     for (const char* suffix : {".exp_avg", ".exp_avg_sq", ".step"}) {
       const at::Tensor* t = entry(names[i] + suffix);
       if (t == nullptr) throw UserError(source + ": optimizer entry " + names[i] + suffix + " is missing");
     }
     const at::Tensor& saved_step = *entry(names[i] + ".step");
     if (step < 0) step = saved_step.item<int64_t>();
-    const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
-    if (lo >= hi) continue;
+    if (slice.length == 0) continue;
     auto slice_into = [&](std::vector<at::Tensor>& dst, const std::string& key) {
       const at::Tensor& t = *entry(key);
       if (t.numel() != params[i].numel()) {
         throw UserError(source + ": optimizer entry " + key + " has " + std::to_string(t.numel()) +
                         " elements, expected " + std::to_string(params[i].numel()));
       }
-      dst[f].narrow(0, lo - begin, hi - lo).copy_(t.reshape({-1}).narrow(0, lo - p_begin, hi - lo));
+      dst[slice.flat]
+          .narrow(0, slice.shard_offset, slice.length)
+          .copy_(t.reshape({-1}).narrow(0, slice.param_offset, slice.length));
     };
     slice_into(exp_avg, names[i] + ".exp_avg");
     slice_into(exp_avg_sq, names[i] + ".exp_avg_sq");

@@ -84,6 +84,15 @@ class ZeroOptimizer {
   void reload_parameters();
 
  private:
+  // Where parameter i meets this rank's shard of its flat: `length` elements, at `shard_offset`
+  // in the shard ([S_f]) and at `param_offset` in the flattened parameter. length 0 when they do
+  // not meet or the parameter has no flat (flat < 0).
+  struct ShardSlice {
+    int flat = -1;
+    int64_t shard_offset = 0, param_offset = 0, length = 0;
+  };
+  ShardSlice shard_slice(size_t i) const;
+
   // Copies the parameters' values that fall in this rank's shard of each flat into masters_.
   void copy_parameters_to_masters();
 

@@ -11,6 +11,7 @@
 #include "comm/mesh.h"
 #include "support/multi_rank.h"
 #include "train/trainer.h"
+#include "run_outputs.h"
 #include "train_test_util.h"
 #include "common/remove_tree.h"
 
@@ -27,38 +28,13 @@ constexpr double kFirstStepRelTol = 1e-5;
 constexpr double kLaterStepRelTol = 1e-4;
 constexpr int64_t kSteps = 6;
 
-std::string shared_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("ulysses-grad-norm-test-" + name);
-  if (!testing::in_rank_child()) {
-    ulysses::remove_tree(dir);
-    fs::create_directories(dir);
-  }
-  return dir.string();
-}
-
-struct StepRecord {
-  double loss = 0.0, grad_norm = 0.0;
-};
-
-std::vector<StepRecord> read_steps(const std::string& metrics_path) {
-  std::vector<StepRecord> out;
-  std::ifstream in(metrics_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("grad_norm")) out.push_back({j["loss"].get<double>(), j["grad_norm"].get<double>()});
-  }
-  return out;
-}
-
 TEST(TrainingRunGradNorm, SameGradNormPerStepForEverySequenceParallelDegree) {
-  const std::string dir = shared_dir("sp");
+  const std::string dir = testing::shared_dir("grad-norm-test", "sp");
   struct Mesh {
     int64_t dp, sp;
   };
   const std::vector<Mesh> meshes = {{1, 1}, {1, 2}, {1, 4}, {2, 2}};
-  std::vector<std::vector<StepRecord>> runs;
+  std::vector<std::vector<testing::StepRecord>> runs;
   for (const Mesh& m : meshes) {
     config::RunConfig c = testing::tiny_run_config(8, 2, m.dp, m.sp);
     c.model.init_std = 0.05;
@@ -73,7 +49,7 @@ TEST(TrainingRunGradNorm, SameGradNormPerStepForEverySequenceParallelDegree) {
       auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, m.dp, m.sp);
       EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
     });
-    if (!testing::in_rank_child()) runs.push_back(read_steps(c.output.dir + "/metrics.jsonl"));
+    if (!testing::in_rank_child()) runs.push_back(testing::read_steps(c.output.dir + "/metrics.jsonl"));
   }
   if (testing::in_rank_child()) return;
 

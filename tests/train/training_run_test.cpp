@@ -14,6 +14,7 @@
 #include "model/safetensors.h"
 #include "support/multi_rank.h"
 #include "train/trainer.h"
+#include "run_outputs.h"
 #include "train_test_util.h"
 #include "common/remove_tree.h"
 
@@ -23,17 +24,6 @@ namespace ulysses {
 namespace {
 
 constexpr double kLossAgreeRelTol = 1e-4;  // issue: per-step losses of sp = 1, 2, 4 agree
-
-// A directory shared by the parent and its rank children (same path in every process), created
-// fresh by the parent only.
-std::string shared_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("ulysses-train-test-" + name);
-  if (!testing::in_rank_child()) {
-    ulysses::remove_tree(dir);
-    fs::create_directories(dir);
-  }
-  return dir.string();
-}
 
 // Tokens where the next token is a fixed function of the current one, so a model can learn it.
 void write_learnable_tokens(const std::string& path, int64_t count, int64_t vocab) {
@@ -115,7 +105,7 @@ void train_on_ranks(const config::RunConfig& c) {
 }
 
 TEST(TrainingRun, LossFallsAndSequenceParallelDegreesAgree) {
-  const std::string dir = shared_dir("agree");
+  const std::string dir = testing::shared_dir("train-test", "agree");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   std::vector<std::vector<double>> losses_by_sp;
   for (int64_t sp : {1, 2, 4}) {
@@ -139,7 +129,7 @@ TEST(TrainingRun, LossFallsAndSequenceParallelDegreesAgree) {
 }
 
 TEST(TrainingRun, ResumeReproducesStepsBitForBit) {
-  const std::string dir = shared_dir("resume");
+  const std::string dir = testing::shared_dir("train-test", "resume");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   config::RunConfig full = learnable_config(dir, 1, 2, 6);
   full.output.dir = dir + "/full";
@@ -167,7 +157,7 @@ TEST(TrainingRun, ResumeReproducesStepsBitForBit) {
 }
 
 TEST(TrainingRun, CheckpointFollowsHuggingFaceLlama) {
-  const std::string dir = shared_dir("hf");
+  const std::string dir = testing::shared_dir("train-test", "hf");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   config::RunConfig c = learnable_config(dir, 2, 1, 1);
   c.output.dir = dir + "/out";
@@ -210,7 +200,7 @@ TEST(TrainingRun, CheckpointFollowsHuggingFaceLlama) {
 }
 
 TEST(TrainingRun, SavedCheckpointEvaluatesToTheSameLossWithAndWithoutSP) {
-  const std::string dir = shared_dir("eval");
+  const std::string dir = testing::shared_dir("train-test", "eval");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   config::RunConfig c = learnable_config(dir, 1, 2, 3);
   c.output.dir = dir + "/train";
@@ -243,7 +233,7 @@ TEST(TrainingRun, SavedCheckpointEvaluatesToTheSameLossWithAndWithoutSP) {
 }
 
 TEST(TrainingRun, ResumeOnAnotherMeshContinuesTheDataAndAppendsToMetrics) {
-  const std::string dir = shared_dir("resume-mesh");
+  const std::string dir = testing::shared_dir("train-test", "resume-mesh");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   config::RunConfig full = learnable_config(dir, 1, 2, 4);  // dp 1 x sp 2, G = 2
   full.output.dir = dir + "/out";
@@ -278,7 +268,7 @@ TEST(TrainingRun, ResumeOnAnotherMeshContinuesTheDataAndAppendsToMetrics) {
 }
 
 TEST(TrainingRun, ResumeRefusesACheckpointWithoutOptimizerState) {
-  const std::string dir = shared_dir("resume-no-optim");
+  const std::string dir = testing::shared_dir("train-test", "resume-no-optim");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   config::RunConfig first = learnable_config(dir, 1, 1, 2);
   first.output.dir = dir + "/out";
@@ -301,7 +291,7 @@ TEST(TrainingRun, ResumeRefusesACheckpointWithoutOptimizerState) {
 }
 
 TEST(TrainingRun, ResumingAFinishedRunKeepsItsOutputs) {
-  const std::string dir = shared_dir("resume-finished");
+  const std::string dir = testing::shared_dir("train-test", "resume-finished");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   config::RunConfig c = learnable_config(dir, 1, 1, 2);
   c.output.dir = dir + "/out";
@@ -322,7 +312,7 @@ TEST(TrainingRun, ResumingAFinishedRunKeepsItsOutputs) {
 }
 
 TEST(TrainingRun, NonFiniteGradientsSkipTheUpdateAndStopTheRun) {
-  const std::string dir = shared_dir("nonfinite");
+  const std::string dir = testing::shared_dir("train-test", "nonfinite");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
   config::RunConfig c = learnable_config(dir, 1, 2, 1);
   c.output.dir = dir + "/first";
@@ -358,7 +348,7 @@ TEST(TrainingRun, NonFiniteGradientsSkipTheUpdateAndStopTheRun) {
 }
 
 TEST(TrainingRun, EveryRankWritesItsShareAndStaleTemporariesGo) {
-  const std::string dir = shared_dir("shares");
+  const std::string dir = testing::shared_dir("train-test", "shares");
   if (!testing::in_rank_child()) {
     write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
     fs::create_directories(dir + "/ckpt/.step-9.tmp");  // left by a killed save

@@ -14,6 +14,7 @@
 #include "model/safetensors.h"
 #include "support/multi_rank.h"
 #include "train/trainer.h"
+#include "run_outputs.h"
 #include "train_test_util.h"
 #include "common/remove_tree.h"
 
@@ -25,31 +26,6 @@ namespace {
 constexpr double kLossRelTol = 1e-5;
 constexpr double kWeightRelTol = 1e-4;
 constexpr int64_t kSteps = 4;
-
-std::string shared_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("ulysses-zero-test-" + name);
-  if (!testing::in_rank_child()) {
-    ulysses::remove_tree(dir);
-    fs::create_directories(dir);
-  }
-  return dir.string();
-}
-
-struct StepRecord {
-  double loss = 0.0, grad_norm = 0.0;
-};
-
-std::vector<StepRecord> read_steps(const std::string& metrics_path) {
-  std::vector<StepRecord> out;
-  std::ifstream in(metrics_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("grad_norm")) out.push_back({j["loss"].get<double>(), j["grad_norm"].get<double>()});
-  }
-  return out;
-}
 
 // A tiny model whose step-1 gradient norm is far above grad_clip (clipping active every step).
 config::RunConfig zero_config(const std::string& dir, int64_t dp, int64_t sp, int64_t stage,
@@ -89,7 +65,7 @@ std::map<std::string, at::Tensor> final_weights(const config::RunConfig& c) {
 // Trains stage 0, 1 and 2 with `adjust` applied, and checks 1 and 2 against 0.
 void expect_stages_equal(const std::string& tag, int64_t dp, int64_t sp,
                          const std::function<void(config::RunConfig&)>& adjust = {}) {
-  const std::string dir = shared_dir(tag + "-dp" + std::to_string(dp) + "sp" + std::to_string(sp));
+  const std::string dir = testing::shared_dir("zero-test", tag + "-dp" + std::to_string(dp) + "sp" + std::to_string(sp));
   std::vector<config::RunConfig> configs;
   for (int64_t stage : {0, 1, 2}) {
     configs.push_back(zero_config(dir, dp, sp, stage, tag));
@@ -97,14 +73,14 @@ void expect_stages_equal(const std::string& tag, int64_t dp, int64_t sp,
     train_on_ranks(configs.back());
   }
   if (testing::in_rank_child()) return;
-  const auto base = read_steps(configs[0].output.dir + "/metrics.jsonl");
+  const auto base = testing::read_steps(configs[0].output.dir + "/metrics.jsonl");
   ASSERT_EQ(base.size(), static_cast<size_t>(kSteps));
   EXPECT_GT(base[0].grad_norm, 2 * configs[0].optim.grad_clip) << "clipping must be active";
   const auto base_weights = final_weights(configs[0]);
   for (size_t k = 1; k < configs.size(); ++k) {
     const std::string what = tag + " dp " + std::to_string(dp) + " sp " + std::to_string(sp) +
                              " stage " + std::to_string(k);
-    const auto steps = read_steps(configs[k].output.dir + "/metrics.jsonl");
+    const auto steps = testing::read_steps(configs[k].output.dir + "/metrics.jsonl");
     ASSERT_EQ(steps.size(), base.size()) << what;
     for (size_t s = 0; s < base.size(); ++s) {
       EXPECT_NEAR(steps[s].loss, base[s].loss, kLossRelTol * base[s].loss) << what << " step " << s + 1;
@@ -144,7 +120,7 @@ TEST(Zero, Stages1And2EqualStage0WithOptimizerOffload) {
 
 // Each rank's optimizer file holds its shard only: ~1/world of the moments, not all of them.
 TEST(Zero, EachRankWritesOnlyItsShard) {
-  const std::string dir = shared_dir("shards");
+  const std::string dir = testing::shared_dir("zero-test", "shards");
   const config::RunConfig c = zero_config(dir, 2, 2, 2, "shards");
   train_on_ranks(c);
   if (testing::in_rank_child()) return;
@@ -165,7 +141,7 @@ TEST(Zero, EachRankWritesOnlyItsShard) {
 // Resuming a stage 2 run from step 2 on the same mesh gives the uninterrupted run's step-4
 // weights bit for bit.
 TEST(Zero, ResumeIsBitExact) {
-  const std::string dir = shared_dir("resume");
+  const std::string dir = testing::shared_dir("zero-test", "resume");
   config::RunConfig full = zero_config(dir, 2, 2, 2, "full");
   full.checkpoint.every = 2;
   train_on_ranks(full);
@@ -177,8 +153,8 @@ TEST(Zero, ResumeIsBitExact) {
   const auto b = final_weights(resumed);
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, w] : a) EXPECT_TRUE(at::equal(w, b.at(name))) << name;
-  const auto la = read_steps(full.output.dir + "/metrics.jsonl");
-  const auto lb = read_steps(resumed.output.dir + "/metrics.jsonl");
+  const auto la = testing::read_steps(full.output.dir + "/metrics.jsonl");
+  const auto lb = testing::read_steps(resumed.output.dir + "/metrics.jsonl");
   ASSERT_EQ(lb.size(), 2u);
   EXPECT_EQ(la[3].loss, lb[1].loss);
 }
@@ -188,7 +164,7 @@ TEST(Zero, ResumeIsBitExact) {
 // where the uninterrupted run of the checkpoint's writer ends (rel 1e-4; a run that restarted
 // AdamW from zero moments is off by far more).
 TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
-  const std::string dir = shared_dir("convert");
+  const std::string dir = testing::shared_dir("zero-test", "convert");
   struct Case {
     int64_t from_stage, from_dp, to_stage, to_dp;
   };
@@ -209,8 +185,8 @@ TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
     for (const auto& [name, w] : a) {
       EXPECT_LT(testing::relative_error(b.at(name), w), kWeightRelTol) << tag << " " << name;
     }
-    const auto la = read_steps(full.output.dir + "/metrics.jsonl");
-    const auto lb = read_steps(resumed.output.dir + "/metrics.jsonl");
+    const auto la = testing::read_steps(full.output.dir + "/metrics.jsonl");
+    const auto lb = testing::read_steps(resumed.output.dir + "/metrics.jsonl");
     ASSERT_EQ(lb.size(), 2u) << tag;
     EXPECT_NEAR(lb[1].loss, la[3].loss, kLossRelTol * la[3].loss) << tag;
   }
