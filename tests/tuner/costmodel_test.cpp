@@ -140,6 +140,86 @@ TEST(CostModel, StepWorkByHand) {
   EXPECT_DOUBLE_EQ(step_work(c).matmul_flops, 8.0 * (3 * (2 * 1152 + 512) + 2 * 1152));
 }
 
+// ZeRO over a world of 4 (dp 2 x sp 2), fp32 on CPU: P = 1704, one layer 592 parameters.
+config::RunConfig tiny_zero(int64_t stage) {
+  config::RunConfig c = tiny();
+  c.mesh.dp = 2;
+  c.zero.stage = stage;
+  return c;
+}
+
+TEST(CostModelZero, Stage1ShardsMomentsAndMastersOverTheWorld) {
+  const std::map<std::string, int64_t> m = by_name(predict_memory(tiny_zero(1), k_test()));
+  EXPECT_EQ(m.at("weights"), 1704 * 4);
+  EXPECT_EQ(m.at("gradients"), 1704 * 4);
+  EXPECT_EQ(m.at("adam moments"), 1704 * 8 / 4);
+  EXPECT_EQ(m.at("fp32 master weights"), 1704 * 4 / 4);  // a flat fp32 shard even for fp32
+  EXPECT_EQ(m.count("zero-3 gathered weights"), 0u);
+  const StepWork w = step_work(tiny_zero(1));
+  EXPECT_DOUBLE_EQ(w.allreduce_bytes, 2 * 0.75 * 4 * 1704);  // stage 1 still all-reduces
+  EXPECT_DOUBLE_EQ(w.zero_reduce_bytes, 0);
+  EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 1704);    // updated fp32 shards
+}
+
+TEST(CostModelZero, Stage2KeepsTheFullGradientBufferAsBuilt) {
+  const std::map<std::string, int64_t> m = by_name(predict_memory(tiny_zero(2), k_test()));
+  ASSERT_FALSE(kZero2ShardsGradientBuffer);
+  EXPECT_EQ(m.at("gradients"), 1704 * 4);  // train/zero_optimizer.h: full buffer, then scatter
+  EXPECT_EQ(m.at("adam moments"), 1704 * 8 / 4);
+  EXPECT_EQ(m.at("fp32 master weights"), 1704 * 4 / 4);
+  const StepWork w = step_work(tiny_zero(2));
+  EXPECT_DOUBLE_EQ(w.allreduce_bytes, 0);
+  EXPECT_DOUBLE_EQ(w.zero_reduce_bytes, 0.75 * 4 * 1704);  // reduce-scatter: half an all-reduce
+  EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 1704);
+}
+
+TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoLayers) {
+  const MemoryPrediction p = predict_memory(tiny_zero(3), k_test());
+  const std::map<std::string, int64_t> m = by_name(p);
+  EXPECT_EQ(m.at("weights"), 1704 * 4 / 4);
+  EXPECT_EQ(m.at("gradients"), 1704 * 4 / 4);
+  EXPECT_EQ(m.at("adam moments"), 1704 * 8 / 4);
+  EXPECT_EQ(m.at("fp32 master weights"), 1704 * 4 / 4);
+  // max(2 layers = 1184, V x h = 256) parameters x 4 B.
+  EXPECT_EQ(m.at("zero-3 gathered weights"), 2 * 592 * 4);
+  // Static: runtime, weights, gradients, moments, masters, gathered layers, reduction bucket.
+  const int64_t stat = 1000 + 1704 + 1704 + 3408 + 1704 + 4736 + 6816;
+  const int64_t saved = 4608 + 1024, tile = 2816;
+  EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile +
+                                               0.1 * (stat - 1000 + saved + tile)));
+  config::RunConfig c = tiny_zero(3);
+  const StepWork w = step_work(c);
+  EXPECT_DOUBLE_EQ(w.zero_reduce_bytes, 0.75 * 4 * 1704);
+  EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 1704 * 2);  // forward + backward
+  c.memory.checkpointing = true;
+  EXPECT_DOUBLE_EQ(step_work(c).zero_gather_bytes, 0.75 * 4 * 1704 * 3);  // + the recompute
+  // The lower bound shards the same terms (so pruning never drops a ZeRO run that fits).
+  const std::map<std::string, int64_t> lb = [&] {
+    std::map<std::string, int64_t> out;
+    for (const MemoryTerm& t : lower_bound_peak(tiny_zero(3)).terms) out[t.name] = t.bytes;
+    return out;
+  }();
+  EXPECT_EQ(lb.at("weights"), 1704);
+  EXPECT_EQ(lb.at("gradients"), 1704);
+  EXPECT_EQ(lb.at("adam moments"), 3408);
+  MemoryCoefficients bare;
+  bare.allocator_fraction = 0;
+  for (int64_t stage : {0, 1, 2, 3}) {
+    EXPECT_LE(lower_bound_peak(tiny_zero(stage)).total_bytes(),
+              predict_memory(tiny_zero(stage), bare).peak_bytes) << "stage " << stage;
+  }
+}
+
+TEST(CostModelZero, AWorldOfOneIsStageZero) {
+  config::RunConfig c = tiny();
+  c.mesh.sp = 1;
+  c.zero.stage = 2;
+  const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
+  EXPECT_EQ(m.at("adam moments"), 1704 * 8);
+  EXPECT_EQ(m.count("fp32 master weights"), 0u);
+  EXPECT_DOUBLE_EQ(step_work(c).zero_gather_bytes, 0);
+}
+
 TEST(CostModelFit, RecoversKnownMemoryCoefficients) {
   MemoryCoefficients truth;
   truth.runtime_bytes = 100 << 20, truth.allocator_fraction = 0.07;

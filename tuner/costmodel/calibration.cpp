@@ -8,6 +8,10 @@
 
 namespace ulysses::costmodel {
 
+double comm_bytes(const StepWork& w) {
+  return w.a2a_bytes + w.allreduce_bytes + w.zero_reduce_bytes + w.zero_gather_bytes;
+}
+
 MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fit) {
   MemoryCoefficients bare;
   bare.runtime_bytes = 0, bare.allocator_fraction = 0, bare.activation_scale = 1;
@@ -32,7 +36,7 @@ TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoeffic
   for (const Measured& m : trials) {
     const StepWork w = step_work(m.config);
     all.push_back({w.matmul_flops / 1e12, w.attention_flops / 1e12,
-                   (w.a2a_bytes + w.allreduce_bytes) / 1e9, 1.0});
+                   comm_bytes(w) / 1e9, 1.0});
     y.push_back(m.value);
   }
   std::vector<size_t> used;

@@ -20,8 +20,11 @@ struct Measured {
 // runtime and no overhead. activation_scale stays 1. REQUIRES >= 2 trials (else UserError).
 MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fit = nullptr);
 
+// Bytes of the fit's communication column: all-to-all + all-reduce + ZeRO reduce and gather.
+double comm_bytes(const StepWork& w);
+
 // step_ms = ms_per_tflop x GEMM TFLOP + ms_per_tflop_attention x attention TFLOP
-//           + ms_per_gb x (all-to-all + all-reduce) GB + overhead_ms.
+//           + ms_per_gb x comm_bytes GB + overhead_ms.
 // Columns that are zero in every trial (e.g. no communication at world 1) are left out and their
 // coefficient set to 0; so is a coefficient the least-squares fit makes negative (that column is
 // dropped and the rest refitted). Offload and overlap keep their values from `base`.

@@ -13,7 +13,29 @@ std::string n(int64_t v) { return std::to_string(v); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-constexpr int64_t kGradBucketBytes = int64_t{128} << 20;  // train/grad_buffers.h
+// One gradient reduce / weight gather bucket: zero.bucket_mb (every stage, train/grad_buffers.h).
+int64_t bucket_bytes(const config::RunConfig& c) {
+  return std::max<int64_t>(static_cast<int64_t>(c.zero.bucket_mb * 1024.0 * 1024.0), 1);
+}
+
+// How many ways each kind of state is split: ZeRO over the world (dp x sp ranks; in a world of 1
+// every stage is stage 0, as the trainer does), or the what-if state_shards, whichever is more.
+struct ZeroShards {
+  int64_t stage = 0;
+  int64_t optimizer = 1, gradients = 1, weights = 1;
+};
+
+ZeroShards zero_shards(const config::RunConfig& c, const MemoryCoefficients& k) {
+  const int64_t world = c.mesh.dp * c.mesh.sp;
+  ZeroShards z;
+  z.stage = world > 1 ? c.zero.stage : 0;
+  const int64_t what_if = std::max<int64_t>(1, k.state_shards);
+  const bool grads = z.stage >= 3 || (z.stage == 2 && kZero2ShardsGradientBuffer);
+  z.optimizer = std::max(what_if, z.stage >= 1 ? world : 1);
+  z.gradients = std::max(what_if, grads ? world : 1);
+  z.weights = std::max(what_if, z.stage >= 3 ? world : 1);
+  return z;
+}
 
 }  // namespace
 
@@ -23,15 +45,20 @@ int64_t MemoryEstimate::total_bytes() const {
   return total;
 }
 
-int64_t parameter_count(const config::ModelOptions& m) {
+int64_t layer_parameter_count(const config::ModelOptions& m) {
   const int64_t h = m.hidden_size, hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
   const int64_t attention = h * m.num_heads * hd        // q_proj
                             + 2 * h * m.num_kv_heads * hd  // k_proj, v_proj
                             + m.num_heads * hd * h;        // o_proj
   const int64_t mlp = 3 * h * m.intermediate_size;        // gate, up, down
-  const int64_t layer = attention + mlp + 2 * h;          // + two RMSNorm weights
+  return attention + mlp + 2 * h;                          // + two RMSNorm weights
+}
+
+int64_t parameter_count(const config::ModelOptions& m) {
+  const int64_t h = m.hidden_size;
   const int64_t embeddings = m.vocab_size * h;
-  return embeddings + m.num_layers * layer + h + (m.tie_embeddings ? 0 : embeddings);
+  return embeddings + m.num_layers * layer_parameter_count(m) + h +
+         (m.tie_embeddings ? 0 : embeddings);
 }
 
 MemoryCoefficients default_memory_coefficients(const std::string& device_type) {
@@ -67,16 +94,26 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
   const int64_t sp = c.mesh.sp, bs = c.sequence.micro_batch;
   const int64_t local_tokens = (c.sequence.length + sp - 1) / sp;
   const int64_t h = c.model.hidden_size, v = c.model.vocab_size;
+  const ZeroShards z = zero_shards(c, MemoryCoefficients{});
+  auto per = [&](int64_t shards) {
+    return shards > 1 ? " / " + n(shards) + " (ZeRO-" + n(z.stage) + ")" : std::string();
+  };
 
   MemoryEstimate e;
-  e.terms.push_back({"weights", p * weight_bytes, "P x " + std::to_string(weight_bytes) + " B"});
+  e.terms.push_back({"weights", p * weight_bytes / z.weights,
+                     "P x " + n(weight_bytes) + " B" + per(z.weights)});
   // Gradients accumulate in fp32 buffers whatever the weights' dtype (train/grad_buffers.h).
-  e.terms.push_back({"gradients", 4 * p, "P x 4 B (fp32 accumulation)"});
-  // AdamW moments (and fp32 masters for bf16) live on this rank unless offloaded to a host that
-  // is not this rank's memory (on CPU the host is the device).
+  e.terms.push_back({"gradients", 4 * p / z.gradients,
+                     "P x 4 B (fp32 accumulation)" + per(z.gradients)});
+  // AdamW moments (and fp32 masters for bf16 or ZeRO) live on this rank unless offloaded to a
+  // host that is not this rank's memory (on CPU the host is the device).
   if (!c.memory.offload_optimizer || on_cpu) {
-    e.terms.push_back({"adam moments", 8 * p, "P x 2 x 4 B"});
-    if (bf16) e.terms.push_back({"fp32 master weights", 4 * p, "P x 4 B"});
+    e.terms.push_back({"adam moments", 8 * p / z.optimizer,
+                       "P x 2 x 4 B" + per(z.optimizer)});
+    if (bf16 || z.stage >= 1) {
+      e.terms.push_back({"fp32 master weights", 4 * p / z.optimizer,
+                         "P x 4 B" + per(z.optimizer)});
+    }
   }
   // The hidden state every layer boundary keeps for backward ([bs, T, h] per layer), unless the
   // checkpoints are offloaded off the device.
@@ -125,29 +162,46 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     add("runtime", k.runtime_bytes, "calibrated: the rank's resident bytes before the model",
         Lifetime::kStatic);
   }
-  const int64_t shards = std::max<int64_t>(1, k.state_shards);
-  const std::string per_shard = shards > 1 ? " / " + n(shards) + " shards (what-if)" : "";
-  add("weights", static_cast<double>(p) * d / shards, "P x " + ds + per_shard, Lifetime::kStatic);
+  const ZeroShards z = zero_shards(c, k);
+  auto per = [&](int64_t shards) {
+    if (shards <= 1) return std::string();
+    return " / " + n(shards) + (k.state_shards > 1 ? " shards (what-if)" : " (ZeRO over the world)");
+  };
+  add("weights", static_cast<double>(p) * d / z.weights, "P x " + ds + per(z.weights),
+      Lifetime::kStatic);
+  if (z.stage >= 3) {
+    // ZeRO-3 gathers one module's full weights for its forward/backward and prefetches the
+    // next: two layers, or the embedding / LM head [V, h] when that is larger.
+    const double layer = static_cast<double>(layer_parameter_count(m));
+    add("zero-3 gathered weights", std::max(2.0 * layer, static_cast<double>(v) * h) * d,
+        "max(2 x layer params, V x h) x " + ds + " (all-gathered working set)",
+        Lifetime::kStatic);
+  }
   // Gradients: fp32 flat buffers for every parameter dtype (train/grad_buffers.h).
-  add("gradients", static_cast<double>(k.gradient_bytes) * p / shards,
+  add("gradients", static_cast<double>(k.gradient_bytes) * p / z.gradients,
       "P x " + n(k.gradient_bytes) + " B" +
-          (k.gradient_bytes == 4 ? " (fp32 flat buffers)" : " (what-if)") + per_shard,
+          (k.gradient_bytes == 4 ? " (fp32 flat buffers)" : " (what-if)") + per(z.gradients) +
+          (z.stage == 2 && !kZero2ShardsGradientBuffer
+               ? " (ZeRO-2 as built: the full buffer during accumulation)"
+               : ""),
       Lifetime::kStatic);
   // Reduced in place bucket by bucket: the backend stages at most one bucket.
   if (world > 1) {
-    add("gradient reduction buffer", static_cast<double>(std::min(kGradBucketBytes, 4 * p)),
-        "min(128 MiB bucket, 4 P) when dp x sp > 1 (in-place all-reduce, one bucket staged)",
+    add("gradient reduction buffer", static_cast<double>(std::min(bucket_bytes(c), 4 * p)),
+        "min(zero.bucket_mb bucket, 4 P) when dp x sp > 1 (in-place reduction, one bucket staged)",
         Lifetime::kStatic);
   }
   // AdamW: two fp32 moments; an fp32 master unless the parameter is its own (fp32 on the
-  // optimizer's side). Offloaded (CUDA): on the host, with an fp32 staging copy of the gradient.
-  const double ps = static_cast<double>(p) / shards;
-  add("adam moments", 8.0 * ps, "P x 2 x 4 B" + per_shard, Lifetime::kStatic, opt_loc);
-  if (bf16 || opt_loc == Location::kHost) {
-    add("fp32 master weights", 4.0 * ps, "P x 4 B" + per_shard, Lifetime::kStatic, opt_loc);
+  // optimizer's side; ZeRO 1-3 always keep a flat fp32 master shard). Offloaded (CUDA): on the
+  // host, with an fp32 staging copy of the gradient.
+  const double ps = static_cast<double>(p) / z.optimizer;
+  add("adam moments", 8.0 * ps, "P x 2 x 4 B" + per(z.optimizer), Lifetime::kStatic, opt_loc);
+  if (bf16 || opt_loc == Location::kHost || z.stage >= 1) {
+    add("fp32 master weights", 4.0 * ps, "P x 4 B" + per(z.optimizer), Lifetime::kStatic,
+        opt_loc);
   }
   if (opt_loc == Location::kHost) {
-    add("host gradient staging", 4.0 * ps, "P x 4 B (pinned, fp32)" + per_shard,
+    add("host gradient staging", 4.0 * ps, "P x 4 B (pinned, fp32)" + per(z.optimizer),
         Lifetime::kStatic, Location::kHost);
   }
 

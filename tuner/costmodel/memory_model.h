@@ -51,7 +51,7 @@ struct MemoryCoefficients {
   double activation_scale = 1.0;
   // What-if knobs for comparing with other stacks (not this trainer's behaviour): bytes per
   // gradient element (this stack: 4, fp32 flat buffers) and the ranks weights, gradients and
-  // optimizer states are sharded over (this stack: 1; DeepSpeed ZeRO-3: the world).
+  // optimizer states are sharded over at least (1 = as zero.stage says; see the ZeRO terms).
   int64_t gradient_bytes = 4;
   int64_t state_shards = 1;
 };
@@ -71,6 +71,21 @@ struct MemoryPrediction {
 
 // Parameters of the model (embeddings, every layer, final norm, LM head unless tied).
 int64_t parameter_count(const config::ModelOptions& m);
+// Parameters of one decoder layer (attention, MLP, two RMSNorm weights).
+int64_t layer_parameter_count(const config::ModelOptions& m);
+
+// ZeRO (zero.stage, over the world = dp x sp ranks; a world of 1 is stage 0) as the model counts
+// it, per rank:
+//   stage 1  AdamW moments and fp32 master weights / world (ZeroOptimizer always keeps an fp32
+//            master shard, even for fp32 parameters); gradients and weights whole.
+//   stage 2  as stage 1 and, when kZero2ShardsGradientBuffer, the fp32 gradient buffer / world.
+//   stage 3  also the gradients and the weights / world, plus the all-gathered working set of
+//            the module being computed and the one prefetched: max(2 layers, V x h) weights
+//            (DeepSpeed's stage 3; this trainer's stage 3 is not built yet).
+// Our stage 2 (train/zero_optimizer.h) reduce-scatters, but backward still accumulates into the
+// full-size fp32 gradient buffer, which then receives the weight all-gather: it holds 4P bytes
+// like stage 1. Set this to true once the trainer keeps only its own gradient shard.
+inline constexpr bool kZero2ShardsGradientBuffer = false;
 
 // Lower bound of one rank's peak memory for a validated run config with world = dp * sp ranks,
 // above the process's start-up baseline. On CPU (train.device cpu) host memory is the device:

@@ -2,6 +2,7 @@
 // 2 x (h qd + 2 h kvd0 + qd h + 3 h ffn) FLOPs (kvd0 = hkv hd, before replication); causal
 // attention 2 x 2 x sl x qd / 2 per token of this rank; the LM head 2 x h x V. Backward costs
 // twice the forward; checkpointing recomputes every layer's forward once more, tiled MLP its MLP.
+// Communication per ZeRO stage: see StepWork.
 #include "tuner/costmodel/time_model.h"
 
 #include <algorithm>
@@ -52,9 +53,13 @@ StepWork step_work(const config::RunConfig& c) {
     const double per_layer = tokens * (qd + 2 * kvd + qd) * d * (sp - 1) / sp;
     w.a2a_bytes = layers * per_layer * (2 + (checkpointing ? 1 : 0));
   }
-  if (world > 1) {
-    w.allreduce_bytes = 2 * (world - 1) / world * 4.0 * static_cast<double>(parameter_count(m));
-  }
+  const double params = static_cast<double>(parameter_count(m));
+  const int64_t zero_stage = world > 1 ? c.zero.stage : 0;  // a world of 1 is stage 0
+  const double ring = (world - 1) / world;
+  if (zero_stage <= 1 && world > 1) w.allreduce_bytes = 2 * ring * 4.0 * params;
+  if (zero_stage >= 2) w.zero_reduce_bytes = ring * 4.0 * params;
+  if (zero_stage == 1 || zero_stage == 2) w.zero_gather_bytes = ring * 4.0 * params;
+  if (zero_stage >= 3) w.zero_gather_bytes = ring * d * params * (2 + (checkpointing ? 1 : 0));
   if (c.memory.offload_activations && c.train.device != "cpu") {
     w.offload_bytes += 2 * layers * tokens * h * d;
   }
@@ -71,8 +76,12 @@ TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k) {
   p.a2a_ms = w.a2a_bytes / 1e9 * k.ms_per_gb_a2a;
   p.allreduce_ms = w.allreduce_bytes / 1e9 * k.ms_per_gb_allreduce;
   p.offload_ms = w.offload_bytes / 1e9 * k.ms_per_gb_offload;
+  p.zero_reduce_ms = w.zero_reduce_bytes / 1e9 * k.ms_per_gb_allreduce;
+  p.zero_gather_ms = w.zero_gather_bytes / 1e9 * k.ms_per_gb_allreduce;
   p.overhead_ms = k.overhead_ms;
-  p.step_ms = p.compute_ms + (1 - k.overlap) * (p.a2a_ms + p.allreduce_ms + p.offload_ms) +
+  p.step_ms = p.compute_ms +
+              (1 - k.overlap) * (p.a2a_ms + p.allreduce_ms + p.zero_reduce_ms + p.zero_gather_ms +
+                                 p.offload_ms) +
               p.overhead_ms;
   return p;
 }

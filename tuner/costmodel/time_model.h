@@ -14,7 +14,14 @@ struct StepWork {
   double matmul_flops = 0;     // forward + backward (+ recompute) GEMMs, incl. the LM head
   double attention_flops = 0;  // core attention (causal: half of QK^T and PV), fwd + bwd (+ rec)
   double a2a_bytes = 0;        // bytes this rank sends in Ulysses all-to-alls (0 at sp 1)
-  double allreduce_bytes = 0;  // ring all-reduce bytes of the fp32 gradients (0 at world 1)
+  double allreduce_bytes = 0;  // ring all-reduce bytes of the fp32 gradients (zero.stage 0, 1;
+                               // 0 at world 1): 2 (w - 1) / w x 4 P
+  // ZeRO (world w > 1): zero_reduce = reduce-scatter of the fp32 gradients at stage >= 2, half an
+  // all-reduce: (w - 1) / w x 4 P. zero_gather = all-gather of the updated fp32 shards after the
+  // step at stages 1-2, (w - 1) / w x 4 P (train/zero_optimizer.h); at stage 3 the weights in
+  // the model dtype, gathered for forward, backward and each recompute: (w - 1) / w x d P each.
+  double zero_reduce_bytes = 0;
+  double zero_gather_bytes = 0;
   double offload_bytes = 0;    // checkpoints out + back, optimizer-offload gradients and weights
   double model_flops = 0;      // 6 x N x tokens + attention, no recompute (for MFU)
   double tokens = 0;           // tokens this rank processes per step
@@ -24,6 +31,8 @@ StepWork step_work(const config::RunConfig& c);
 
 // Throughputs of one rank and the constant cost per step; the fit's free coefficients are
 // ms_per_tflop, ms_per_tflop_attention, ms_per_gb_a2a (= ms_per_gb_allreduce) and overhead_ms.
+// The world group's collectives (all-reduce, ZeRO reduce-scatter and all-gather) all run at
+// ms_per_gb_allreduce.
 struct TimeCoefficients {
   double ms_per_tflop = 1.0;            // 1000 / achieved GEMM TFLOP/s
   double ms_per_tflop_attention = -1.0;  // 1000 / achieved attention TFLOP/s; < 0 = as GEMMs
@@ -36,7 +45,9 @@ struct TimeCoefficients {
 
 struct TimePrediction {
   double compute_ms = 0, a2a_ms = 0, allreduce_ms = 0, offload_ms = 0, overhead_ms = 0;
-  double step_ms = 0;  // compute + (1 - overlap) x (a2a + allreduce + offload) + overhead
+  double zero_reduce_ms = 0, zero_gather_ms = 0;
+  // compute + (1 - overlap) x (a2a + allreduce + zero_reduce + zero_gather + offload) + overhead
+  double step_ms = 0;
 };
 
 TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k);

@@ -111,7 +111,7 @@ int run_fit(const PlanOptions& o) {
       const costmodel::StepWork w = costmodel::step_work(mem[i].config);
       row["work"] = {{"matmul_tflop", w.matmul_flops / 1e12},
                      {"attention_tflop", w.attention_flops / 1e12},
-                     {"comm_gb", (w.a2a_bytes + w.allreduce_bytes) / 1e9}};
+                     {"comm_gb", costmodel::comm_bytes(w) / 1e9}};
     } else {
       cells.insert(cells.end(), {"-", "-", "-"});
     }
