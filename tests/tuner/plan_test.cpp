@@ -69,6 +69,29 @@ TEST(Plan, EightH100EveryMeshGolden) {
   expect_within(rows[3].step_ms, 1538384.7, 1e-3);
 }
 
+// ZeRO-3 over one 8x H100 node with ALST's features (reports/plan-vs-alst/): bf16 weights and
+// fp32 gradients / 8 plus the gathered working set (the [V, h] embedding, larger than two
+// layers) instead of whole copies; the optimizer states were on the host already.
+TEST(Plan, EightH100AlstWithZero3Golden) {
+  const std::vector<PlanRow> rows = make_plan(llama8b(8, {parse_features("alst,zero3")}));
+  ASSERT_EQ(rows.size(), 4u);
+  const PlanRow& sp8 = rows[3];
+  EXPECT_EQ(sp8.sp, 8);
+  EXPECT_NEAR(sp8.max_seqlen, 5128192, 8 * 1024);
+  EXPECT_EQ(sp8.max_limit, "device memory");
+  expect_within(sp8.host_bytes_per_node, 1472808943616.0, 1e-3);
+  expect_within(sp8.step_ms, 7816479.3, 1e-3);
+  // The same request with --zero 3 instead of the feature, and zero3 parsed into the set.
+  PlanRequest r = llama8b(8, {parse_features("alst")});
+  r.zero_stage = 3;
+  EXPECT_EQ(make_plan(r).at(3).max_seqlen, sp8.max_seqlen);
+  EXPECT_EQ(parse_features("tiled-mlp,zero2").zero_stage, 2);
+  EXPECT_EQ(parse_features("alst").zero_stage, -1);
+  r.zero_stage = 4;
+  EXPECT_THROW(make_plan(r), UserError);
+  EXPECT_THROW(parse_features("zero4"), UserError);
+}
+
 TEST(Plan, WithoutOptimizerOffloadNothingFitsOnOneH100) {
   const std::vector<PlanRow> rows = make_plan(llama8b(1, default_feature_sets()));
   ASSERT_EQ(rows.size(), 5u);

@@ -209,6 +209,10 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
                   "(default: base, tiled, tiled+ckpt, tiled+ckpt-offload, alst)");
   cmd->add_option("--micro-batch", o->micro_batch, "sequences per rank and micro-step")
       ->capture_default_str();
+  cmd->add_option("--zero", o->zero,
+                  "ZeRO stage 0-3 over the world (dp x sp) for every row whose --features name "
+                  "none; stage 3 as DeepSpeed's (the trainer's is not built yet)")
+      ->capture_default_str();
   cmd->add_option("--precision", o->precision, "bf16 | fp32 (default bf16 on cuda, fp32 on cpu)");
   cmd->add_option("--calibration", o->calibration, "coefficients written by plan --fit --out");
   cmd->add_flag("--json", o->json, "print JSON instead of a table");
@@ -240,6 +244,7 @@ int run_plan(const PlanOptions& o) {
   r.world = o.world > 0 ? o.world : r.hardware.world_size();
   r.seqlen = o.seqlen;
   r.micro_batch = o.micro_batch;
+  r.zero_stage = o.zero;
   r.precision = o.precision;
   for (const std::string& f : o.features) r.features.push_back(parse_features(f));
   if (r.features.empty()) r.features = default_feature_sets();
@@ -253,6 +258,7 @@ int run_plan(const PlanOptions& o) {
 
   if (o.json) {
     json out = {{"model", o.model}, {"hardware", r.hardware.name}, {"world", r.world},
+                {"zero_stage", r.zero_stage},
                 {"usable_device_bytes", usable_device_bytes(r.hardware)}, {"rows", json::array()}};
     for (const PlanRow& row : rows) {
       out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"features", row.features},
@@ -289,7 +295,9 @@ int run_plan(const PlanOptions& o) {
   std::cout << "plan: " << o.model << " on " << r.hardware.name << ", world " << r.world << " ("
             << r.hardware.nodes << " x " << r.hardware.devices_per_node << "), "
             << fmt("%.1f GiB usable per device", usable_device_bytes(r.hardware) / kGiB)
-            << ", micro-batch " << r.micro_batch << "\n"
+            << ", micro-batch " << r.micro_batch
+            << (r.zero_stage > 0 ? ", ZeRO stage " + std::to_string(r.zero_stage) : std::string())
+            << "\n"
             << report::render_terminal(table);
   if (o.components) print_components(r, rows);
   std::cout << "cost model: tuner/costmodel/ (formulas in memory_model.cpp, time_model.cpp); "

@@ -19,6 +19,7 @@ struct PlanOptions {
   bool max_seqlen = false;
   std::vector<std::string> features;   // each one feature set; empty = the default sets
   int64_t micro_batch = 1;
+  int64_t zero = 0;                    // zero.stage of every row whose features name none
   std::string precision;               // "" = bf16 on cuda, fp32 on cpu
   std::string calibration;             // JSON written by --fit (memory + time coefficients)
   bool json = false;

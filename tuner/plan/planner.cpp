@@ -71,11 +71,13 @@ FeatureSet parse_features(const std::string& text) {
     } else if (item == "offload-optimizer") {
       f.offload_optimizer = true;
     } else if (item == "alst") {
-      f = {text, true, true, true, true, true};
+      f = {text, true, true, true, true, true, f.zero_stage};
+    } else if (item.size() == 5 && item.starts_with("zero") && item[4] >= '0' && item[4] <= '3') {
+      f.zero_stage = item[4] - '0';
     } else if (item != "none" && item != "ulysses" && item != "bf16" && !item.empty()) {
       throw UserError("--features: unknown feature '" + item +
                       "' (tiled-mlp, tiled-loss, checkpoint, offload-checkpoints, "
-                      "offload-optimizer, alst, none)");
+                      "offload-optimizer, zero0-zero3, alst, none)");
     }
   }
   return f;
@@ -129,12 +131,16 @@ config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet&
   c.memory.offload_optimizer = f.offload_optimizer;
   c.attention.backend = "auto";
   config::validate(c, static_cast<int>(r.world));
+  c.zero.stage = f.zero_stage >= 0 ? f.zero_stage : r.zero_stage;
   return c;
 }
 
 std::vector<PlanRow> make_plan(const PlanRequest& r) {
   if (r.world < 1) throw UserError("--world: must be >= 1");
   if (r.micro_batch < 1) throw UserError("--micro-batch: must be >= 1");
+  if (r.zero_stage < 0 || r.zero_stage > 3) {
+    throw UserError("--zero: must be 0, 1, 2 or 3, got " + std::to_string(r.zero_stage));
+  }
   std::vector<PlanRow> rows;
   for (int64_t sp = 1; sp <= r.world; ++sp) {
     if (r.world % sp != 0) continue;

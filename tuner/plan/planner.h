@@ -19,14 +19,16 @@ struct FeatureSet {
   std::string name;  // "tiled+ckpt", or the --features text
   bool tiled_mlp = false, tiled_loss = false, checkpointing = false;
   bool offload_checkpoints = false, offload_optimizer = false;
+  int64_t zero_stage = -1;  // 0-3 ("zero3" in the text), -1 = the request's zero_stage
 };
 
 // The default sets, from none to all of ALST's: base, tiled, tiled+ckpt, tiled+ckpt-offload, alst.
 std::vector<FeatureSet> default_feature_sets();
 
-// Parses "tiled-mlp,tiled-loss,checkpoint,offload-checkpoints,offload-optimizer" (any subset,
-// "alst" = all, "none" = none, or a default set's name; "ulysses" and "bf16" are accepted and change nothing: SP is
-// always on, the precision is --precision). Throws UserError("--features: unknown feature 'x'").
+// Parses "tiled-mlp,tiled-loss,checkpoint,offload-checkpoints,offload-optimizer,zero<N>" (any
+// subset, "alst" = the five memory features, "none" = none, or a default set's name; zero0-zero3
+// pick the ZeRO stage; "ulysses" and "bf16" are accepted and change nothing: SP is always on, the
+// precision is --precision). Throws UserError("--features: unknown feature 'x'").
 FeatureSet parse_features(const std::string& text);
 
 struct PlanRequest {
@@ -37,6 +39,7 @@ struct PlanRequest {
   int64_t micro_batch = 1;
   std::string precision;           // "" = bf16 on cuda, fp32 on cpu
   std::vector<FeatureSet> features;
+  int64_t zero_stage = 0;          // zero.stage of sets that name none (0-3)
   costmodel::MemoryCoefficients memory;
   costmodel::TimeCoefficients time;  // used when time_calibrated, else time_coefficients()
   bool time_calibrated = false;      // per mesh
@@ -75,7 +78,9 @@ int64_t usable_device_bytes(const calibrate::HardwareProfile& hw);
 // order (sp ascending). Throws UserError for world < 1 or micro_batch < 1.
 std::vector<PlanRow> make_plan(const PlanRequest& r);
 
-// The run config a row describes (validated against the world), for tests and --json.
+// The run config a row describes (validated against the world), for tests and --json. Its
+// zero.stage is set after validation: stage 3 is predicted as DeepSpeed's (the trainer refuses it
+// at world > 1 until it is built).
 config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet& f,
                              int64_t seqlen);
 
