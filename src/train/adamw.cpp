@@ -138,8 +138,10 @@ void AdamW::check_grad(const Slot& slot, const at::Tensor& grad) const {
               slot.param.sizes(), " ", param_dtype, " ", slot.param.device());
 }
 
-void AdamW::step(double lr, const std::vector<at::Tensor>& grads) {
+void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_scale) {
   TORCH_CHECK(lr >= 0.0, "AdamW::step: lr must be >= 0, got ", lr);
+  TORCH_CHECK(std::isfinite(grad_scale) && grad_scale > 0.0,
+              "AdamW::step: grad_scale must be finite and > 0, got ", grad_scale);
   TORCH_CHECK(grads.size() == slots_.size(), "AdamW::step: ", grads.size(),
               " gradients for ", slots_.size(), " parameters");
   for (size_t i = 0; i < slots_.size(); ++i) {  // all checks before any update
@@ -162,11 +164,11 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads) {
       on_host.push_back(&slot);
       host_sources.push_back(grad);
     } else {
-      update_slot(slot, grad, lr);
+      update_slot(slot, grad, lr, grad_scale);
     }
   }
   if (!on_host.empty()) {
-    update_on_host(on_host, host_sources, lr);
+    update_on_host(on_host, host_sources, lr, grad_scale);
   }
   ++step_count_;
 }
@@ -204,19 +206,22 @@ void AdamW::start_host_copy(Slot& slot, const at::Tensor& grad) {
   slot.staged = grad;  // keeps the source alive until step() has waited for the copy
 }
 
-void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr) {
+void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr, double grad_scale) {
   slot.step += 1;
+  const at::ScalarType update_dtype =
+      slot.master.defined() ? slot.master.scalar_type() : slot.param.scalar_type();
+  at::Tensor g = grad.to(update_dtype);  // [param shape], grad itself when already that dtype
+  if (grad_scale != 1.0) g = g.mul(grad_scale);  // a temporary: grad is never written
   if (!slot.master.defined()) {
-    adamw_aten_update(slot.param, grad, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
+    adamw_aten_update(slot.param, g, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
     return;
   }
-  adamw_aten_update(slot.master, grad.to(slot.master.scalar_type()), slot.exp_avg,
-                    slot.exp_avg_sq, lr, slot.step, options_);
+  adamw_aten_update(slot.master, g, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
   slot.param.copy_(slot.master);
 }
 
 void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
-                           double lr) {
+                           double lr, double grad_scale) {
   for (const c10::Stream& stream : copy_streams_) {
     stream.synchronize();  // every staged gradient is on the host
   }
@@ -237,7 +242,7 @@ void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at
     buffer.step = slot.step;
     buffers.push_back(std::move(buffer));
   }
-  fused_adamw_cpu(buffers, lr, options_);
+  fused_adamw_cpu(buffers, lr, options_, grad_scale);
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& slot = *slots[i];
     slot.staged = at::Tensor();

@@ -36,8 +36,9 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 //   - host gradients: read where they are, no copy (bf16/fp16 converted inline);
 //   - CUDA gradients: non_blocking copies, in the gradient's dtype, into pinned staging buffers on
 //     a side stream (after the work queued on the current stream), started by prefetch_gradient()
-//     as each gradient becomes final or else by step() per parameter; step() waits for the side
-//     stream once, then updates.
+//     as each gradient becomes final (the trainer calls it as each all-reduce bucket completes,
+//     so the copies overlap the remaining reductions and the norm) or else by step() per
+//     parameter; step() waits for the side stream once, then updates.
 // Afterwards the master goes back into the parameter: host parameters are written by the same
 // pass (an fp32/fp64 contiguous host parameter is its own master: no copy at all); CUDA
 // parameters get a non_blocking copy from the pinned master on the current stream.
@@ -70,10 +71,15 @@ class AdamW {
   // grads[i] may be in the parameter's dtype or, for a bf16/fp16 parameter, in fp32 (e.g. an fp32
   // gradient accumulation buffer): the fp32 values then reach the fp32 master unrounded. Gradients
   // are read, never modified, and may be released by the caller after step() returns.
-  // REQUIRES: lr >= 0; grads.size() == parameters().size(); each defined grads[i] is dense, on
-  // the parameter's device, with its shape ([param shape]) and its dtype or fp32 as above
-  // (violations trip a TORCH_CHECK naming the parameter).
-  void step(double lr, const std::vector<at::Tensor>& grads);
+  // grad_scale multiplies every gradient (after its conversion to the master dtype) before the
+  // update, without writing it: with clip_coefficient (grad_clip.h) it is clipping folded into the
+  // update, the same result bit for bit as clip_gradients then step for gradients in the master
+  // dtype (e.g. fp32 accumulation buffers). kHost folds it into the fused pass; kDevice scales a
+  // temporary per parameter when grad_scale != 1.
+  // REQUIRES: lr >= 0; grad_scale finite and > 0; grads.size() == parameters().size(); each
+  // defined grads[i] is dense, on the parameter's device, with its shape ([param shape]) and its
+  // dtype or fp32 as above (violations trip a TORCH_CHECK naming the parameter).
+  void step(double lr, const std::vector<at::Tensor>& grads, double grad_scale = 1.0);
 
   // kHost only (no-op otherwise, and for host gradients): starts copying parameters()[index]'s
   // gradient `grad` to host memory now, so that the copy overlaps the rest of backward. Call it
@@ -135,13 +141,13 @@ class AdamW {
   };
 
   void check_grad(const Slot& slot, const at::Tensor& grad) const;
-  void update_slot(Slot& slot, const at::Tensor& grad, double lr);
+  void update_slot(Slot& slot, const at::Tensor& grad, double lr, double grad_scale);
   // kHost: starts the non_blocking copy of a CUDA gradient into slot.host_grad (side stream).
   void start_host_copy(Slot& slot, const at::Tensor& grad);
   // kHost: waits for the staged copies, one fused pass over every slot's host buffers, then
   // copies the masters back. grads[i]: slots[i]'s gradient (CPU) or its staged source (CUDA).
   void update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
-                      double lr);
+                      double lr, double grad_scale);
 
   std::vector<Slot> slots_;
   config::OptimOptions options_;

@@ -30,10 +30,11 @@ struct Coeffs {
   T sqrt_bias_correction2;
   T eps;
   T neg_step_size;  // -lr / (1 - beta1^t)
+  T grad_scale;     // the clipping coefficient (1: x * 1 == x exactly)
 };
 
 template <typename T>
-Coeffs<T> coeffs_for(double lr, int64_t step, const config::OptimOptions& o) {
+Coeffs<T> coeffs_for(double lr, int64_t step, const config::OptimOptions& o, double grad_scale) {
   const double beta1 = o.betas[0];
   const double beta2 = o.betas[1];
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
@@ -45,7 +46,8 @@ Coeffs<T> coeffs_for(double lr, int64_t step, const config::OptimOptions& o) {
                    static_cast<T>(1.0 - beta2),
                    static_cast<T>(std::sqrt(bias_correction2)),
                    static_cast<T>(o.eps),
-                   static_cast<T>(-(lr / bias_correction1))};
+                   static_cast<T>(-(lr / bias_correction1)),
+                   static_cast<T>(grad_scale)};
 }
 
 struct NoOutput {};  // P of a buffer without param_out
@@ -82,7 +84,7 @@ template <typename T, typename G, typename P>
   scratch.resize(static_cast<size_t>(kChunk));
   T* __restrict root = scratch.data();
   for (int64_t i = 0; i < n; ++i) {
-    const T grad = to_master<T>(g[i]);
+    const T grad = to_master<T>(g[i]) * c.grad_scale;
     m[i] = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
     v[i] = std::fma(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
     root[i] = v[i];
@@ -228,8 +230,10 @@ LoopFn loop_for(const FusedAdamWBuffer& b) {
 }  // namespace
 
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
-                     const config::OptimOptions& options) {
+                     const config::OptimOptions& options, double grad_scale) {
   TORCH_CHECK(lr >= 0.0, "fused_adamw_cpu: lr must be >= 0, got ", lr);
+  TORCH_CHECK(std::isfinite(grad_scale) && grad_scale > 0.0,
+              "fused_adamw_cpu: grad_scale must be finite and > 0, got ", grad_scale);
   struct Prepared {
     LoopFn loop;
     Coeffs<float> coeffs32;
@@ -244,8 +248,8 @@ void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < buffers.size(); ++i) {
     const FusedAdamWBuffer& b = buffers[i];
-    prepared.push_back({loop_for(b), coeffs_for<float>(lr, b.step, options),
-                        coeffs_for<double>(lr, b.step, options)});
+    prepared.push_back({loop_for(b), coeffs_for<float>(lr, b.step, options, grad_scale),
+                        coeffs_for<double>(lr, b.step, options, grad_scale)});
     const int64_t numel = b.master.numel();
     for (int64_t offset = 0; offset < numel; offset += kChunk) {
       chunks.push_back({i, offset, std::min(kChunk, numel - offset)});

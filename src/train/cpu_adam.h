@@ -26,6 +26,10 @@ struct FusedAdamWBuffer {
 // Applies one AdamW update (the op order and rounding of adamw.h, see adamw_aten_update) to every
 // buffer: per element, in the master dtype, with every scalar rounded to it as ATen rounds them,
 // so that the result equals the ATen ops' bit for bit (tested):
+//   g  = grad (converted to the master dtype) * grad_scale
+//                                                     (grad.mul_(grad_scale) on a master-dtype
+//                                                      gradient: clip_gradients' scaling, folded
+//                                                      in so nobody writes the gradients)
 //   m  = fma(g, 1 - b1, m * b1)                       (Tensor.add_(g, alpha) is an fma)
 //   v  = fma((1 - b2) * g, g, v * b2)                 (addcmul_'s kernel, as compiled in
 //                                                      LibTorch 2.x, contracts to an fma)
@@ -34,9 +38,10 @@ struct FusedAdamWBuffer {
 // always correctly rounded, and matching it keeps kHost equal to kDevice).
 // The buffers are cut into 64K-element chunks, spread over at::parallel_for's threads. The inner loop is
 // compiled for AVX-512, AVX2+FMA and the baseline ISA and picked at run time (same results).
-// REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0.
+// REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0; grad_scale finite
+// and > 0.
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
-                     const config::OptimOptions& options);
+                     const config::OptimOptions& options, double grad_scale = 1.0);
 
 // The instruction set the inner loop runs with on this machine: "avx512", "avx2" or "baseline".
 const char* fused_adamw_isa();

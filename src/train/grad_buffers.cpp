@@ -103,15 +103,36 @@ void GradientBuffers::zero() {
   }
 }
 
-void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes) {
+void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes,
+                                 const GradientReady& on_ready) {
   TORCH_CHECK(bucket_bytes >= 1, "GradientBuffers::all_reduce: bucket_bytes must be >= 1");
-  if (group.size() == 1) return;
+  // Per flat, its parameters in flat order (their views follow each other in parameter order).
+  std::vector<std::vector<size_t>> members(flats_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (flat_index_[i] >= 0) members[flat_index_[i]].push_back(i);
+  }
+  if (group.size() == 1) {
+    if (on_ready) {
+      for (const auto& flat_members : members) {
+        for (size_t i : flat_members) on_ready(i);
+      }
+    }
+    return;
+  }
   profile::ScopedPhase phase("grad_sync");
-  for (auto& flat : flats_) {
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    at::Tensor& flat = flats_[f];
     const int64_t bucket_numel = std::max<int64_t>(bucket_bytes / flat.element_size(), 1);
+    size_t next = 0;  // members[f][next] is the first parameter not yet reported ready
     for (int64_t start = 0; start < flat.numel(); start += bucket_numel) {
-      at::Tensor bucket = flat.narrow(0, start, std::min(bucket_numel, flat.numel() - start));
+      const int64_t end = std::min(start + bucket_numel, flat.numel());
+      at::Tensor bucket = flat.narrow(0, start, end - start);
       group.all_reduce(bucket, comm::ReduceOp::kSum);  // contiguous slice, reduced in place
+      for (; on_ready && next < members[f].size(); ++next) {
+        const size_t i = members[f][next];
+        if (flat_offset_[i] + params_[i].numel() > end) break;
+        on_ready(i);
+      }
     }
   }
 }

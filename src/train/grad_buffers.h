@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/group.h"
@@ -55,10 +56,17 @@ class GradientBuffers {
   // The accumulated gradients, aligned with the constructor's params: [param shape], fp32 (fp64).
   const std::vector<at::Tensor>& grads() const { return grads_; }
 
+  // Called with a parameter's index once its gradient is final (every element of its view summed).
+  using GradientReady = std::function<void(size_t param_index)>;
+
   // Sums every buffer over `group` in place, `bucket_bytes` at a time (contiguous slices of the
   // flat buffer: no extra copy of the gradients). Every member must call it with the same
-  // parameters in the same order. REQUIRES: bucket_bytes >= 1.
-  void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes);
+  // parameters in the same order. When `on_ready` is set, it is called once for every parameter
+  // with a buffer, as soon as the bucket holding the last element of its view has been reduced
+  // (in flat order; for a group of one, for every parameter at once), e.g. to start copying that
+  // gradient to the host while later buckets are reduced. REQUIRES: bucket_bytes >= 1.
+  void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes,
+                  const GradientReady& on_ready = {});
 
   // Writes each accumulated gradient into its parameter's .grad() in the parameter's dtype (a
   // no-op for fp32/fp64 parameters, whose .grad() is the buffer), for callers that read .grad().

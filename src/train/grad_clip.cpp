@@ -13,30 +13,32 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   return clip_gradients(grads, max_norm);
 }
 
-double clip_gradients(const std::vector<at::Tensor>& gradients, double max_norm) {
+double gradient_norm(const std::vector<at::Tensor>& gradients) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
   std::vector<at::Tensor> norms;  // each [] fp64, the L2 norm of one grad
   for (const at::Tensor& grad : gradients) {
-    if (!grad.defined()) {
-      continue;
-    }
+    if (!grad.defined()) continue;
     TORCH_CHECK(grad.layout() == at::kStrided, "clip_grad_norm: sparse gradients unsupported");
     const at::ScalarType accumulate = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     norms.push_back(at::norm(grad, 2, accumulate).to(at::kDouble));
-    grads.push_back(grad);
   }
-  if (grads.empty()) {
-    return 0.0;
-  }
-  const double total_norm = at::stack(norms).norm(2).item<double>();
-  if (max_norm <= 0.0 || !std::isfinite(total_norm)) {
-    return total_norm;
-  }
-  const double coef = max_norm / (total_norm + 1e-6);
+  if (norms.empty()) return 0.0;
+  return at::stack(norms).norm(2).item<double>();
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0.0 || !std::isfinite(norm)) return 1.0;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+double clip_gradients(const std::vector<at::Tensor>& gradients, double max_norm) {
+  const double total_norm = gradient_norm(gradients);
+  const double coef = clip_coefficient(total_norm, max_norm);
   if (coef < 1.0) {
-    for (at::Tensor& grad : grads) {
-      grad.mul_(coef);
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& grad : gradients) {
+      if (grad.defined()) grad.mul_(coef);
     }
   }
   return total_norm;

@@ -25,4 +25,12 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 // parameter's .grad().
 double clip_gradients(const std::vector<at::Tensor>& grads, double max_norm);
 
+// The two halves of clip_gradients, for callers that fold the scaling into a later pass instead of
+// writing the gradients (AdamW::step's grad_scale under optimizer offload):
+// gradient_norm is clip_gradients' norm without touching a grad; clip_coefficient is the factor it
+// would scale them by: max_norm / (norm + 1e-6) when max_norm > 0, norm is finite and that is < 1,
+// else exactly 1. clip_gradients(g, m) == scaling g by clip_coefficient(gradient_norm(g), m).
+double gradient_norm(const std::vector<at::Tensor>& grads);
+double clip_coefficient(double norm, double max_norm);
+
 }  // namespace ulysses::train

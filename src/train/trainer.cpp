@@ -263,6 +263,13 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     std::vector<data::Batch> batches = load_step(loader, step, config.sequence.grad_accum, device);
     GradientOptions gradient_options{config.memory.tiled_loss, &gradients, bucket_bytes};
     gradient_options.reduce = zero == nullptr;
+    if (adamw && placement == OptimizerPlacement::kHost && device.is_cuda()) {
+      // Each gradient starts its copy to the host as soon as its bucket is reduced, overlapping
+      // the remaining all-reduces and the norm (a no-op for host gradients).
+      gradient_options.on_gradient_ready = [&](size_t i) {
+        adamw->prefetch_gradient(i, gradients.grads()[i]);
+      };
+    }
     StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
     if (zero) zero->reduce_gradients();
     const double lr = lr_at(config.optim, step, config.train.steps);
@@ -275,9 +282,18 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
       if (!skipped) zero->step(lr);
     } else {
       profile::ScopedPhase phase("optimizer");
-      grad_norm = clip_gradients(gradients.grads(), config.optim.grad_clip);
-      skipped = !std::isfinite(grad_norm);
-      if (!skipped) adamw->step(lr, gradients.grads());
+      if (placement == OptimizerPlacement::kHost) {
+        // Clipping folded into the host update: the gradients (being copied out, or read in
+        // place on the host) are never rewritten.
+        grad_norm = gradient_norm(gradients.grads());
+        skipped = !std::isfinite(grad_norm);
+        const double scale = clip_coefficient(grad_norm, config.optim.grad_clip);
+        if (!skipped) adamw->step(lr, gradients.grads(), scale);
+      } else {
+        grad_norm = clip_gradients(gradients.grads(), config.optim.grad_clip);
+        skipped = !std::isfinite(grad_norm);
+        if (!skipped) adamw->step(lr, gradients.grads());
+      }
     }
     consecutive_skips = skipped ? consecutive_skips + 1 : 0;
     if (skipped) ++state.skipped_steps;

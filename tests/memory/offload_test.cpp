@@ -434,6 +434,52 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
   ulysses::remove_tree(dir);
 }
 
+// Optimizer offload folds clipping into the host update (AdamW::step's grad_scale) instead of
+// scaling the gradients in place: with clipping active on every step, the run's weights must equal
+// the on-device optimizer's bit for bit (fp32; the same norm, the same rounding of g * coef).
+TEST(TrainingRun, OffloadedOptimizerClipsExactlyAsOnDevice) {
+  const fs::path dir = fs::temp_directory_path() / "ulysses-offload-test-clip";
+  if (!testing::in_rank_child()) {
+    ulysses::remove_tree(dir);
+    fs::create_directories(dir);
+  }
+  auto run = [&](const std::string& name, bool offload) {
+    config::RunConfig c = testing::tiny_run_config(4, 2, 1, 2);
+    c.model.init_std = 0.05;
+    c.sequence.micro_batch = 2;
+    c.train.steps = 3;
+    c.optim.lr = 1e-2;
+    c.optim.weight_decay = 0.1;
+    c.optim.grad_clip = 0.05;
+    c.profile.warmup_steps = 0;
+    c.memory.offload_optimizer = offload;
+    c.output.dir = (dir / name).string();
+    c.checkpoint.dir = (dir / name / "ckpt").string();
+    testing::run_ranks(2, [&](const testing::RankContext& ctx) {
+      auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, 2);
+      EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+    });
+  };
+  run("device", false);
+  run("host", true);
+  if (testing::in_rank_child()) return;
+  auto device = read_lines((dir / "device" / "metrics.jsonl").string());
+  auto host = read_lines((dir / "host" / "metrics.jsonl").string());
+  ASSERT_EQ(device.size(), 3u);
+  ASSERT_EQ(host.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_GT(device[s]["grad_norm"].get<double>(), 0.05) << "clipping must be active, step " << s;
+    EXPECT_EQ(host[s]["grad_norm"].get<double>(), device[s]["grad_norm"].get<double>()) << s;
+    EXPECT_EQ(host[s]["loss"].get<double>(), device[s]["loss"].get<double>()) << s;
+  }
+  auto on_host =
+      model::load_safetensors((dir / "host" / "ckpt" / "step-3" / "model.safetensors").string());
+  auto on_device =
+      model::load_safetensors((dir / "device" / "ckpt" / "step-3" / "model.safetensors").string());
+  for (const auto& [name, t] : on_device) EXPECT_TRUE(on_host.at(name).equal(t)) << name;
+  ulysses::remove_tree(dir);
+}
+
 struct Process {
   int status = -1;
   std::string stdout_text, stderr_text;

@@ -95,5 +95,46 @@ TEST(GradientBuffers, BucketedAllReduceSumsEveryElement) {
   });
 }
 
+// on_ready reports each parameter once, in flat order, only after every element of its view has
+// been summed (the callback sees the final value), so a consumer (the host-copy prefetch under
+// optimizer offload) can start on it while later buckets are still being reduced.
+TEST(GradientBuffers, EachGradientIsReportedOnceWhenItsLastBucketIsReduced) {
+  constexpr int kWorld = 2;
+  run_ranks(kWorld, [](const RankContext& ctx) {
+    comm::DeviceMesh mesh =
+        comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, kWorld, 1);
+    at::Tensor a = at::zeros({7}, at::kFloat).requires_grad_(true);
+    at::Tensor b = at::zeros({2, 5}, at::kBFloat16).requires_grad_(true);
+    at::Tensor frozen = at::zeros({4}, at::kFloat);  // no buffer: never reported
+    at::Tensor c = at::zeros({3}, at::kFloat).requires_grad_(true);
+    GradientBuffers buffers({a, b, frozen, c});
+    const double r = ctx.rank + 1;
+    contribute(a, r);
+    contribute(b, 2 * r);
+    contribute(c, 4 * r);
+    const std::vector<at::Tensor> expected = {at::full({7}, 3.0f), at::full({2, 5}, 6.0f),
+                                              at::Tensor(), at::full({3}, 12.0f)};
+    std::vector<size_t> order;
+    buffers.all_reduce(mesh.world(), /*bucket_bytes=*/12, [&](size_t i) {
+      order.push_back(i);
+      EXPECT_TRUE(at::equal(buffers.grads()[i], expected[i])) << "param " << i << " not final";
+    });
+    // One flat (fp32 accumulation for fp32 and bf16 alike), parameters in their order.
+    EXPECT_EQ(order, (std::vector<size_t>{0, 1, 3}));
+  });
+}
+
+TEST(GradientBuffers, AWorldOfOneReportsEveryGradientAtOnce) {
+  run_ranks(1, [](const RankContext& ctx) {
+    comm::DeviceMesh mesh = comm::DeviceMesh::create_for_test(ctx.rank, 1, ctx.store_path, 1, 1);
+    at::Tensor a = at::zeros({7}, at::kFloat).requires_grad_(true);
+    at::Tensor b = at::zeros({2}, at::kBFloat16).requires_grad_(true);
+    GradientBuffers buffers({a, b});
+    std::vector<size_t> order;
+    buffers.all_reduce(mesh.world(), 4, [&](size_t i) { order.push_back(i); });
+    EXPECT_EQ(order, (std::vector<size_t>{0, 1}));
+  });
+}
+
 }  // namespace
 }  // namespace ulysses::train

@@ -718,5 +718,76 @@ TEST(ClipGradNorm, AccumulatesLowPrecisionInFp32AndFp64InFp64) {
   EXPECT_EQ(clip_grad_norm({at::zeros({3})}, 1.0), 0.0);  // no grads at all
 }
 
+
+// Clipping folded into the update (optimizer offload): gradient_norm + clip_coefficient give
+// clip_gradients' norm and factor, and AdamW::step(lr, grads, coefficient) leaves the gradients
+// alone yet gives, bit for bit, what clip_gradients (in place) followed by step(lr, grads) gives,
+// on both placements and for fp32 and bf16 parameters (fp32 gradients: the accumulation buffers).
+TEST(ClipGradNorm, FoldedCoefficientEqualsClippingInPlace) {
+  const std::vector<at::Tensor> params = params_with_grads();
+  const std::vector<at::Tensor> grads = grads_of(params);
+  const double norm = gradient_norm(grads);
+  EXPECT_NEAR(norm, reference_norm(params), 1e-6 * norm);
+  EXPECT_TRUE(torch::equal(grads[0], params[0].grad())) << "gradient_norm wrote a gradient";
+  const double coef = clip_coefficient(norm, 1.0);
+  EXPECT_NEAR(coef, 1.0 / (norm + 1e-6), 1e-15);
+  EXPECT_EQ(clip_coefficient(norm, 2.0 * norm), 1.0);
+  EXPECT_EQ(clip_coefficient(norm, 0.0), 1.0);
+  EXPECT_EQ(clip_coefficient(std::numeric_limits<double>::infinity(), 1.0), 1.0);
+  EXPECT_EQ(clip_gradients(grads, 1.0), norm);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (i != 2) EXPECT_TRUE(torch::equal(grads[i], params[i].grad().mul(coef))) << i;
+  }
+}
+
+TEST(AdamW, GradScaleEqualsClippingTheGradientsFirstBitForBit) {
+  for (OptimizerPlacement placement : {OptimizerPlacement::kDevice, OptimizerPlacement::kHost}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      NamedTensors folded_params, clipped_params;
+      for (const auto& [name, p] : make_params()) {
+        folded_params.emplace_back(name, p.detach().to(dtype).set_requires_grad(true));
+        clipped_params.emplace_back(name, p.detach().to(dtype).set_requires_grad(true));
+      }
+      AdamW folded(folded_params, adamw_options(), placement);
+      AdamW clipped(clipped_params, adamw_options(), placement);
+      for (int64_t step = 1; step <= 4; ++step) {
+        const std::vector<at::Tensor> grads = grads_of_step(tensors_of(folded_params), step);
+        std::vector<at::Tensor> copies;
+        for (const at::Tensor& g : grads) copies.push_back(g.defined() ? g.clone() : g);
+        const double norm = gradient_norm(grads);
+        const double coef = clip_coefficient(norm, 0.5 * norm);  // clips by about 2
+        ASSERT_LT(coef, 0.6);
+        folded.step(lr_of_step(step), grads, coef);
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (grads[i].defined()) EXPECT_TRUE(torch::equal(grads[i], copies[i])) << "written";
+        }
+        EXPECT_EQ(clip_gradients(copies, 0.5 * norm), norm);
+        clipped.step(lr_of_step(step), copies);
+      }
+      const NamedTensors a = folded.state_tensors();
+      const NamedTensors b = clipped.state_tensors();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(torch::equal(a[i].second, b[i].second))
+            << a[i].first << " placement " << static_cast<int>(placement) << " " << dtype;
+      }
+      for (size_t i = 0; i < folded_params.size(); ++i) {
+        EXPECT_TRUE(torch::equal(folded_params[i].second, clipped_params[i].second))
+            << folded_params[i].first;
+      }
+    }
+  }
+}
+
+TEST(AdamW, GradScaleMustBeFiniteAndPositive) {
+  NamedTensors named = make_params();
+  AdamW adamw(named, adamw_options(), OptimizerPlacement::kHost);
+  const std::vector<at::Tensor> grads = grads_of_step(tensors_of(named), 1);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_THROW(adamw.step(1e-3, grads, bad), c10::Error) << bad;
+  }
+  EXPECT_EQ(adamw.step_count(), 0);
+}
+
 }  // namespace
 }  // namespace ulysses::train
