@@ -76,7 +76,7 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   Reader r(path);
   r.only(root, "",
          {"name", "description", "device", "nodes", "devices_per_node", "host_memory_gib",
-          "peak_tflops", "links", "launcher"});
+          "peak_tflops", "links", "launcher", "runner"});
   HardwareProfile p;
   p.name = std::filesystem::path(path).stem().string();
   r.read(root, "name", "name", &p.name);
@@ -85,6 +85,8 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   r.read(root, "devices_per_node", "devices_per_node", &p.devices_per_node);
   r.read(root, "host_memory_gib", "host_memory_gib", &p.host_memory_gib);
   r.read(root, "launcher", "launcher", &p.launcher);
+  p.runner = p.launcher == "srun" ? "srun" : "local";
+  r.read(root, "runner", "runner", &p.runner);
 
   const YAML::Node device = r.mapping(root, "device");
   if (device) r.only(device, "device.", {"type", "name", "memory_gib"});
@@ -108,6 +110,9 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   }
   if (p.launcher != "local" && p.launcher != "torchrun" && p.launcher != "srun") {
     r.fail("launcher", "expected local, torchrun or srun, got '" + p.launcher + "'");
+  }
+  if (p.runner != "local" && p.runner != "srun") {
+    r.fail("runner", "expected local or srun, got '" + p.runner + "'");
   }
   if (p.nodes < 1) r.fail("nodes", "must be >= 1");
   if (p.devices_per_node < 1) r.fail("devices_per_node", "must be >= 1");

@@ -13,6 +13,8 @@
 //   links:                             # GB/s per device and direction
 //     {intra_node_GBps: 450, inter_node_GBps: 50, host_to_device_GBps: 64}
 //   launcher: local                    # local | torchrun | srun
+//   runner: local                      # how sweeps run trials: local | srun (SLURM job steps);
+//                                      # default srun when launcher is srun, else local
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,6 +36,7 @@ struct HardwareProfile {
   double inter_node_gbps = 0.0;      // GB/s per device and direction (InfiniBand/RoCE; 0 = none)
   double host_to_device_gbps = 0.0;  // GB/s per device, pinned (0 on cpu)
   std::string launcher = "local";    // local | torchrun | srun
+  std::string runner = "local";      // local | srun: sweeps' trial runner (trial/runner.h)
 
   // Peak TFLOP/s per device for memory.precision `precision` ("bf16" | "fp32"); 0 = unknown.
   double peak_tflops(const std::string& precision) const;
@@ -41,8 +44,8 @@ struct HardwareProfile {
 };
 
 // Reads and checks a profile. Throws UserError("<path>: <key>: <what is wrong>") for a missing
-// or malformed file, an unknown key, a wrong type or value (negative sizes, unknown device type
-// or launcher, nodes or devices_per_node < 1).
+// or malformed file, an unknown key, a wrong type or value (negative sizes, unknown device type,
+// launcher or runner, nodes or devices_per_node < 1).
 HardwareProfile load_hardware_profile(const std::string& path);
 
 }  // namespace ulysses::calibrate

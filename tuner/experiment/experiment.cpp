@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kTopKeys = {
     "name",     "description", "hardware", "model",     "world_size", "nproc",
     "memory_limit_gib", "base", "space",   "objective", "target_length", "headroom",
-    "budget",   "trial",       "search",   "runner"};
+    "budget",   "trial",       "search",   "runner",   "nodes"};
 
 // Errors name the file and the key: "<source>: <key>: <what>".
 struct Reader {
@@ -144,6 +144,7 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
   r.read(root["hardware"], "hardware", e.hardware);
   e.hardware_path = resolve_profile(r, "hardware", e.hardware, profiles_dir, "hardware", dir);
   const calibrate::HardwareProfile hw = calibrate::load_hardware_profile(e.hardware_path);
+  e.runner = hw.runner;
 
   YAML::Node base = root["base"].IsDefined() ? YAML::Clone(root["base"]) : YAML::Node();
   if (base.IsDefined() && !base.IsNull() && !base.IsMap()) {
@@ -247,7 +248,23 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
     }
   }
   if (root["runner"].IsDefined()) r.read(root["runner"], "runner", e.runner);
-  if (e.runner != "local") r.fail("runner", "expected local, got '" + e.runner + "'");
+  if (e.runner != "local" && e.runner != "srun") {
+    r.fail("runner", "expected local or srun, got '" + e.runner + "'");
+  }
+  if (root["nodes"].IsDefined()) {
+    r.read(root["nodes"], "nodes", e.nodes);
+    if (e.nodes < 1) r.fail("nodes", "must be >= 1");
+    if (e.world_size % e.nodes != 0) {
+      r.fail("nodes", std::to_string(e.world_size) + " ranks do not spread evenly over " +
+                          std::to_string(e.nodes) + " nodes");
+    }
+    if (e.nodes > 1 && e.runner == "local") r.fail("nodes", "more than 1 needs runner: srun");
+  } else if (e.runner == "srun") {
+    // As many of the hardware's nodes as the ranks fill, spread evenly.
+    const int64_t filled = (e.world_size + hw.devices_per_node - 1) / hw.devices_per_node;
+    e.nodes = std::max<int64_t>(1, std::min(hw.nodes, filled));
+    while (e.world_size % e.nodes != 0) --e.nodes;
+  }
   return e;
 }
 

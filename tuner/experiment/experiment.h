@@ -21,6 +21,10 @@
 //   budget: {max_trials: 60, wall_clock_s: 1800, trial_timeout_s: 300}
 //   trial: {warmup_steps: 1, steps: 3}   # steps = measured steps after warmup
 //   search: {method: smart, probe: true, prune: true}   # method: smart | grid
+//   runner: local                  # or srun: each trial one SLURM job step inside the sweep's
+//                                  # allocation (trial/srun_runner.h); default: the hardware's
+//   nodes: 1                       # nodes per trial (srun); default: the hardware's nodes,
+//                                  # at most ceil(world_size / devices_per_node)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -71,7 +75,8 @@ struct Experiment {
   std::string method = "smart";  // smart | grid
   bool probe = true;   // max-length search probes with attention.skip_all_but_last first
   bool prune = true;   // skip what the memory model says cannot fit
-  std::string runner = "local";
+  std::string runner = "local";  // local | srun (trial/runner.h); default: the hardware's runner
+  int64_t nodes = 1;             // nodes per trial; world_size is a multiple; 1 for local
   std::string device = "cpu";  // base.train.device: cpu | cuda
 };
 
@@ -82,7 +87,8 @@ std::string default_profiles_dir();
 // (profiles/hardware/<name>.yaml, profiles/models/<name>.yaml) unless given as paths.
 // Throws UserError "<file>: <key>: <what is wrong>" for a missing file, invalid YAML, an unknown
 // or duplicate key, a wrong type, an empty space or empty value list, a missing profile, a bad
-// length spec (from > to, step < 1), an unknown objective or method, or a budget below zero.
+// length spec (from > to, step < 1), an unknown objective, method or runner, a budget below zero,
+// or nodes < 1, not dividing world_size, or > 1 with runner: local.
 Experiment load_experiment(const std::string& path, const std::string& profiles_dir);
 
 // load_experiment on text; `source` names it in errors.

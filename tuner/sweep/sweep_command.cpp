@@ -4,18 +4,24 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/paths.h"
 #include "tuner/experiment/experiment.h"
 #include "tuner/experiment/trial_space.h"
+#include "tuner/launch/launch_plan.h"
+#include "tuner/launch/sbatch.h"
 #include "tuner/search/engine.h"
 #include "tuner/store/store.h"
 #include "tuner/store/sweep_store.h"
 #include "tuner/sweep/environment.h"
 #include "tuner/sweep/sweep_host.h"
+#include "tuner/trial/runner.h"
 
 namespace ulysses::sweep {
 namespace {
@@ -55,6 +61,67 @@ void dry_run(const experiment::Experiment& e, const search::Space& space) {
               static_cast<long long>(valid * static_cast<int64_t>(space.lengths.size())));
 }
 
+// Where trial run directories go: --runs-dir, or <db dir>/runs/<sweep name>.
+std::string runs_dir_of(const SweepOptions& options, const std::string& name) {
+  return !options.runs_dir.empty()
+             ? options.runs_dir
+             : (fs::absolute(options.db_path).parent_path() / "runs" / name).string();
+}
+
+// --submit: this sweep as one sbatch job of the experiment's size (see sweep_command.h).
+int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
+                 const std::string& name, const std::string& trainer, bool resume) {
+  if (e.runner != "srun") {
+    throw UserError("--submit: needs runner: srun (the experiment's runner is " + e.runner +
+                    "; add `runner: srun` to it or pass --runner srun)");
+  }
+  const std::string runs_dir = fs::absolute(runs_dir_of(options, name)).string();
+  std::error_code ec;
+  fs::create_directories(runs_dir, ec);
+  if (ec) throw UserError("--runs-dir: cannot create " + runs_dir + ": " + ec.message());
+  const std::string db = fs::absolute(options.db_path).string();
+  std::vector<std::string> words{sibling_binary("ulysses-tune"), "sweep",
+                                 fs::absolute(options.experiment_path).string(),
+                                 "--db", db, "--name", name, "--runs-dir", runs_dir,
+                                 "--runner", "srun", "--trainer", fs::absolute(trainer).string(),
+                                 "--search", e.method};
+  if (options.max_trials >= 0) words.insert(words.end(), {"--max-trials", std::to_string(options.max_trials)});
+  if (options.wall_clock_s >= 0) {
+    words.insert(words.end(), {"--wall-clock-s", std::to_string(options.wall_clock_s)});
+  }
+  if (resume) words.push_back("--resume");
+  std::string command = "exec";
+  for (const std::string& word : words) command += " " + launch::shell_quote(word);
+
+  launch::SbatchJob job;
+  job.job_name = "ulysses-sweep-" + name;
+  job.nodes = static_cast<int>(e.nodes);
+  job.ntasks_per_node = static_cast<int>(e.world_size / e.nodes);
+  if (e.budget.wall_clock_s > 0) {  // the budget, one more trial and a margin
+    job.time_limit_min = static_cast<int>(
+        std::ceil((e.budget.wall_clock_s + e.budget.trial_timeout_s) / 60.0)) + 5;
+  }
+  job.output = runs_dir + "/sweep-%j.log";
+  job.comments = {"Written by `ulysses-tune sweep --submit`: sweep '" + name + "' of " +
+                      e.path + " inside one allocation;",
+                  "each trial is one srun job step. scancel the job to stop it; resubmit with "
+                  "--resume (or run the exec line with --resume inside salloc) to continue."};
+  job.body = {"cd " + launch::shell_quote(fs::current_path().string()), command};
+  const std::string script = runs_dir + "/sweep.sbatch";
+  {
+    std::ofstream out(script, std::ios::trunc);
+    out << launch::sbatch_script(job);
+    if (!out.flush()) throw UserError("--submit: cannot write " + script);
+  }
+  const std::string job_id = launch::submit_sbatch(script);
+  std::printf("submitted job %s: sweep %s (%lld nodes x %lld ranks per node%s)\n",
+              job_id.c_str(), name.c_str(), static_cast<long long>(job.nodes),
+              static_cast<long long>(job.ntasks_per_node), resume ? ", resumed" : "");
+  std::printf("database: %s\nlog: %s/sweep-%s.log\nscript: %s\n", db.c_str(), runs_dir.c_str(),
+              job_id.c_str(), script.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
@@ -80,6 +147,13 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
   cmd->add_flag("--resume", options->resume,
                 "Continue the sweep of this name: finished trials are kept, `running` ones re-run");
   cmd->add_flag("--dry-run", options->dry_run, "Print the space and validity; run and write nothing");
+  cmd->add_option("--runner", options->runner,
+                  "local (ranks as local processes) or srun (each trial one SLURM job step; "
+                  "inside salloc / sbatch); default: the experiment's")
+      ->check(CLI::IsMember({"local", "srun"}));
+  cmd->add_flag("--submit", options->submit,
+                "Submit this sweep as one sbatch job of the experiment's size (runner srun) and "
+                "print its job id; with --resume the job continues the sweep");
   return cmd;
 }
 
@@ -89,6 +163,10 @@ int run_sweep(const SweepOptions& options) {
   if (!options.method.empty()) e.method = options.method;
   if (options.max_trials >= 0) e.budget.max_trials = options.max_trials;
   if (options.wall_clock_s >= 0) e.budget.wall_clock_s = options.wall_clock_s;
+  if (!options.runner.empty()) e.runner = options.runner;
+  if (e.runner == "local" && e.nodes > 1) {
+    throw UserError("--runner: local cannot run trials of " + std::to_string(e.nodes) + " nodes");
+  }
   const search::Space space = experiment::build_space(e);
   if (options.dry_run) {
     dry_run(e, space);
@@ -100,6 +178,10 @@ int run_sweep(const SweepOptions& options) {
                                                       : options.trainer;
   if (!fs::exists(trainer)) throw UserError("--trainer: " + trainer + ": no such file");
 
+  // Created before anything is written: runner srun checks for an allocation here.
+  std::unique_ptr<trial::TrialRunner> runner;
+  if (!options.submit) runner = trial::make_trial_runner(e.runner);
+
   store::Store db = store::Store::open(options.db_path);
   store::SweepStore sweeps(db.db());
   std::optional<store::SweepRecord> existing = sweeps.find_sweep(name);
@@ -110,6 +192,7 @@ int run_sweep(const SweepOptions& options) {
   if (!existing && options.resume) {
     throw UserError(options.db_path + ": no sweep '" + name + "' to resume");
   }
+  if (options.submit) return submit_sweep(options, e, name, trainer, options.resume);
   store::SweepRecord sweep;
   if (existing) {
     sweep = *existing;
@@ -126,17 +209,19 @@ int run_sweep(const SweepOptions& options) {
   sweeps.update_sweep(sweep);
 
   HostSettings settings;
-  settings.runs_dir =
-      !options.runs_dir.empty()
-          ? options.runs_dir
-          : (fs::absolute(options.db_path).parent_path() / "runs" / name).string();
+  settings.runs_dir = runs_dir_of(options, name);
   settings.trainer = trainer;
+  settings.runner = runner.get();
   const int64_t points = static_cast<int64_t>(search::all_points(space).size());
   settings.expected_runs = expected_runs(space, e, points);
-  std::printf("sweep %s: %lld points x %zu lengths, %lld ranks per trial, objective %s, search %s%s\n",
-              name.c_str(), static_cast<long long>(points), space.lengths.size(),
-              static_cast<long long>(e.world_size), e.objective.c_str(), e.method.c_str(),
-              existing ? " (resumed)" : "");
+  std::printf(
+      "sweep %s: %lld points x %zu lengths, %lld ranks per trial, objective %s, search %s, "
+      "runner %s%s\n",
+      name.c_str(), static_cast<long long>(points), space.lengths.size(),
+      static_cast<long long>(e.world_size), e.objective.c_str(), e.method.c_str(),
+      e.runner == "srun" ? ("srun (" + std::to_string(e.nodes) + " nodes per trial)").c_str()
+                         : "local",
+      existing ? " (resumed)" : "");
   std::fflush(stdout);
 
   SweepHost host(e, space, sweeps, sweep.id, settings);

@@ -1,6 +1,8 @@
-// `ulysses-tune sweep EXPERIMENT.yaml [--db F] [--resume] [--dry-run] [--search grid|smart]`:
-// validates the experiment, explores its space with the search engine on real ulysses-train
-// trials, stores every trial (SQLite) and prints progress and a summary.
+// `ulysses-tune sweep EXPERIMENT.yaml [--db F] [--resume] [--dry-run] [--search grid|smart]
+// [--runner local|srun] [--submit]`: validates the experiment, explores its space with the search
+// engine on real ulysses-train trials (local processes, or SLURM job steps with runner srun),
+// stores every trial (SQLite) and prints progress and a summary; --submit hands the same sweep
+// to sbatch instead.
 #pragma once
 #include <string>
 
@@ -21,6 +23,8 @@ struct SweepOptions {
   double wall_clock_s = -1;         // --wall-clock-s; -1 = the experiment's budget
   bool resume = false;              // --resume
   bool dry_run = false;             // --dry-run
+  std::string runner;               // --runner local|srun; "" = the experiment's
+  bool submit = false;              // --submit: write <runs dir>/sweep.sbatch and sbatch it
 };
 
 // Adds the `sweep` subcommand; parsing writes into *options (which must outlive the parse).
@@ -31,6 +35,11 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options);
 // Throws UserError before anything runs or is written for a bad experiment, a sweep name that
 // exists without --resume, --resume without such a sweep, or a database that is not one.
 // --dry-run prints the space (each point valid or why not) and writes nothing.
+// Runner srun needs a SLURM allocation (UserError before anything is written otherwise).
+// --submit (runner srun only) checks the same, then writes <runs dir>/sweep.sbatch (an allocation
+// of the experiment's nodes x ranks per node running this sweep, --resume included, with
+// absolute paths) and submits it; prints the job id, the database and the job's log. Throws
+// UserError when sbatch is missing or refuses it. Returns 0 once submitted.
 // REQUIRES: called from the main thread (trials are supervised child processes).
 int run_sweep(const SweepOptions& options);
 

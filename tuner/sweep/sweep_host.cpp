@@ -159,7 +159,9 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   spec.nproc = static_cast<int>(e_.world_size);
   spec.timeout_s = e_.budget.trial_timeout_s;
   spec.trainer = settings_.trainer;
-  const trial::TrialOutcome outcome = trial::run_trial(spec);
+  spec.nnodes = static_cast<int>(e_.nodes);
+  spec.name = "ulysses-trial-" + std::to_string(r.id);
+  const trial::TrialOutcome outcome = settings_.runner->run(spec);
   if (outcome.status == "running") throw Interrupted(outcome.interrupt_signal);
   trial::apply_outcome(outcome, &r);
   r.finished_at = utc_now();

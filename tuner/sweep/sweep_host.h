@@ -13,6 +13,7 @@
 #include "tuner/search/engine.h"
 #include "tuner/store/sweep_store.h"
 #include "tuner/sweep/progress.h"
+#include "tuner/trial/runner.h"
 
 namespace ulysses::sweep {
 
@@ -26,6 +27,7 @@ struct Interrupted : std::runtime_error {
 struct HostSettings {
   std::string runs_dir;  // trial i runs in <runs_dir>/<trial id>/
   std::string trainer;   // ulysses-train
+  trial::TrialRunner* runner = nullptr;  // runs each trial (local | srun); not owned, non-null
   int64_t expected_runs = 0;
 };
 

@@ -21,13 +21,21 @@ namespace ulysses::trial {
 
 // Seconds the other ranks get to end by themselves after a rank's communication failure.
 constexpr double kCommFailureSettleS = 10.0;
-namespace {
 
 std::string rank_log(const TrialSpec& spec, int rank, const char* stream) {
   return spec.run_dir + "/rank-" + std::to_string(rank) + "." + stream;
 }
 
-// Creates run_dir, writes run.yaml and removes outputs an earlier run of this trial left.
+std::vector<std::string> trainer_argv(const TrialSpec& spec) {
+  std::vector<std::string> argv{spec.trainer};
+  if (spec.trainer_args.empty()) {
+    argv.insert(argv.end(), {"--config", spec.run_dir + "/run.yaml"});
+  } else {
+    argv.insert(argv.end(), spec.trainer_args.begin(), spec.trainer_args.end());
+  }
+  return argv;
+}
+
 void prepare_run_dir(const TrialSpec& spec) {
   std::error_code ec;
   fs::create_directories(spec.run_dir, ec);
@@ -41,6 +49,8 @@ void prepare_run_dir(const TrialSpec& spec) {
   fs::remove(spec.output_dir + "/summary.json", ec);
   fs::remove(spec.output_dir + "/metrics.jsonl", ec);
 }
+
+namespace {
 
 // One process per rank: the trainer with torchrun's variables, logs in run_dir.
 std::vector<launch::ProcessSpec> rank_specs(const TrialSpec& spec) {
@@ -57,12 +67,7 @@ std::vector<launch::ProcessSpec> rank_specs(const TrialSpec& spec) {
   plan.config_path = spec.run_dir + "/run.yaml";
   plan.nproc = spec.nproc;
   const int port = launch::pick_free_port();
-  std::vector<std::string> argv{spec.trainer};
-  if (spec.trainer_args.empty()) {
-    argv.insert(argv.end(), {"--config", plan.config_path});
-  } else {
-    argv.insert(argv.end(), spec.trainer_args.begin(), spec.trainer_args.end());
-  }
+  const std::vector<std::string> argv = trainer_argv(spec);
   std::vector<launch::ProcessSpec> specs;
   for (int rank = 0; rank < spec.nproc; ++rank) {
     launch::ProcessSpec process;
@@ -97,17 +102,23 @@ TrialOutcome run_trial(const TrialSpec& spec) {
   outcome.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  Measurements m = read_measurements(spec.output_dir);
   std::vector<std::string> last_lines;
   for (int rank = 0; rank < spec.nproc; ++rank) {
     last_lines.push_back(last_nonempty_line(rank_log(spec, rank, "err")));
   }
+  Measurements m = read_measurements(spec.output_dir);
   Classification c = classify(result, m.summary_found, last_lines, spec.timeout_s);
+  outcome.interrupt_signal = result.interrupt_signal;
+  fill_outcome(std::move(c), std::move(m), &outcome);
+  return outcome;
+}
+
+void fill_outcome(Classification c, Measurements m, TrialOutcome* out) {
+  TrialOutcome& outcome = *out;
   outcome.status = std::move(c.status);
   outcome.exit_code = c.exit_code;
   outcome.error = std::move(c.error);
   outcome.failed_rank = c.rank;
-  outcome.interrupt_signal = result.interrupt_signal;
   outcome.step_ms = m.step_ms;
   outcome.tokens_per_s = m.tokens_per_s;
   outcome.tokens_per_s_per_rank = m.tokens_per_s_per_rank;
@@ -117,7 +128,6 @@ TrialOutcome run_trial(const TrialSpec& spec) {
   outcome.summary_json = std::move(m.summary_json);
   outcome.steps = std::move(m.steps);
   outcome.phases = std::move(m.phases);
-  return outcome;
 }
 
 void apply_outcome(const TrialOutcome& outcome, store::TrialRecord* record) {

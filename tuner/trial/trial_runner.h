@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "tuner/store/trial_record.h"
+#include "tuner/trial/classify.h"
+#include "tuner/trial/measurements.h"
 
 namespace ulysses::trial {
 
@@ -22,6 +24,8 @@ struct TrialSpec {
   std::string trainer;      // path of ulysses-train (no PATH lookup; tests pass a fake script)
   std::vector<std::string> trainer_args;  // empty = {"--config", run_dir + "/run.yaml"}
   std::vector<std::string> extra_env;     // "K=V" added to each rank's environment
+  int nnodes = 1;            // runner srun: nodes of the job step (nproc ranks spread evenly)
+  std::string name;          // runner srun: the step's --job-name; "" = "ulysses-trial"
 };
 
 struct TrialOutcome {
@@ -55,6 +59,18 @@ struct TrialOutcome {
 // every extra_env entry holds '='; called as launch::supervise() requires (the main thread, no
 // other thread taking SIGINT, SIGTERM or SIGCHLD).
 TrialOutcome run_trial(const TrialSpec& spec);
+
+// The pieces every runner shares (srun_runner.cpp uses them too).
+// Creates run_dir, writes run.yaml and removes summary.json / metrics.jsonl an earlier run left in
+// output_dir. Throws UserError when run_dir or run.yaml cannot be written.
+void prepare_run_dir(const TrialSpec& spec);
+// The trainer's argv: trainer + trainer_args, or trainer --config run_dir/run.yaml.
+std::vector<std::string> trainer_argv(const TrialSpec& spec);
+// Rank i's log file: run_dir/rank-<i>.<stream> (stream "out" | "err").
+std::string rank_log(const TrialSpec& spec, int rank, const char* stream);
+// Sets the outcome's status, exit_code, error and failed_rank from `c` and its measurements
+// (summary_json, steps, phases, ...) from `m` (read_measurements of output_dir).
+void fill_outcome(Classification c, Measurements m, TrialOutcome* outcome);
 
 // Copies every field of the outcome that the record has: status, exit_code, error, wall_s and the
 // measurements (summary_json -> summary). Steps and phases go to SweepStore::finish_trial.
