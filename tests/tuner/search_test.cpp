@@ -239,6 +239,32 @@ TEST(SearchEngine, ThroughputSkipsDominatedPointsAndMatchesTheGrid) {
   }
 }
 
+// A host whose cost model predicts sp 2 faster than sp 1 (the axis has no memory order).
+struct Predicting : Synthetic {
+  using Synthetic::Synthetic;
+  std::optional<double> predicted_value(const Point& p, int64_t) override {
+    return p[0] == 1 ? 2.0 : 1.0;
+  }
+};
+
+TEST(SearchEngine, PredictionsOrderPointsOfEqualSavings) {
+  Space s = test_space();
+  s.lengths = {4096};
+  Predicting host(s);
+  host.limit_mib = 5000;
+  run_search(s, Options{}, host);
+  ASSERT_FALSE(host.runs.empty());
+  // Throughput: fewest savings first, and among those the predicted winner (sp 2).
+  EXPECT_EQ(describe(s, std::get<0>(host.runs.front())), describe(s, {1, 0, 0}));
+  // Max length: most savings first, and among those sp 2 first.
+  s.search_max = true;
+  s.lengths = {1024, 2048, 4096};
+  Predicting max_host(s);
+  run_search(s, Options{}, max_host);
+  ASSERT_FALSE(max_host.runs.empty());
+  EXPECT_EQ(describe(s, std::get<0>(max_host.runs.front())), describe(s, {1, 1, 2}));
+}
+
 TEST(SearchEngine, BudgetStopsStartingRuns) {
   Space s = test_space();
   s.search_max = true;

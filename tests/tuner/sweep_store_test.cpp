@@ -125,6 +125,41 @@ void expect_same(const TrialRecord& a, const TrialRecord& b) {
   EXPECT_EQ(a.summary, b.summary);
 }
 
+// A cost-model fit is a calibration run (benchmark costmodel.fit) with the trials it was fitted
+// on; the newest one per device is found; deleting a trial removes its fit row (cascade).
+TEST_F(SweepStoreTest, ModelFitsKeepTheirTrialsAndTheNewestIsFound) {
+  Store store = Store::open(path_);
+  EXPECT_EQ(store.schema_version(), latest_schema_version());
+  SweepStore sweeps(store.db());
+  const int64_t sweep_id = sweeps.create_sweep(make_sweep("fitted"));
+  TrialRecord a = full_trial(sweep_id, "a"), b = full_trial(sweep_id, "b");
+  sweeps.add_trial(a);
+  sweeps.add_trial(b);
+  EXPECT_FALSE(store.latest_model_fit("cpu").has_value());
+  store.add_calibration_run({0, "", "cpu-local", "box", "cpu", 4, "ulysses-bench"},
+                            {{0, "AllToAll/bytes:1024", "algbw_GBps", 1.5, "GB/s", "{}"}});
+  EXPECT_FALSE(store.latest_model_fit("cpu").has_value());  // a benchmark run is not a fit
+  const CalibrationRun run{0, "", "cpu-local", "box", "cpu", 4, "ulysses-tune plan --fit"};
+  const std::vector<Calibration> rows = {{0, kCostModelFitBenchmark, "ms_per_tflop", 2.5, "ms", "{}"}};
+  store.add_model_fit(run, rows, {});
+  const int64_t newest = store.add_model_fit(
+      run, rows, {{a.id, "memory", 100.0, 110.0}, {a.id, "time", 20.0, 19.0},
+                  {b.id, "memory", 200.0, 190.0}});
+  ASSERT_TRUE(store.latest_model_fit("cpu").has_value());
+  EXPECT_EQ(store.latest_model_fit("cpu")->id, newest);
+  EXPECT_EQ(store.latest_model_fit("")->id, newest);
+  EXPECT_FALSE(store.latest_model_fit("cuda").has_value());
+  const std::vector<FitTrial> trials = store.fit_trials(newest);
+  ASSERT_EQ(trials.size(), 3u);
+  EXPECT_EQ(trials[0].trial_id, a.id);
+  EXPECT_EQ(trials[0].kind, "memory");
+  EXPECT_DOUBLE_EQ(trials[0].predicted, 110.0);
+  EXPECT_EQ(trials[1].kind, "time");
+  EXPECT_EQ(store.calibrations(newest).at(0).metric, "ms_per_tflop");
+  store.db().exec("DELETE FROM trials WHERE id = " + std::to_string(b.id));
+  EXPECT_EQ(store.fit_trials(newest).size(), 2u);
+}
+
 TEST_F(SweepStoreTest, SweepRoundTripsAndNamesAreUnique) {
   Store store = Store::open(path_);
   SweepStore sweeps(store.db());
@@ -350,9 +385,9 @@ TEST_F(SweepStoreTest, ASchemaVersion1DatabaseMigratesKeepingItsRows) {
     ASSERT_FALSE(db.has_table("sweeps"));
   }
   Store store = Store::open(path_);
-  EXPECT_EQ(store.schema_version(), 2);
-  EXPECT_EQ(latest_schema_version(), 2) << "a new migration: extend this test";
-  for (const char* table : {"sweeps", "trials", "trial_steps", "trial_phases"})
+  EXPECT_EQ(store.schema_version(), 3);
+  EXPECT_EQ(latest_schema_version(), 3) << "a new migration: extend this test";
+  for (const char* table : {"sweeps", "trials", "trial_steps", "trial_phases", "calibration_trials"})
     EXPECT_TRUE(store.db().has_table(table)) << table;
   const auto runs = store.calibration_runs();
   ASSERT_EQ(runs.size(), 1u);
@@ -365,6 +400,7 @@ TEST_F(SweepStoreTest, ASchemaVersion1DatabaseMigratesKeepingItsRows) {
   TrialRecord trial = full_trial(sweeps.create_sweep(make_sweep("after")), "k");
   sweeps.add_trial(trial);
   EXPECT_EQ(sweeps.trials(trial.sweep_id).size(), 1u);
+  EXPECT_FALSE(store.latest_model_fit("").has_value());  // the benchmark run is not a fit
   expect_integrity_ok(store.db());
 }
 

@@ -13,7 +13,9 @@
 #include "config/presets.h"
 #include "config/run_config.h"
 #include "tuner/costmodel/calibration.h"
+#include "tuner/plan/calibrated_model.h"
 #include "tuner/plan/planner.h"
+#include "tuner/store/store.h"
 #include "tuner/report/sweep_source.h"
 #include "tuner/report/table.h"
 
@@ -58,6 +60,21 @@ void apply_calibration(const std::string& path, PlanRequest* r) {
   } catch (const json::exception& e) {
     throw UserError("--calibration: " + path + ": " + e.what());
   }
+}
+
+std::string device_of(const config::RunConfig& c) { return c.train.device; }
+
+// The experiment's hardware profile name, from the sweep's stored experiment file.
+std::string hardware_of(const report::SweepData& data) {
+  const std::string key = "hardware:";
+  const size_t at = data.sweep.experiment_yaml.find("\n" + key);
+  if (at == std::string::npos) return "";
+  const size_t start = at + 1 + key.size();
+  std::string value = data.sweep.experiment_yaml.substr(
+      start, data.sweep.experiment_yaml.find_first_of("\n#", start) - start);
+  value.erase(0, value.find_first_not_of(' '));
+  value.erase(value.find_last_not_of(' ') + 1);
+  return value;
 }
 
 std::string pct(double predicted, double measured) {
@@ -129,6 +146,33 @@ int run_fit(const PlanOptions& o) {
             << fmt(", %.1f ms/GB comm", tk.ms_per_gb_a2a)
             << fmt(", overhead %.1f ms", tk.overhead_ms)
             << fmt("; worst error %.1f %%", 100 * worst_time) << "\n";
+  {  // the calibrations table of the store it was fitted on, with those trials
+    CalibratedModel fitted;
+    fitted.memory = mk, fitted.time = tk;
+    std::vector<store::FitTrial> fit_trials;
+    for (const json& row : rows) {
+      const int64_t id = row.at("trial").get<int64_t>();
+      fit_trials.push_back({id, "memory", row.at("peak_bytes").get<double>(),
+                            row.at("predicted_peak_bytes").get<double>()});
+      if (row.contains("step_ms")) {
+        fit_trials.push_back({id, "time", row.at("step_ms").get<double>(),
+                              row.at("predicted_step_ms").get<double>()});
+      }
+    }
+    const json params = {{"sweep", data.sweep.name},
+                         {"memory_rms_relative_error", mfit.rms_relative_error},
+                         {"time_rms_relative_error", tfit.rms_relative_error}};
+    store::CalibrationRun run;
+    run.hardware = data.trials.empty() ? "" : hardware_of(data);
+    run.host = "";
+    run.device = device_of(mem.front().config);
+    run.world_size = data.trials.empty() ? 1 : data.trials.front().world_size;
+    run.command = "ulysses-tune plan --fit " + o.fit_db + " --sweep " + data.sweep.name;
+    store::Store results = store::Store::open(o.fit_db);
+    const int64_t id = results.add_model_fit(run, fit_rows(fitted, params.dump()), fit_trials);
+    std::cout << "calibration stored in " << o.fit_db << " (calibration run " << id << ", "
+              << fit_trials.size() << " trial rows; `plan --db " << o.fit_db << "` uses it)\n";
+  }
   if (!o.out.empty()) {
     const json out = {
         {"fitted_on", {{"db", o.fit_db}, {"sweep", data.sweep.name}, {"rows", rows}}},
@@ -193,7 +237,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
       "plan",
       "Predict peak memory per rank, step time, tokens/s, MFU and the longest sequence that fits "
       "for meshes x memory features from the cost model (no run); --fit DB calibrates it on a "
-      "sweep's trials");
+      "sweep's trials and stores the fit in DB's calibrations table");
   cmd->add_option("--model", o->model, "model preset (profiles/models) or YAML path")
       ->capture_default_str();
   cmd->add_option("--hardware", o->hardware, "hardware profile (profiles/hardware) or YAML path")
@@ -215,6 +259,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
       ->capture_default_str();
   cmd->add_option("--precision", o->precision, "bf16 | fp32 (default bf16 on cuda, fp32 on cpu)");
   cmd->add_option("--calibration", o->calibration, "coefficients written by plan --fit --out");
+  cmd->add_option("--db", o->db,
+                  "results database: use its newest cost-model fit (plan --fit stores one)");
   cmd->add_flag("--json", o->json, "print JSON instead of a table");
   cmd->add_flag("--what-if-deepspeed", o->what_if_deepspeed,
                 "what-if, not this trainer: gradients in the model dtype; weights, gradients and "
@@ -249,7 +295,26 @@ int run_plan(const PlanOptions& o) {
   for (const std::string& f : o.features) r.features.push_back(parse_features(f));
   if (r.features.empty()) r.features = default_feature_sets();
   r.memory = memory_coefficients(r.hardware);
+  if (!o.calibration.empty() && !o.db.empty()) {
+    throw UserError("--db: give either --db or --calibration");
+  }
   if (!o.calibration.empty()) apply_calibration(o.calibration, &r);
+  if (!o.db.empty()) {
+    store::Store results = store::Store::open(o.db);
+    const std::optional<store::CalibrationRun> run =
+        results.latest_model_fit(r.hardware.device_type);
+    if (!run) {
+      throw UserError("--db: " + o.db + " holds no cost-model fit for " +
+                      r.hardware.device_type + " (write one with plan --fit " + o.db + ")");
+    }
+    const CalibratedModel m = model_from_rows(results.calibrations(run->id),
+                                              r.hardware.device_type, o.db);
+    r.memory.runtime_bytes = m.memory.runtime_bytes;
+    r.memory.allocator_fraction = m.memory.allocator_fraction;
+    r.time = m.time;
+    r.time_calibrated = true;
+    std::cout << "calibration: " << o.db << ", run " << run->id << " (" << run->command << ")\n";
+  }
   if (o.what_if_deepspeed) {
     r.memory.gradient_bytes = r.precision == "fp32" ? 4 : 2;
     r.memory.state_shards = r.world;

@@ -1,7 +1,8 @@
 // `ulysses-tune plan`: predicted memory, step time, tokens/s, MFU and longest fitting sequence
 // for meshes x memory features of a model on a hardware profile (planner.h), as a terminal table
 // or --json; and `plan --fit DB`: the cost model calibrated on a sweep's own trials, predicted
-// beside measured for every ok trial, written with the data it was fitted on.
+// beside measured for every ok trial, stored in the database's calibrations table with the trials
+// it was fitted on (calibration_trials) and optionally written as JSON with the same data.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -22,6 +23,7 @@ struct PlanOptions {
   int64_t zero = 0;                    // zero.stage of every row whose features name none
   std::string precision;               // "" = bf16 on cuda, fp32 on cpu
   std::string calibration;             // JSON written by --fit (memory + time coefficients)
+  std::string db;                      // results database holding a fit (plan --fit stores it)
   bool json = false;
   bool what_if_deepspeed = false;      // bf16 gradients, all states sharded (ZeRO-3)
   bool components = false;             // also print each row's memory terms with their formulas

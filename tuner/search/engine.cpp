@@ -3,6 +3,7 @@
 #include "tuner/search/engine.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "tuner/search/knowledge.h"
 
@@ -49,13 +50,28 @@ class Engine {
     }
   }
 
-  // Each length, fastest-looking points (fewest savings) first; skip what is implied out of
-  // memory, pruned, or dominated by a point with fewer savings that fits.
-  void throughput(std::vector<Point> valid) {
-    std::stable_sort(valid.begin(), valid.end(), [&](const Point& a, const Point& b) {
-      return saving_score(space_, a) < saving_score(space_, b);
+  // Sorts by saving score (ascending or descending), then by the host's predicted value at
+  // `length` (highest first; points without a prediction after those with one, in space order).
+  // The saving order comes first: dominance and implications need the less-saving (throughput)
+  // or more-saving (max length) points measured first; the prediction orders the rest, e.g. the
+  // meshes, which have no memory order.
+  void order(std::vector<Point>& points, bool fewest_savings_first, int64_t length) {
+    std::vector<std::pair<Point, std::optional<double>>> keyed;
+    for (const Point& p : points) keyed.emplace_back(p, host_.predicted_value(p, length));
+    std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+      const int sa = saving_score(space_, a.first), sb = saving_score(space_, b.first);
+      if (sa != sb) return fewest_savings_first ? sa < sb : sa > sb;
+      if (a.second.has_value() != b.second.has_value()) return a.second.has_value();
+      return a.second.has_value() && *a.second > *b.second;
     });
+    for (size_t i = 0; i < points.size(); ++i) points[i] = keyed[i].first;
+  }
+
+  // Each length, fastest-looking points (fewest savings, then the best prediction) first; skip
+  // what is implied out of memory, pruned, or dominated by a point with fewer savings that fits.
+  void throughput(std::vector<Point> valid) {
     for (int i = 0; i < n_; ++i) {
+      order(valid, /*fewest_savings_first=*/true, space_.lengths[i]);
       for (const Point& p : valid) {
         if (std::optional<int64_t> id = knowledge_.implied_oom(p, i, false)) {
           skip(p, i, "out of memory implied by " + trial_ref(*id) +
@@ -73,11 +89,11 @@ class Engine {
   }
 
   // The longest fitting length of each point, most-saving points first (their out-of-memory
-  // bounds every point below them); points that cannot reach the best length are skipped.
+  // bounds every point below them, and the first to fit sets the length the rest must reach);
+  // points that cannot reach the best length are skipped.
   void max_length(std::vector<Point> valid) {
-    std::stable_sort(valid.begin(), valid.end(), [&](const Point& a, const Point& b) {
-      return saving_score(space_, a) > saving_score(space_, b);
-    });
+    // Equal savings: the best predicted value at the longest length first.
+    order(valid, /*fewest_savings_first=*/false, space_.lengths.back());
     int best = -1;
     for (const Point& p : valid) {
       int lo = -1, hi = n_;

@@ -48,6 +48,13 @@ class Host {
                       const std::string& reason) = 0;
   // False once the budget is spent; the engine then starts no further run.
   virtual bool budget_left() = 0;
+  // The cost model's prediction of the objective metric of `p` at `length` (higher is better),
+  // or nullopt when there is none. The engine orders points of equal saving score by it, so the
+  // likely winner is measured first; it never decides whether a point runs.
+  virtual std::optional<double> predicted_value(const Point& p, int64_t length) {
+    (void)p, (void)length;
+    return std::nullopt;
+  }
 };
 
 struct Options {

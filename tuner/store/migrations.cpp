@@ -117,6 +117,20 @@ CREATE TABLE trial_phases (
   PRIMARY KEY (trial_id, phase)
 );
 )sql"},
+      {3, "cost-model fits: the trials each calibration was fitted on",
+       R"sql(
+-- A cost-model fit (`ulysses-tune plan --fit DB`) is a calibration run whose calibrations rows
+-- have benchmark 'costmodel.fit' (metric = coefficient name); these rows name the trials it was
+-- fitted on, each with its measurement and what the fitted coefficients predict for it.
+CREATE TABLE calibration_trials (
+  run_id     INTEGER NOT NULL REFERENCES calibration_runs(id) ON DELETE CASCADE,
+  trial_id   INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  kind       TEXT NOT NULL,   -- memory (peak bytes) | time (step ms)
+  measured   REAL NOT NULL,
+  predicted  REAL NOT NULL,   -- by the fitted coefficients (in-sample)
+  PRIMARY KEY (run_id, trial_id, kind)
+);
+)sql"},
   };
   return list;
 }

@@ -11,33 +11,83 @@ Store Store::open(const std::string& path) {
   return Store(std::move(db));
 }
 
+int64_t Store::insert_calibration_run(const CalibrationRun& run,
+                                      const std::vector<Calibration>& rows) {
+  db_.prepare(
+         "INSERT INTO calibration_runs (hardware, host, device, world_size, command) "
+         "VALUES (?, ?, ?, ?, ?)")
+      .bind(1, run.hardware)
+      .bind(2, run.host)
+      .bind(3, run.device)
+      .bind(4, run.world_size)
+      .bind(5, run.command)
+      .run();
+  const int64_t run_id = db_.last_insert_rowid();
+  for (const Calibration& row : rows) {
+    Statement s = db_.prepare(
+        "INSERT INTO calibrations (run_id, benchmark, metric, value, unit, params) "
+        "VALUES (?, ?, ?, ?, ?, ?)");
+    s.bind(1, run_id).bind(2, row.benchmark).bind(3, row.metric).bind(4, row.value);
+    s.bind(5, row.unit).bind(6, row.params).run();
+  }
+  return run_id;
+}
+
 int64_t Store::add_calibration_run(const CalibrationRun& run,
                                    const std::vector<Calibration>& rows) {
   int64_t run_id = 0;
+  db_.transaction([&] { run_id = insert_calibration_run(run, rows); });
+  return run_id;
+}
+
+int64_t Store::add_model_fit(const CalibrationRun& run,
+                             const std::vector<Calibration>& coefficients,
+                             const std::vector<FitTrial>& trials) {
+  int64_t run_id = 0;
   db_.transaction([&] {
-    db_.prepare(
-           "INSERT INTO calibration_runs (hardware, host, device, world_size, command) "
-           "VALUES (?, ?, ?, ?, ?)")
-        .bind(1, run.hardware)
-        .bind(2, run.host)
-        .bind(3, run.device)
-        .bind(4, run.world_size)
-        .bind(5, run.command)
-        .run();
-    run_id = db_.last_insert_rowid();
-    for (const Calibration& row : rows) {
-      Statement s = db_.prepare(
-          "INSERT INTO calibrations (run_id, benchmark, metric, value, unit, params) "
-          "VALUES (?, ?, ?, ?, ?, ?)");
-      s.bind(1, run_id).bind(2, row.benchmark).bind(3, row.metric).bind(4, row.value);
-      s.bind(5, row.unit).bind(6, row.params).run();
+    run_id = insert_calibration_run(run, coefficients);
+    for (const FitTrial& t : trials) {
+      db_.prepare(
+             "INSERT INTO calibration_trials (run_id, trial_id, kind, measured, predicted) "
+             "VALUES (?, ?, ?, ?, ?)")
+          .bind(1, run_id)
+          .bind(2, t.trial_id)
+          .bind(3, t.kind)
+          .bind(4, t.measured)
+          .bind(5, t.predicted)
+          .run();
     }
   });
   return run_id;
 }
 
-std::vector<CalibrationRun> Store::calibration_runs() {
+std::optional<CalibrationRun> latest_model_fit(Database& db, const std::string& device) {
+  Statement s = db.prepare(
+      "SELECT MAX(r.id) FROM calibration_runs r JOIN calibrations c ON c.run_id = r.id "
+      "WHERE c.benchmark = ? AND (? = '' OR r.device = ?)");
+  s.bind(1, std::string(kCostModelFitBenchmark)).bind(2, device).bind(3, device);
+  if (!s.step() || s.is_null(0)) return std::nullopt;
+  const int64_t id = s.column_int(0);
+  for (CalibrationRun& run : read_calibration_runs(db)) {
+    if (run.id == id) return run;
+  }
+  return std::nullopt;
+}
+
+std::vector<FitTrial> Store::fit_trials(int64_t run_id) {
   Statement s = db_.prepare(
+      "SELECT trial_id, kind, measured, predicted FROM calibration_trials WHERE run_id = ? "
+      "ORDER BY trial_id, kind");
+  s.bind(1, run_id);
+  std::vector<FitTrial> out;
+  while (s.step()) {
+    out.push_back({s.column_int(0), s.column_text(1), s.column_double(2), s.column_double(3)});
+  }
+  return out;
+}
+
+std::vector<CalibrationRun> read_calibration_runs(Database& db) {
+  Statement s = db.prepare(
       "SELECT id, created_at, hardware, host, device, world_size, command FROM calibration_runs "
       "ORDER BY id");
   std::vector<CalibrationRun> out;
@@ -55,8 +105,8 @@ std::vector<CalibrationRun> Store::calibration_runs() {
   return out;
 }
 
-std::vector<Calibration> Store::calibrations(int64_t run_id) {
-  Statement s = db_.prepare(
+std::vector<Calibration> read_calibrations(Database& db, int64_t run_id) {
+  Statement s = db.prepare(
       "SELECT run_id, benchmark, metric, value, unit, params FROM calibrations WHERE run_id = ? "
       "ORDER BY id");
   s.bind(1, run_id);

@@ -36,6 +36,16 @@ struct Calibration {
   std::string params = "{}";  // JSON object
 };
 
+// The benchmark name of a cost-model fit's coefficient rows (calibrations.benchmark).
+inline constexpr const char* kCostModelFitBenchmark = "costmodel.fit";
+
+// One trial a cost-model fit was fitted on (table calibration_trials).
+struct FitTrial {
+  int64_t trial_id = 0;
+  std::string kind;  // memory | time
+  double measured = 0.0, predicted = 0.0;
+};
+
 // Kernel-time split of one nsys profile (table profiles); times in ms, summed over devices.
 struct ProfileRecord {
   int64_t id = 0;  // set by the store
@@ -50,6 +60,13 @@ struct ProfileRecord {
   std::string details = "{}";  // JSON
 };
 
+// The calibration runs of `db`, oldest first, and the rows of one run in insertion order
+// (the same as Store's, for code that borrows a Database).
+std::vector<CalibrationRun> read_calibration_runs(Database& db);
+std::vector<Calibration> read_calibrations(Database& db, int64_t run_id);
+// The newest run holding kCostModelFitBenchmark rows, for `device` ("" = any), or nullopt.
+std::optional<CalibrationRun> latest_model_fit(Database& db, const std::string& device);
+
 class Store {
  public:
   // Opens or creates the store at `path` and applies missing migrations.
@@ -63,9 +80,20 @@ class Store {
   // Inserts the run and its rows in one transaction; returns the run id.
   int64_t add_calibration_run(const CalibrationRun& run, const std::vector<Calibration>& rows);
   // All calibration runs, oldest first.
-  std::vector<CalibrationRun> calibration_runs();
+  std::vector<CalibrationRun> calibration_runs() { return read_calibration_runs(db_); }
   // The rows of run `run_id`, in insertion order.
-  std::vector<Calibration> calibrations(int64_t run_id);
+  std::vector<Calibration> calibrations(int64_t run_id) { return read_calibrations(db_, run_id); }
+
+  // A cost-model fit: the run, its coefficients (benchmark kCostModelFitBenchmark) and the
+  // trials it was fitted on, in one transaction; returns the run id. REQUIRES: the trials exist
+  // in this store (foreign keys).
+  int64_t add_model_fit(const CalibrationRun& run, const std::vector<Calibration>& coefficients,
+                        const std::vector<FitTrial>& trials);
+  std::optional<CalibrationRun> latest_model_fit(const std::string& device) {
+    return store::latest_model_fit(db_, device);
+  }
+  // The trials run `run_id` was fitted on, by trial id then kind.
+  std::vector<FitTrial> fit_trials(int64_t run_id);
 
   // Inserts a profile; returns its id.
   int64_t add_profile(const ProfileRecord& record);
@@ -78,6 +106,8 @@ class Store {
 
  private:
   explicit Store(Database db) : db_(std::move(db)) {}
+  // The inserts of add_calibration_run, inside the caller's transaction.
+  int64_t insert_calibration_run(const CalibrationRun& run, const std::vector<Calibration>& rows);
   Database db_;
 };
 

@@ -19,6 +19,7 @@ namespace ulysses::store {
 class SweepStore {
  public:
   explicit SweepStore(Database& db) : db_(db) {}
+  Database& db() { return db_; }
 
   // Inserts a sweep; returns its id. created_at "" = now (UTC). Throws UserError when a sweep of
   // that name exists.

@@ -12,6 +12,7 @@
 #include "config/run_config.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/experiment/trial_space.h"
+#include "tuner/plan/calibrated_model.h"
 #include "tuner/trial/trial_runner.h"
 
 namespace ulysses::sweep {
@@ -26,12 +27,6 @@ std::string gib(double bytes) {
   return buffer;
 }
 
-// The full memory model's peak (CPU: peak RSS, CUDA: the allocator's), stored beside the
-// measurement; pruning compares the lower bound with the limit instead (prune_reason).
-int64_t predicted_peak(const config::RunConfig& c) {
-  return costmodel::predict_memory(c, costmodel::default_memory_coefficients(c.train.device))
-      .peak_bytes;
-}
 
 }  // namespace
 
@@ -61,6 +56,8 @@ SweepHost::SweepHost(const experiment::Experiment& e, const search::Space& space
     : e_(e), space_(space), store_(store), sweep_id_(sweep_id), settings_(settings),
       progress_(settings.expected_runs) {
   on_cuda_ = e.device == "cuda";
+  model_ = plan::load_model(store_.db(), e.device);
+  hardware_ = calibrate::load_hardware_profile(e.hardware_path);
   for (store::TrialRecord& r : store_.trials(sweep_id)) previous_[r.key] = std::move(r);
 }
 
@@ -149,7 +146,7 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   r.dp = plan.config.mesh.dp;
   r.sp = plan.config.mesh.sp;
   r.run_dir = run_dir;
-  r.predicted_peak_bytes = predicted_peak(plan.config);
+  predict(plan.config, &r);
   r.started_at = utc_now();
 
   trial::TrialSpec spec;
@@ -196,10 +193,30 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
     r.config_yaml = plan.yaml;
     r.dp = plan.config.mesh.dp;
     r.sp = plan.config.mesh.sp;
-    r.predicted_peak_bytes = predicted_peak(plan.config);
+    predict(plan.config, &r);
   }
   store_.add_trial(r);
   progress_.not_run(r.key, status, reason);
+}
+
+void SweepHost::predict(const config::RunConfig& c, store::TrialRecord* r) const {
+  r->predicted_peak_bytes = plan::predict_peak_bytes(model_, c);
+  r->predicted_step_ms = plan::predict_step_ms(model_, hardware_, c);
+}
+
+std::optional<double> SweepHost::predicted_value(const search::Point& p, int64_t length) {
+  try {
+    const experiment::TrialPlan plan =
+        experiment::plan_trial(e_, space_, p, length, false, "unused");
+    const double step_ms = plan::predict_step_ms(model_, hardware_, plan.config);
+    if (!(step_ms > 0)) return std::nullopt;
+    const double tokens = static_cast<double>(plan.config.sequence.length) *
+                          static_cast<double>(plan.config.sequence.micro_batch *
+                                              plan.config.sequence.grad_accum * plan.config.mesh.dp);
+    return tokens / (step_ms / 1000.0) / static_cast<double>(e_.world_size);  // tok/s/rank
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
 }
 
 bool SweepHost::budget_left() {

@@ -1,7 +1,8 @@
 // The search engine's Host for a real sweep: plans each trial's run config from the experiment,
-// prunes with the memory model, runs trials as real ulysses-train ranks (trial/trial_runner.h),
-// stores every result in its own transaction, replays finished trials on --resume, enforces the
-// budget and prints progress.
+// prunes with the memory model, stores the cost model's predictions beside each trial and
+// predicts the objective to order the search, runs trials as real ulysses-train ranks
+// (trial/trial_runner.h), stores every result in its own transaction, replays finished trials on
+// --resume, enforces the budget and prints progress.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "tuner/experiment/experiment.h"
+#include "tuner/plan/calibrated_model.h"
 #include "tuner/search/engine.h"
 #include "tuner/store/sweep_store.h"
 #include "tuner/sweep/progress.h"
@@ -43,6 +45,8 @@ class SweepHost : public search::Host {
   void record(const search::Point& p, int64_t length, const std::string& status,
               const std::string& reason) override;
   bool budget_left() override;
+  // Predicted tokens/s per rank (the objective's metric) from the cost model, for ordering.
+  std::optional<double> predicted_value(const search::Point& p, int64_t length) override;
 
   // Trials replayed from the store instead of run (--resume).
   int64_t replayed() const { return replayed_; }
@@ -54,6 +58,8 @@ class SweepHost : public search::Host {
   search::RunOutcome outcome_of(const store::TrialRecord& r);
   void note_best(const store::TrialRecord& r, const search::RunOutcome& o);
   int64_t trial_limit_bytes() const;
+  // Stores the cost model's peak and step time beside the measurement to come (run or not).
+  void predict(const config::RunConfig& c, store::TrialRecord* r) const;
 
   const experiment::Experiment& e_;
   const search::Space& space_;
@@ -61,6 +67,9 @@ class SweepHost : public search::Host {
   int64_t sweep_id_;
   HostSettings settings_;
   bool on_cuda_ = false;
+  // The newest fit in this sweep's database, else the defaults (plan/calibrated_model.h).
+  plan::CalibratedModel model_;
+  calibrate::HardwareProfile hardware_;
   std::map<std::string, store::TrialRecord> previous_;  // by key: what an earlier run stored
   Progress progress_;
   int64_t started_ = 0, replayed_ = 0;
