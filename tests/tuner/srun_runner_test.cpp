@@ -1,0 +1,211 @@
+// runner: srun without SLURM (tuner/trial/srun_runner.h, tuner/launch/sbatch.h): the job step's
+// command line and environment, srun's reports of how tasks ended (texts as SLURM 22.05 prints
+// them, taken from real runs) mapped to the statuses local trials get, sbatch scripts, and the
+// experiment's runner / nodes keys. The real-SLURM run is slurm_sweep_test.sh.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "support/test_files.h"
+#include "tuner/experiment/experiment.h"
+#include "tuner/launch/sbatch.h"
+#include "tuner/trial/srun_runner.h"
+
+namespace ulysses::trial {
+namespace {
+
+using launch::Outcome;
+using launch::SupervisionResult;
+
+SupervisionResult srun_exited(int status) {
+  SupervisionResult r;
+  r.outcome = status == 0 ? Outcome::kAllSucceeded : Outcome::kFailed;
+  r.exit_status = status;
+  launch::ProcessExit exit;
+  exit.index = 0;
+  exit.pid = 4242;
+  exit.status = status;
+  if (status != 0) r.first_failure = exit;
+  r.exits = {exit};
+  return r;
+}
+
+TEST(SrunStep, CommandLineHasTheTrialsShapeLimitAndLogs) {
+  SrunStep step;
+  step.srun = "/usr/bin/srun";
+  step.nnodes = 2;
+  step.ntasks = 8;
+  step.timeout_s = 61;
+  step.job_name = "ulysses-trial-7";
+  step.run_dir = "/runs/7";
+  step.command = {"/bin/ulysses-train", "--config", "/runs/7/run.yaml"};
+  const std::vector<std::string> expected{
+      "/usr/bin/srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4",
+      "--kill-on-bad-exit=1", "--quit-on-interrupt", "--time", "2",
+      "--job-name", "ulysses-trial-7", "--output", "/runs/7/rank-%t.out",
+      "--error", "/runs/7/rank-%t.err", "/bin/ulysses-train", "--config", "/runs/7/run.yaml"};
+  EXPECT_EQ(srun_step_argv(step), expected);
+  step.timeout_s = 0;  // no timeout: no --time
+  for (const std::string& word : srun_step_argv(step)) EXPECT_NE(word, "--time");
+  EXPECT_EQ(step_time_limit_min(60), 1);
+  EXPECT_EQ(step_time_limit_min(60.5), 2);
+  EXPECT_EQ(step_time_limit_min(0), 0);
+}
+
+TEST(SrunStep, EnvironmentLetsTheRanksReadSlurm) {
+  const std::vector<std::string> env = srun_environment(
+      {"PATH=/bin", "RANK=3", "WORLD_SIZE=4", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2",
+       "GROUP_RANK=0", "TORCHELASTIC_RUN_ID=x", "MASTER_PORT=1", "SLURM_JOB_ID=5"},
+      "node07", 29555, 4);
+  const std::vector<std::string> expected{"PATH=/bin", "MASTER_PORT=29555", "SLURM_JOB_ID=5",
+                                          "MASTER_ADDR=node07", "OMP_NUM_THREADS=1"};
+  EXPECT_EQ(env, expected);
+  const std::vector<std::string> one = srun_environment({"OMP_NUM_THREADS=2"}, "a", 2, 4);
+  EXPECT_EQ(one, (std::vector<std::string>{"OMP_NUM_THREADS=2", "MASTER_ADDR=a", "MASTER_PORT=2"}));
+  EXPECT_EQ(first_host("SLURM_JOB_NODELIST", "node[07-10,12],x1"), "node07");
+  EXPECT_EQ(first_host("SLURM_JOB_NODELIST", "localhost"), "localhost");
+}
+
+// srun's stderr when rank 1 ran out of memory, rank 2 then lost its peer (13) and
+// --kill-on-bad-exit terminated the rest (SLURM 22.05, a real run with a shell as the task).
+constexpr const char* kOomThenCommFailure =
+    "srun: error: localhost: task 1: Exited with exit code 12\n"
+    "srun: launch/slurm: _step_signal: Terminating StepId=2.0\n"
+    "slurmstepd-localhost: error: *** STEP 2.0 ON localhost CANCELLED AT 2026-11-22T18:11:24 ***\n"
+    "srun: error: localhost: task 0: Exited with exit code 143\n"
+    "srun: error: localhost: task 2: Exited with exit code 13\n"
+    "srun: error: localhost: task 3: Terminated\n"
+    "srun: Force Terminated StepId=2.0\n";
+
+TEST(SrunClassify, TaskExitsComeFromSrunsReport) {
+  const auto exits = parse_srun_task_exits(kOomThenCommFailure, 4, false, 7);
+  ASSERT_EQ(exits.size(), 4u);
+  EXPECT_EQ(exits[0].signal, SIGTERM);
+  EXPECT_TRUE(exits[0].signalled_by_us);
+  EXPECT_EQ(exits[1].status, 12);
+  EXPECT_EQ(exits[1].signal, 0);
+  EXPECT_EQ(exits[2].status, 13);
+  EXPECT_EQ(exits[3].status, 128 + SIGTERM);
+  EXPECT_TRUE(exits[3].signalled_by_us);
+  const auto ranges =
+      parse_srun_task_exits("srun: error: n1: tasks 0-1,3: Exited with exit code 12\n", 4, false, 7);
+  ASSERT_EQ(ranges.size(), 4u);
+  EXPECT_EQ(ranges[0].status, 12);
+  EXPECT_EQ(ranges[1].status, 12);
+  EXPECT_EQ(ranges[2].status, 0);
+  EXPECT_EQ(ranges[3].status, 12);
+  EXPECT_TRUE(parse_srun_task_exits("srun: error: Unable to create step\n", 4, false, 7).empty());
+}
+
+TEST(SrunClassify, OutOfMemoryWinsOverThePeersCommFailureAsLocally) {
+  // srun itself exits with the highest task code (143 here): the tasks decide, not srun.
+  const Classification c =
+      classify_step(srun_exited(143), kOomThenCommFailure, step_end(kOomThenCommFailure), false,
+                    {"", "out of memory: DefaultCPUAllocator", "peer went away", ""}, 60, 4);
+  EXPECT_EQ(c.status, "oom");
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_EQ(c.exit_code, 12);
+  EXPECT_EQ(c.error, "out of memory: DefaultCPUAllocator");
+  const Classification comm = classify_step(
+      srun_exited(13), "srun: error: h: tasks 0-3: Exited with exit code 13\n",
+      StepEnd::kNormal, false, {"comm: timed out", "", "", ""}, 60, 4);
+  EXPECT_EQ(comm.status, "failed");
+  EXPECT_EQ(comm.exit_code, 13);
+}
+
+TEST(SrunClassify, StepTimeLimitIsATimeout) {
+  // A real step killed by its --time (SLURM 22.05).
+  const std::string stderr_text =
+      "slurmstepd-localhost: error: *** STEP 3.0 ON localhost CANCELLED AT 2026-11-22T18:12:51 "
+      "DUE TO TIME LIMIT ***\n"
+      "srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
+      "srun: error: localhost: tasks 0-1: Terminated\n"
+      "srun: launch/slurm: _step_signal: Terminating StepId=3.0\n";
+  ASSERT_EQ(step_end(stderr_text), StepEnd::kTimeLimit);
+  const Classification c = classify_step(srun_exited(143), stderr_text, StepEnd::kTimeLimit,
+                                         false, {"step 3 of 5", ""}, 50, 2);
+  EXPECT_EQ(c.status, "timeout");
+  EXPECT_EQ(c.exit_code, 124);
+  EXPECT_EQ(c.error, "step time limit of 1 min reached (SLURM); step 3 of 5");
+}
+
+TEST(SrunClassify, CancelledStepLeavesTheTrialToResume) {
+  const std::string stderr_text =
+      "slurmstepd-localhost: error: *** JOB 5 ON localhost CANCELLED AT 2026-11-22T18:33:37 ***\n"
+      "srun: error: localhost: tasks 0-3: Terminated\n";
+  ASSERT_EQ(step_end(stderr_text), StepEnd::kCancelled);
+  const Classification c =
+      classify_step(srun_exited(143), stderr_text, StepEnd::kCancelled, false, {}, 60, 4);
+  EXPECT_EQ(c.status, "running");
+  // A task that died from a signal nobody sent is killed, as locally.
+  const Classification killed = classify_step(
+      srun_exited(137), "srun: error: h: task 2: Killed\n", StepEnd::kNormal, false, {}, 60, 4);
+  EXPECT_EQ(killed.status, "killed");
+  EXPECT_EQ(killed.rank, 2);
+}
+
+TEST(SrunClassify, SrunFailingWithoutTasksUsesItsOwnStatus) {
+  const Classification c = classify_step(
+      srun_exited(1), "srun: error: Unable to create step for job 9: Invalid generic resource\n",
+      StepEnd::kNormal, false, {}, 60, 4);
+  EXPECT_EQ(c.status, "failed");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_EQ(c.error, "srun: error: Unable to create step for job 9: Invalid generic resource");
+  const Classification ok = classify_step(srun_exited(0), "", StepEnd::kNormal, true, {}, 60, 4);
+  EXPECT_EQ(ok.status, "ok");
+}
+
+TEST(Sbatch, ScriptAndJobId) {
+  launch::SbatchJob job;
+  job.job_name = "ulysses-sweep-q";
+  job.nodes = 2;
+  job.ntasks_per_node = 4;
+  job.time_limit_min = 16;
+  job.output = "/runs/sweep-%j.log";
+  job.comments = {"a sweep"};
+  job.body = {"cd /work", "exec ulysses-tune sweep q.yaml"};
+  EXPECT_EQ(launch::sbatch_script(job),
+            "#!/usr/bin/env bash\n# a sweep\n#SBATCH --job-name=ulysses-sweep-q\n"
+            "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n#SBATCH --time=16\n"
+            "#SBATCH --output=/runs/sweep-%j.log\nset -euo pipefail\ncd /work\n"
+            "exec ulysses-tune sweep q.yaml\n");
+  EXPECT_EQ(launch::parse_sbatch_job_id("Submitted batch job 123\n"), "123");
+  EXPECT_EQ(launch::parse_sbatch_job_id("77;cluster\n"), "77");
+  EXPECT_FALSE(launch::parse_sbatch_job_id("sbatch: error: invalid partition").has_value());
+}
+
+// The experiment's runner and nodes keys (experiment.h).
+class RunnerKeys : public ::testing::Test {
+ protected:
+  experiment::Experiment parse(const std::string& extra) {
+    const std::string text =
+        "name: r\nhardware: " + hardware_ + "\nworld_size: 8\n"
+        "space: {mesh.sp: [1], sequence.length: [64]}\n" + extra;
+    return experiment::parse_experiment(text, "r.yaml", experiment::default_profiles_dir());
+  }
+  std::string hardware_ = "cpu-local";
+};
+
+TEST_F(RunnerKeys, RunnerAndNodes) {
+  EXPECT_EQ(parse("").runner, "local");
+  EXPECT_EQ(parse("").nodes, 1);
+  EXPECT_EQ(parse("runner: srun\n").nodes, 1);  // cpu-local has one node
+  EXPECT_EQ(parse("runner: srun\nnodes: 2\n").nodes, 2);
+  try {
+    parse("runner: ssh\n");
+    ADD_FAILURE() << "runner: ssh accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "r.yaml: runner: expected local or srun, got 'ssh'");
+  }
+  EXPECT_THROW(parse("nodes: 2\n"), UserError);                // local runs on one node
+  EXPECT_THROW(parse("runner: srun\nnodes: 3\n"), UserError);  // 8 ranks over 3 nodes
+  hardware_ = "dgx-h100-8x4";                                  // launcher srun, 4 nodes of 8
+  EXPECT_EQ(parse("").runner, "srun");
+  EXPECT_EQ(parse("").nodes, 1);
+}
+
+}  // namespace
+}  // namespace ulysses::trial
