@@ -131,8 +131,10 @@ void AdamW::check_grad(const Slot& slot, const at::Tensor& grad) const {
   const at::ScalarType param_dtype = slot.param.scalar_type();
   const bool dtype_ok = grad.scalar_type() == param_dtype ||
                         (is_reduced(param_dtype) && grad.scalar_type() == at::kFloat);
-  TORCH_CHECK(grad.sizes() == slot.param.sizes() && dtype_ok &&
-                  grad.device() == slot.param.device(),
+  // kHost also takes host gradients of device parameters (GradientBuffers with on_host).
+  const bool device_ok = grad.device() == slot.param.device() ||
+                         (placement_ == OptimizerPlacement::kHost && grad.is_cpu());
+  TORCH_CHECK(grad.sizes() == slot.param.sizes() && dtype_ok && device_ok,
               "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
               grad.scalar_type(), " device ", grad.device(), ", the parameter ",
               slot.param.sizes(), " ", param_dtype, " ", slot.param.device());

@@ -33,12 +33,13 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // host memory for every parameter and updates them with one fused, multi-threaded CPU pass
 // (train/cpu_adam.h: the same results as kDevice's ATen ops on the CPU, bit for bit). Gradients
 // reach that pass as:
-//   - host gradients: read where they are, no copy (bf16/fp16 converted inline);
+//   - host gradients (of host parameters, or of CUDA parameters accumulated on the host during
+//     backward: GradientBuffers on_host, what the trainer does): read where they are, no copy
+//     (bf16/fp16 converted inline);
 //   - CUDA gradients: non_blocking copies, in the gradient's dtype, into pinned staging buffers on
 //     a side stream (after the work queued on the current stream), started by prefetch_gradient()
-//     as each gradient becomes final (the trainer calls it as each all-reduce bucket completes,
-//     so the copies overlap the remaining reductions and the norm) or else by step() per
-//     parameter; step() waits for the side stream once, then updates.
+//     as each gradient becomes final or else by step() per parameter; step() waits for the side
+//     stream once, then updates.
 // Afterwards the master goes back into the parameter: host parameters are written by the same
 // pass (an fp32/fp64 contiguous host parameter is its own master: no copy at all); CUDA
 // parameters get a non_blocking copy from the pinned master on the current stream.
@@ -77,8 +78,9 @@ class AdamW {
   // dtype (e.g. fp32 accumulation buffers). kHost folds it into the fused pass; kDevice scales a
   // temporary per parameter when grad_scale != 1.
   // REQUIRES: lr >= 0; grad_scale finite and > 0; grads.size() == parameters().size(); each
-  // defined grads[i] is dense, on the parameter's device, with its shape ([param shape]) and its
-  // dtype or fp32 as above (violations trip a TORCH_CHECK naming the parameter).
+  // defined grads[i] is dense, on the parameter's device (kHost: or in host memory), with its
+  // shape ([param shape]) and its dtype or fp32 as above (violations trip a TORCH_CHECK naming
+  // the parameter).
   void step(double lr, const std::vector<at::Tensor>& grads, double grad_scale = 1.0);
 
   // kHost only (no-op otherwise, and for host gradients): starts copying parameters()[index]'s

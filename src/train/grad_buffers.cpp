@@ -16,14 +16,19 @@ at::ScalarType accumulation_dtype(at::ScalarType param_dtype) {
   return param_dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// Runs after autograd has accumulated a contribution into a half-precision parameter's .grad():
-// moves it into the fp32 buffer and releases it, so the next contribution starts from nothing.
+// Runs after autograd has accumulated a contribution into a parameter's .grad() (half precision,
+// or any parameter whose buffer is on the host): moves it into the fp32 buffer and releases it, so
+// the next contribution starts from nothing.
 struct AccumulateIntoMainGrad : public torch::autograd::PostAccumulateGradHook {
   explicit AccumulateIntoMainGrad(at::Tensor main_grad) : main_grad(std::move(main_grad)) {}
   void operator()(const torch::autograd::Variable& param) override {
     at::Tensor& grad = param.mutable_grad();
     if (!grad.defined()) return;
-    main_grad.add_(grad);  // fp32 += bf16, converted element by element
+    if (grad.device() != main_grad.device()) {
+      main_grad.add_(grad.to(main_grad.device()));  // device -> host in the grad's dtype, then add
+    } else {
+      main_grad.add_(grad);  // fp32 += bf16, converted element by element
+    }
     grad.reset();
   }
   at::Tensor main_grad;  // [param shape] fp32 view of the flat buffer
@@ -56,7 +61,7 @@ FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shard
   return layout;
 }
 
-GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards)
+GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards, bool on_host)
     : params_(std::move(params)), grads_(params_.size()), hooked_(params_.size(), false) {
   const FlatLayout layout = plan_flat_layout(params_, shards);
   flat_index_ = layout.flat_index;
@@ -70,11 +75,12 @@ GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards)
     if (!flat.defined()) {
       flat = at::zeros({layout.flat_numel[flat_index_[i]]},
                        at::TensorOptions()
-                           .device(p.device())
-                           .dtype(accumulation_dtype(p.scalar_type())));  // [padded]
+                           .device(on_host ? at::Device(at::kCPU) : p.device())
+                           .dtype(accumulation_dtype(p.scalar_type()))
+                           .pinned_memory(on_host && p.is_cuda()));  // [padded]
     }
     grads_[i] = flat.narrow(0, flat_offset_[i], p.numel()).view(p.sizes());  // [param shape]
-    if (p.scalar_type() == grads_[i].scalar_type()) {
+    if (!on_host && p.scalar_type() == grads_[i].scalar_type()) {
       p.mutable_grad() = grads_[i];
     } else {
       p.mutable_grad().reset();
@@ -103,36 +109,15 @@ void GradientBuffers::zero() {
   }
 }
 
-void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes,
-                                 const GradientReady& on_ready) {
+void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes) {
   TORCH_CHECK(bucket_bytes >= 1, "GradientBuffers::all_reduce: bucket_bytes must be >= 1");
-  // Per flat, its parameters in flat order (their views follow each other in parameter order).
-  std::vector<std::vector<size_t>> members(flats_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (flat_index_[i] >= 0) members[flat_index_[i]].push_back(i);
-  }
-  if (group.size() == 1) {
-    if (on_ready) {
-      for (const auto& flat_members : members) {
-        for (size_t i : flat_members) on_ready(i);
-      }
-    }
-    return;
-  }
+  if (group.size() == 1) return;
   profile::ScopedPhase phase("grad_sync");
-  for (size_t f = 0; f < flats_.size(); ++f) {
-    at::Tensor& flat = flats_[f];
+  for (auto& flat : flats_) {
     const int64_t bucket_numel = std::max<int64_t>(bucket_bytes / flat.element_size(), 1);
-    size_t next = 0;  // members[f][next] is the first parameter not yet reported ready
     for (int64_t start = 0; start < flat.numel(); start += bucket_numel) {
-      const int64_t end = std::min(start + bucket_numel, flat.numel());
-      at::Tensor bucket = flat.narrow(0, start, end - start);
+      at::Tensor bucket = flat.narrow(0, start, std::min(bucket_numel, flat.numel() - start));
       group.all_reduce(bucket, comm::ReduceOp::kSum);  // contiguous slice, reduced in place
-      for (; on_ready && next < members[f].size(); ++next) {
-        const size_t i = members[f][next];
-        if (flat_offset_[i] + params_[i].numel() > end) break;
-        on_ready(i);
-      }
     }
   }
 }
@@ -140,7 +125,7 @@ void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes,
 void GradientBuffers::copy_to_param_grads() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!hooked_[i]) continue;
-    params_[i].mutable_grad() = grads_[i].to(params_[i].scalar_type());
+    params_[i].mutable_grad() = grads_[i].to(params_[i].device(), params_[i].scalar_type());
   }
 }
 

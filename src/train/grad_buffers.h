@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "comm/group.h"
@@ -31,10 +30,11 @@ FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shard
 // parameters.
 //  - fp32 / fp64 parameters: param.grad() IS the view, so autograd's AccumulateGrad adds every
 //    contribution into it in place (backward runs with grad mode off).
-//  - bf16 / fp16 parameters: a post-accumulate-grad hook adds each contribution (the bf16 grad
-//    autograd just produced) into the fp32 view and releases it, so param.grad() stays undefined
-//    between contributions and no bf16 sum ever exists.
-// Invariants: grads()[i] has params[i]'s shape and device and the accumulation dtype; the views of
+//  - bf16 / fp16 parameters, and every parameter with on_host: a post-accumulate-grad hook adds
+//    each contribution (the grad autograd just produced) into the fp32 view and releases it, so
+//    param.grad() stays undefined between contributions and no bf16 sum ever exists.
+// Invariants: grads()[i] has params[i]'s shape, the accumulation dtype and params[i]'s device
+// (the CPU with on_host); the views of
 // one buffer cover it without overlap, in parameter order. Hooks are installed for the lifetime of
 // this object (destruction removes them); at most one GradientBuffers per parameter at a time.
 // Not thread-safe; not copyable.
@@ -44,7 +44,14 @@ class GradientBuffers {
   // entry in grads() is undefined); shards >= 1. Allocates zeroed buffers, each padded at its end
   // with zeros to a multiple of `shards` elements (ZeRO splits them into `shards` equal parts;
   // the padding is never written by autograd and stays zero until ZeRO reuses the buffer).
-  explicit GradientBuffers(std::vector<at::Tensor> params, int64_t shards = 1);
+  // on_host: the buffers live in host memory (pinned for CUDA parameters) whatever the
+  // parameters' device, and every parameter goes through the hook: each contribution leaves the
+  // device as autograd produces it (a blocking copy, during backward) and is added in fp32 on the
+  // CPU. With optimizer offload this is where the fused host AdamW reads them, so no fp32
+  // gradient (4 bytes per parameter) ever occupies device memory (DeepSpeed's ZeRO-Offload keeps
+  // its fp32 gradients on the host too). The sums are the same, bit for bit, as on the device.
+  explicit GradientBuffers(std::vector<at::Tensor> params, int64_t shards = 1,
+                           bool on_host = false);
   ~GradientBuffers();
   GradientBuffers(const GradientBuffers&) = delete;
   GradientBuffers& operator=(const GradientBuffers&) = delete;
@@ -56,17 +63,10 @@ class GradientBuffers {
   // The accumulated gradients, aligned with the constructor's params: [param shape], fp32 (fp64).
   const std::vector<at::Tensor>& grads() const { return grads_; }
 
-  // Called with a parameter's index once its gradient is final (every element of its view summed).
-  using GradientReady = std::function<void(size_t param_index)>;
-
   // Sums every buffer over `group` in place, `bucket_bytes` at a time (contiguous slices of the
   // flat buffer: no extra copy of the gradients). Every member must call it with the same
-  // parameters in the same order. When `on_ready` is set, it is called once for every parameter
-  // with a buffer, as soon as the bucket holding the last element of its view has been reduced
-  // (in flat order; for a group of one, for every parameter at once), e.g. to start copying that
-  // gradient to the host while later buckets are reduced. REQUIRES: bucket_bytes >= 1.
-  void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes,
-                  const GradientReady& on_ready = {});
+  // parameters in the same order. REQUIRES: bucket_bytes >= 1.
+  void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes);
 
   // Writes each accumulated gradient into its parameter's .grad() in the parameter's dtype (a
   // no-op for fp32/fp64 parameters, whose .grad() is the buffer), for callers that read .grad().

@@ -54,9 +54,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
 
   TORCH_CHECK(options.reduce || options.buffers != nullptr,
               "compute_gradients: reduce = false needs options.buffers");
-  if (options.reduce) {
-    buffers->all_reduce(mesh.world(), options.bucket_bytes, options.on_gradient_ready);
-  }
+  if (options.reduce) buffers->all_reduce(mesh.world(), options.bucket_bytes);
   if (temporary) temporary->copy_to_param_grads();
   at::Tensor loss_sum = at::tensor({local_loss_sum}, at::kDouble);
   mesh.world().all_reduce(loss_sum, comm::ReduceOp::kSum);

@@ -30,9 +30,6 @@ struct GradientOptions {
   // false: leave options.buffers holding this rank's own sums, unreduced (ZeRO reduces them
   // itself: zero_optimizer.h). REQUIRES options.buffers when false.
   bool reduce = true;
-  // With reduce: called for each parameter as its reduced gradient becomes final
-  // (GradientBuffers::all_reduce's on_ready), e.g. AdamW::prefetch_gradient under offload.
-  GradientBuffers::GradientReady on_gradient_ready;
 };
 
 struct StepLoss {

@@ -139,7 +139,10 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   std::vector<at::Tensor> params = model->parameters();
   // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there),
   // padded to a multiple of the world for ZeRO's shards.
-  GradientBuffers gradients(params, zero_stage > 0 ? mesh.world().size() : 1);
+  // Under optimizer offload (stage 0) they live on the host, where the update reads them: no
+  // fp32 gradient on the device.
+  GradientBuffers gradients(params, zero_stage > 0 ? mesh.world().size() : 1,
+                            /*on_host=*/zero_stage == 0 && placement == OptimizerPlacement::kHost);
   std::unique_ptr<AdamW> adamw;        // zero.stage 0
   std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2
   if (zero_stage > 0) {
@@ -263,13 +266,6 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     std::vector<data::Batch> batches = load_step(loader, step, config.sequence.grad_accum, device);
     GradientOptions gradient_options{config.memory.tiled_loss, &gradients, bucket_bytes};
     gradient_options.reduce = zero == nullptr;
-    if (adamw && placement == OptimizerPlacement::kHost && device.is_cuda()) {
-      // Each gradient starts its copy to the host as soon as its bucket is reduced, overlapping
-      // the remaining all-reduces and the norm (a no-op for host gradients).
-      gradient_options.on_gradient_ready = [&](size_t i) {
-        adamw->prefetch_gradient(i, gradients.grads()[i]);
-      };
-    }
     StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
     if (zero) zero->reduce_gradients();
     const double lr = lr_at(config.optim, step, config.train.steps);

@@ -95,45 +95,37 @@ TEST(GradientBuffers, BucketedAllReduceSumsEveryElement) {
   });
 }
 
-// on_ready reports each parameter once, in flat order, only after every element of its view has
-// been summed (the callback sees the final value), so a consumer (the host-copy prefetch under
-// optimizer offload) can start on it while later buckets are still being reduced.
-TEST(GradientBuffers, EachGradientIsReportedOnceWhenItsLastBucketIsReduced) {
-  constexpr int kWorld = 2;
-  run_ranks(kWorld, [](const RankContext& ctx) {
-    comm::DeviceMesh mesh =
-        comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, kWorld, 1);
-    at::Tensor a = at::zeros({7}, at::kFloat).requires_grad_(true);
-    at::Tensor b = at::zeros({2, 5}, at::kBFloat16).requires_grad_(true);
-    at::Tensor frozen = at::zeros({4}, at::kFloat);  // no buffer: never reported
-    at::Tensor c = at::zeros({3}, at::kFloat).requires_grad_(true);
-    GradientBuffers buffers({a, b, frozen, c});
-    const double r = ctx.rank + 1;
-    contribute(a, r);
-    contribute(b, 2 * r);
-    contribute(c, 4 * r);
-    const std::vector<at::Tensor> expected = {at::full({7}, 3.0f), at::full({2, 5}, 6.0f),
-                                              at::Tensor(), at::full({3}, 12.0f)};
-    std::vector<size_t> order;
-    buffers.all_reduce(mesh.world(), /*bucket_bytes=*/12, [&](size_t i) {
-      order.push_back(i);
-      EXPECT_TRUE(at::equal(buffers.grads()[i], expected[i])) << "param " << i << " not final";
-    });
-    // One flat (fp32 accumulation for fp32 and bf16 alike), parameters in their order.
-    EXPECT_EQ(order, (std::vector<size_t>{0, 1, 3}));
-  });
-}
-
-TEST(GradientBuffers, AWorldOfOneReportsEveryGradientAtOnce) {
-  run_ranks(1, [](const RankContext& ctx) {
-    comm::DeviceMesh mesh = comm::DeviceMesh::create_for_test(ctx.rank, 1, ctx.store_path, 1, 1);
-    at::Tensor a = at::zeros({7}, at::kFloat).requires_grad_(true);
-    at::Tensor b = at::zeros({2}, at::kBFloat16).requires_grad_(true);
-    GradientBuffers buffers({a, b});
-    std::vector<size_t> order;
-    buffers.all_reduce(mesh.world(), 4, [&](size_t i) { order.push_back(i); });
-    EXPECT_EQ(order, (std::vector<size_t>{0, 1}));
-  });
+// on_host (optimizer offload): every parameter, fp32 ones too, goes through the hook, so .grad()
+// is released after each contribution and the sums live in the host buffers. The sums equal the
+// on-device buffers' bit for bit (same fp32 adds in the same order; random values, no tolerance).
+// On this CPU-only machine the host is the parameters' device; the device-to-host copy in the
+// hook runs on CUDA only.
+TEST(GradientBuffers, OnHostSumsEqualTheDeviceBuffersBitForBit) {
+  at::manual_seed(5);
+  const at::Tensor init32 = at::randn({5, 3});
+  const at::Tensor init16 = at::randn({7}).to(at::kBFloat16);
+  at::Tensor a = init32.clone().requires_grad_(true), b = init16.clone().requires_grad_(true);
+  at::Tensor a_host = init32.clone().requires_grad_(true);
+  at::Tensor b_host = init16.clone().requires_grad_(true);
+  GradientBuffers device_buffers({a, b});
+  GradientBuffers host_buffers({a_host, b_host}, /*shards=*/1, /*on_host=*/true);
+  for (int k = 0; k < 4; ++k) {
+    const at::Tensor x = at::randn({5, 3}), y = at::randn({7}).to(at::kBFloat16);
+    ((a * a * x).sum() + (b * y).sum().to(at::kFloat)).backward();
+    ((a_host * a_host * x).sum() + (b_host * y).sum().to(at::kFloat)).backward();
+    EXPECT_FALSE(a_host.grad().defined()) << "an on-host fp32 gradient must not stay in .grad()";
+  }
+  ASSERT_TRUE(a.grad().is_same(device_buffers.grads()[0])) << "device fp32: .grad() is the view";
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(host_buffers.grads()[i].is_cpu());
+    EXPECT_EQ(host_buffers.grads()[i].scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(host_buffers.grads()[i], device_buffers.grads()[i])) << "param " << i;
+  }
+  host_buffers.zero();
+  EXPECT_EQ(host_buffers.grads()[0].abs().sum().item<float>(), 0.0f);
+  host_buffers.copy_to_param_grads();  // the parameter's device and dtype
+  EXPECT_EQ(a_host.grad().scalar_type(), at::kFloat);
+  EXPECT_EQ(b_host.grad().scalar_type(), at::kBFloat16);
 }
 
 }  // namespace
