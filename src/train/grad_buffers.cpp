@@ -76,8 +76,9 @@ GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards,
       flat = at::zeros({layout.flat_numel[flat_index_[i]]},
                        at::TensorOptions()
                            .device(on_host ? at::Device(at::kCPU) : p.device())
-                           .dtype(accumulation_dtype(p.scalar_type()))
-                           .pinned_memory(on_host && p.is_cuda()));  // [padded]
+                           .dtype(accumulation_dtype(p.scalar_type())));  // [padded]
+      // Not pinned: nothing copies into it asynchronously, and the caching host allocator would
+      // round a pinned block of this size up to a power of two (up to twice the memory).
     }
     grads_[i] = flat.narrow(0, flat_offset_[i], p.numel()).view(p.sizes());  // [param shape]
     if (!on_host && p.scalar_type() == grads_[i].scalar_type()) {

@@ -44,7 +44,7 @@ class GradientBuffers {
   // entry in grads() is undefined); shards >= 1. Allocates zeroed buffers, each padded at its end
   // with zeros to a multiple of `shards` elements (ZeRO splits them into `shards` equal parts;
   // the padding is never written by autograd and stays zero until ZeRO reuses the buffer).
-  // on_host: the buffers live in host memory (pinned for CUDA parameters) whatever the
+  // on_host: the buffers live in host memory (pageable) whatever the
   // parameters' device, and every parameter goes through the hook: each contribution leaves the
   // device as autograd produces it (a blocking copy, during backward) and is added in fp32 on the
   // CPU. With optimizer offload this is where the fused host AdamW reads them, so no fp32
