@@ -128,8 +128,10 @@ const std::map<std::string, std::string>& meanings() {
       {"zero.stage",
        "ZeRO over all dp x sp ranks: 0 = every rank holds the full AdamW state; 1 = AdamW "
        "moments and fp32 master weights sharded over the ranks; 2 = also the gradients "
-       "(reduce-scatter instead of all-reduce); 3 (weights sharded) is not built yet. In a world "
-       "of 1 every stage is a no-op."},
+       "(each layer's reduce-scattered into shard-sized fp32 buffers as soon as its backward "
+       "ends); 3 = also the weights (gathered per layer for forward and again for backward, "
+       "freed after use; layers always recompute in backward, as with memory.checkpointing). "
+       "In a world of 1 every stage is a no-op."},
       {"zero.bucket_mb",
        "Size in MiB of one gradient all-reduce / reduce-scatter and one weight all-gather (every "
        "stage); > 0."},

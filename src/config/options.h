@@ -93,8 +93,9 @@ struct OptimOptions {
 };
 
 // ZeRO over the world group (all dp x sp ranks): 0 = every rank holds full optimizer state;
-// 1 = optimizer states and fp32 masters sharded; 2 = also gradients (reduce-scatter). 3 is
-// refused (not built yet) except in a world of 1, where every stage is a no-op.
+// 1 = optimizer states and fp32 masters sharded; 2 = also gradients (reduce-scatter per layer
+// into shard-sized buffers); 3 = also the weights (gathered per layer when used). In a world of 1
+// every stage is a no-op.
 struct ZeroOptions {
   int64_t stage = 0;
   double bucket_mb = 128.0;  // size of one gradient reduce / weight gather, MiB (all stages)

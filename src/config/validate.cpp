@@ -167,9 +167,6 @@ void validate_run(const RunConfig& c) {
 
   require(c.zero.stage >= 0 && c.zero.stage <= 3, "zero.stage",
           "must be 0, 1, 2 or 3, got " + show(c.zero.stage));
-  require(c.zero.stage != 3 || c.mesh.dp * c.mesh.sp == 1, "zero.stage",
-          "3 (weights sharded) is not built yet; use 0, 1 or 2 (in a world of 1 every stage is a "
-          "no-op and 3 is accepted)");
   require(c.zero.bucket_mb > 0, "zero.bucket_mb", "must be > 0, got " + show(c.zero.bucket_mb));
 
   at_least("checkpoint.every", c.checkpoint.every, 0);

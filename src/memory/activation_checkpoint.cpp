@@ -15,6 +15,7 @@ struct LayerCall : torch::CustomClassHolder {
   at::Tensor cos, sin;                // [bs, T, hd]
   model::AttentionContext attention;  // doc_ids [bs, sl] or undefined, layer index, run_core
   std::shared_ptr<OffloadedTensor> offloaded;  // the input in host memory (offload only)
+  at::Tensor kept_leaf, kept_out;  // [bs, T, h] the kept graph's input and output (no recompute)
   std::shared_ptr<ActivationCheckpointing> checkpointing;
 };
 
@@ -22,14 +23,25 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   // x [bs, T, h] -> [bs, T, h]. Runs with grad mode off (custom Function forward): no graph.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             c10::intrusive_ptr<LayerCall> call) {
-    at::Tensor out = call->layer->forward(x, call->cos, call->sin, call->attention);
     ActivationCheckpointing& owner = *call->checkpointing;
-    if (owner.offload_) {
-      call->offloaded = owner.offloader_.stash(x);  // [bs, T, h] -> host
-    } else {
-      ctx->save_for_backward({x});  // freed by the engine after backward
+    const int64_t index = call->attention.layer_index;
+    if (owner.hooks_) owner.hooks_->gather_layer(index);
+    at::Tensor out;  // [bs, T, h]
+    if (owner.recompute_) {
+      out = call->layer->forward(x, call->cos, call->sin, call->attention);
+      if (owner.offload_) {
+        call->offloaded = owner.offloader_.stash(x);  // [bs, T, h] -> host
+      } else {
+        ctx->save_for_backward({x});  // freed by the engine after backward
+      }
+      ++owner.checkpointed_;
+    } else {  // keep the layer's own graph for the nested backward
+      at::AutoGradMode grad_on(true);
+      call->kept_leaf = x.detach().requires_grad_(true);
+      call->kept_out = call->layer->forward(call->kept_leaf, call->cos, call->sin, call->attention);
+      out = call->kept_out.detach();  // the custom node becomes its grad_fn, not the inner graph's
     }
-    ++owner.checkpointed_;
+    if (owner.hooks_) owner.hooks_->release_layer(index);
     ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
     return out;
   }
@@ -39,25 +51,42 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
                                                torch::autograd::tensor_list grads) {
     const c10::intrusive_ptr<torch::CustomClassHolder> holder = ctx->saved_data["call"].toCapsule();
     auto* call = static_cast<LayerCall*>(holder.get());
-    at::Tensor input;  // [bs, T, h]
-    if (call->offloaded) {
-      input = call->offloaded->fetch();
-      // Bring the previous layer's input back while this layer recomputes.
-      if (auto previous = call->offloaded->previous()) previous->prefetch();
-      call->offloaded.reset();
+    ActivationCheckpointing& owner = *call->checkpointing;
+    const int64_t index = call->attention.layer_index;
+    at::Tensor leaf, out;  // [bs, T, h]
+    if (owner.recompute_) {
+      at::Tensor input;  // [bs, T, h]
+      if (call->offloaded) {
+        input = call->offloaded->fetch();
+        // Bring the previous layer's input back while this layer recomputes.
+        if (auto previous = call->offloaded->previous()) previous->prefetch();
+        call->offloaded.reset();
+      } else {
+        input = ctx->get_saved_variables().at(0);
+      }
+      if (owner.hooks_) owner.hooks_->gather_layer(index);
+      leaf = input.detach().requires_grad_(true);
+      {
+        profile::ScopedPhase phase("recompute");
+        at::AutoGradMode grad_on(true);
+        out = call->layer->forward(leaf, call->cos, call->sin, call->attention);
+      }
+      ++owner.recomputed_;
     } else {
-      input = ctx->get_saved_variables().at(0);
+      TORCH_CHECK(call->kept_out.defined(), "layer ", index, ": backward ran twice without recompute");
+      leaf = std::move(call->kept_leaf);
+      out = std::move(call->kept_out);
+      call->kept_leaf.reset();
+      call->kept_out.reset();
     }
-    at::Tensor leaf = input.detach().requires_grad_(true);  // [bs, T, h]
-    at::Tensor out;                                         // [bs, T, h]
-    {
-      profile::ScopedPhase phase("recompute");
-      at::AutoGradMode grad_on(true);
-      out = call->layer->forward(leaf, call->cos, call->sin, call->attention);
-    }
-    ++call->checkpointing->recomputed_;
     if (grads[0].defined()) torch::autograd::backward({out}, {grads[0]});
-    return {leaf.grad(), at::Tensor()};
+    out.reset();  // frees the layer's graph (and with it any weights it saved)
+    at::Tensor dx = leaf.grad();  // [bs, T, h]
+    if (owner.hooks_) {
+      owner.hooks_->reduce_layer(index);
+      owner.hooks_->release_layer(index);
+    }
+    return {dx, at::Tensor()};
   }
 };
 
@@ -65,7 +94,13 @@ model::LayerRunner ActivationCheckpointing::runner() {
   std::shared_ptr<ActivationCheckpointing> self = shared_from_this();
   return [self](model::LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
                 const at::Tensor& sin, const model::AttentionContext& ctx) -> at::Tensor {
-    if (!at::GradMode::is_enabled()) return layer.forward(x, cos, sin, ctx);
+    if (!at::GradMode::is_enabled()) {
+      if (!self->hooks_) return layer.forward(x, cos, sin, ctx);
+      self->hooks_->gather_layer(ctx.layer_index);
+      at::Tensor out = layer.forward(x, cos, sin, ctx);  // [bs, T, h]
+      self->hooks_->release_layer(ctx.layer_index);
+      return out;
+    }
     auto call = c10::make_intrusive<LayerCall>();
     call->owner = layer.shared_from_this();
     call->layer = &layer;
@@ -90,6 +125,16 @@ CheckpointCounts ActivationCheckpointing::counts() const {
 std::shared_ptr<ActivationCheckpointing> enable_activation_checkpointing(
     model::LlamaForCausalLM& model, bool offload) {
   auto checkpointing = std::make_shared<ActivationCheckpointing>(offload);
+  model->set_layer_runner(checkpointing->runner());
+  return checkpointing;
+}
+
+std::shared_ptr<ActivationCheckpointing> enable_layer_hooks(
+    model::LlamaForCausalLM& model, bool offload, bool recompute,
+    std::shared_ptr<LayerParameterHooks> hooks) {
+  TORCH_CHECK(hooks != nullptr, "enable_layer_hooks: null hooks");
+  TORCH_CHECK(recompute || !offload, "enable_layer_hooks: offload needs recompute");
+  auto checkpointing = std::make_shared<ActivationCheckpointing>(offload, recompute, std::move(hooks));
   model->set_layer_runner(checkpointing->runner());
   return checkpointing;
 }

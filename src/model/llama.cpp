@@ -45,7 +45,13 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.sizes() == position_ids.sizes(),
               "LlamaModel: input_ids ", input_ids.sizes(), " and position_ids ",
               position_ids.sizes(), " must both be [bs, T]");
-  at::Tensor hidden = embed_tokens(input_ids);         // [bs, T, h]
+  return norm(forward_layers(embed_tokens(input_ids), position_ids, ctx));  // [bs, T, h]
+}
+
+at::Tensor LlamaModelImpl::forward_layers(const at::Tensor& embedded,
+                                          const at::Tensor& position_ids,
+                                          const AttentionContext& ctx) {
+  at::Tensor hidden = embedded;                        // [bs, T, h]
   RotaryCosSin rope = rotary_.forward(position_ids);   // [bs, T, hd] fp32
   at::Tensor cos = rope.cos.to(hidden.scalar_type());  // [bs, T, hd]
   at::Tensor sin = rope.sin.to(hidden.scalar_type());  // [bs, T, hd]
@@ -58,7 +64,7 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor
     hidden = layer_runner ? layer_runner(*current, hidden, cos, sin, layer_ctx)
                           : current->forward(hidden, cos, sin, layer_ctx);
   }
-  return norm(hidden);  // [bs, T, h]
+  return hidden;  // [bs, T, h]
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const config::ModelOptions& options)

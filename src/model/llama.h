@@ -36,6 +36,11 @@ class LlamaModelImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids,
                      const AttentionContext& ctx);
 
+  // The decoder layers alone (ZeRO stage 2/3 run the embedding and the final norm as their own
+  // units): hidden [bs, T, h] (embedded), position_ids [bs, T] -> [bs, T, h], not normed.
+  at::Tensor forward_layers(const at::Tensor& hidden, const at::Tensor& position_ids,
+                            const AttentionContext& ctx);
+
   LlamaDecoderLayer layer(int64_t index) const;  // REQUIRES: 0 <= index < num_layers()
   int64_t num_layers() const { return static_cast<int64_t>(layers->size()); }
   const RotaryEmbedding& rotary() const { return rotary_; }

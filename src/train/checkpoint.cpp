@@ -99,11 +99,51 @@ std::map<std::string, int> assign_writers(const NamedTensors& entries, int64_t w
 }
 
 // The per-parameter AdamW entries (AdamW::state_tensors() names) of the ZeRO shards in `files`
-// (one per rank, in rank order): each flat's shards concatenated in rank order, then cut at the
-// parameters' offsets (plan_flat_layout, as the run that wrote them laid them out). ".master"
+// (one per rank, in rank order). Flat layout (stage 1, and stage 2 before it had its own):
+// each flat's shards concatenated in rank order, then cut at the parameters' offsets
+// (plan_flat_layout, as the run that wrote them laid them out). Parameter layout: see above. ".master"
 // entries only for bf16/fp16 parameters (AdamW keeps no separate master for the others).
+// The parameter layout (zero.stage 2/3, "zero.param<i>" entries): parameter i's shards
+// concatenated in rank order and cut at its numel.
+NamedTensors unshard_param_layout(const std::vector<std::map<std::string, at::Tensor>>& shards,
+                                  const std::vector<fs::path>& files,
+                                  const std::vector<std::string>& names,
+                                  const std::vector<at::Tensor>& params, const std::string& source) {
+  NamedTensors out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string key = "zero.param" + std::to_string(i);
+    auto full = [&](const std::string& what) {  // [param shape]
+      std::vector<at::Tensor> parts;
+      for (size_t r = 0; r < shards.size(); ++r) {
+        auto it = shards[r].find(key + what);
+        if (it == shards[r].end()) {
+          throw UserError(files[r].string() + ": optimizer entry " + key + what + " is missing");
+        }
+        parts.push_back(it->second.reshape({-1}));
+      }
+      at::Tensor flat = at::cat(parts);
+      if (flat.numel() < params[i].numel()) {
+        throw UserError(source + ": ZeRO optimizer shards of " + key + what + " hold " +
+                        std::to_string(flat.numel()) + " elements, " + names[i] + " has " +
+                        std::to_string(params[i].numel()) + " (another model?)");
+      }
+      return flat.narrow(0, 0, params[i].numel()).view(params[i].sizes()).clone();
+    };
+    out.emplace_back(names[i] + ".exp_avg", full(".exp_avg"));
+    out.emplace_back(names[i] + ".exp_avg_sq", full(".exp_avg_sq"));
+    auto step = shards[0].find(key + ".step");
+    if (step == shards[0].end()) {
+      throw UserError(files[0].string() + ": optimizer entry " + key + ".step is missing");
+    }
+    out.emplace_back(names[i] + ".step", step->second.reshape({-1})[0].clone());
+    const at::ScalarType dtype = params[i].scalar_type();
+    if (dtype == at::kBFloat16 || dtype == at::kHalf) out.emplace_back(names[i] + ".master", full(".master"));
+  }
+  return out;
+}
+
 NamedTensors unshard_state(const std::vector<fs::path>& files, model::LlamaForCausalLM& model,
-                           const std::string& source) {
+                           const std::string& saved_layout, const std::string& source) {
   std::vector<std::map<std::string, at::Tensor>> shards;
   for (const auto& file : files) shards.push_back(model::load_safetensors(file.string()));
   std::vector<at::Tensor> params;
@@ -112,6 +152,7 @@ NamedTensors unshard_state(const std::vector<fs::path>& files, model::LlamaForCa
     names.push_back(item.key());
     params.push_back(item.value());
   }
+  if (saved_layout == "param") return unshard_param_layout(shards, files, names, params, source);
   const FlatLayout layout = plan_flat_layout(params, static_cast<int64_t>(files.size()));
   auto full_flat = [&](size_t f, const std::string& what) {  // [flat_numel[f]]
     const std::string key = "zero.flat" + std::to_string(f) + what;
@@ -207,6 +248,9 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
   }
   const int64_t optimizer_step =
       optimizer ? optimizer->step_count() : (zero ? zero->step_count() : 0);
+  // Stage 3 holds shards only: every rank gathers the whole model for rank 0 to write it.
+  ZeroPartition* partition = zero != nullptr ? zero->partition() : nullptr;
+  if (partition != nullptr) partition->gather_all();
   if (is_rank0) {
     const fs::path weights = tmp_path / "model.safetensors";
     model::save_safetensors(weights.string(), to_cpu(model::hf_state(model)), {{"format", "pt"}});
@@ -222,9 +266,11 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
                               {"skipped_steps", state.skipped_steps},
                               {"optimizer_step", optimizer_step},
                               {"zero_stage", zero ? zero->stage() : 0},
+                              {"zero_layout", zero ? zero->layout() : ""},
                               {"optimizer_files", optimizer_files}};
     write_text(tmp_path / "trainer_state.json", trainer.dump(2) + "\n");
   }
+  if (partition != nullptr) partition->release_all();
   world.barrier();  // every share is on disk
   if (!is_rank0) return;
 
@@ -273,7 +319,11 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
   }
   model::load_hf_weights(model, dir);
   const int64_t optimizer_step = trainer.value("optimizer_step", int64_t{0});
-  const bool same_shards = zero != nullptr && saved_stage > 0 &&
+  // Stage 1 wrote the flat layout, stages 2/3 the parameter layout (stage 2 wrote flat before
+  // zero_layout was recorded).
+  const std::string saved_layout =
+      trainer.value("zero_layout", std::string(saved_stage > 0 ? "flat" : ""));
+  const bool same_shards = zero != nullptr && saved_stage > 0 && saved_layout == zero->layout() &&
                            static_cast<int>(files.size()) == zero->world().size();
   if (zero != nullptr) zero->reload_parameters();  // masters from the loaded weights
   if (same_shards) {  // this rank's own file: bit-exact
@@ -286,7 +336,7 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
     if (saved_stage > 0) {  // shards of another stage or world: per-parameter entries first
       std::vector<fs::path> paths;
       for (const auto& file : files) paths.push_back(path / file);
-      named = unshard_state(paths, model, dir);
+      named = unshard_state(paths, model, saved_layout, dir);
     } else {
       for (const auto& file : files) {
         for (auto& entry : model::load_safetensors((path / file).string())) named.push_back(entry);

@@ -14,6 +14,7 @@
 #include "data/batch.h"
 #include "model/llama.h"
 #include "train/grad_buffers.h"
+#include "train/zero_partition.h"
 
 namespace ulysses::train {
 
@@ -30,6 +31,12 @@ struct GradientOptions {
   // false: leave options.buffers holding this rank's own sums, unreduced (ZeRO reduces them
   // itself: zero_optimizer.h). REQUIRES options.buffers when false.
   bool reduce = true;
+  // ZeRO stage 2/3 (not owned; `buffers` is then unused): the embedding, the layers (through the
+  // partition's layer runner) and the head (final norm + LM head + loss) run as units; each
+  // unit's gradients are reduce-scattered into the partition's shards as soon as its backward is
+  // done, per micro-batch. Backward runs in two parts: the head's (its gradients complete), then
+  // the layers' and the embedding's from the head's input gradient.
+  ZeroPartition* partition = nullptr;
 };
 
 struct StepLoss {

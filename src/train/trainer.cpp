@@ -34,6 +34,7 @@
 #include "train/metrics.h"
 #include "train/run_description.h"
 #include "train/zero_optimizer.h"
+#include "train/zero_partition.h"
 
 namespace ulysses::train {
 namespace {
@@ -128,24 +129,35 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   model::LlamaForCausalLM model = build_model(config, mesh, device, &run.mlp_tiles);
   profile::set_timing_device(device);
   profile::enable_nvtx(config.profile.nvtx);
-  profile::install_model_ranges(model);
   const OptimizerPlacement placement = config.memory.offload_optimizer
                                            ? OptimizerPlacement::kHost
                                            : OptimizerPlacement::kDevice;
-  // zero.stage 1/2 shard AdamW over the world; in a world of 1 every stage is stage 0.
+  // zero.stage 1-3 shard AdamW over the world; in a world of 1 every stage is stage 0.
   const int zero_stage = mesh.world().size() > 1 ? static_cast<int>(config.zero.stage) : 0;
   const int64_t bucket_bytes =
       std::max<int64_t>(static_cast<int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0), 1);
+  // zero.stage 2/3: per-parameter shards of the gradients (and weights: 3); every layer runs
+  // through the partition's runner (stage 3 always recomputes in backward, see
+  // activation_checkpoint.h), which replaces build_model's checkpointing runner.
+  std::shared_ptr<ZeroPartition> partition;
+  if (zero_stage >= 2) {
+    partition = std::make_shared<ZeroPartition>(model, mesh.world(), zero_stage, bucket_bytes);
+    const bool recompute = zero_stage == 3 || config.memory.checkpointing ||
+                           config.memory.offload_activations;
+    memory::enable_layer_hooks(model, config.memory.offload_activations, recompute, partition);
+  }
+  profile::install_model_ranges(model);
   std::vector<at::Tensor> params = model->parameters();
   // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there),
-  // padded to a multiple of the world for ZeRO's shards.
-  // Under optimizer offload (stage 0) they live on the host, where the update reads them: no
-  // fp32 gradient on the device.
-  GradientBuffers gradients(params, zero_stage > 0 ? mesh.world().size() : 1,
-                            /*on_host=*/zero_stage == 0 && placement == OptimizerPlacement::kHost);
+  // padded to a multiple of the world for ZeRO's shards; none under stage 2/3 (the partition
+  // holds shard-sized gradients).
+  GradientBuffers gradients(zero_stage >= 2 ? std::vector<at::Tensor>{} : params,
+                            zero_stage > 0 ? mesh.world().size() : 1);
   std::unique_ptr<AdamW> adamw;        // zero.stage 0
-  std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2
-  if (zero_stage > 0) {
+  std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2, 3
+  if (zero_stage >= 2) {
+    zero = std::make_unique<ZeroOptimizer>(*partition, config.optim, placement);
+  } else if (zero_stage > 0) {
     zero = std::make_unique<ZeroOptimizer>(gradients, mesh.world(), zero_stage, config.optim,
                                            placement, bucket_bytes);
   } else {
@@ -245,7 +257,9 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   const bool evaluating = !config.eval.source.empty();
 
   auto run_eval = [&](int64_t step) {
+    if (partition) partition->gather_all();  // stage 3: whole weights while evaluating
     EvalResult result = evaluate(model, config, mesh, device);
+    if (partition) partition->release_all();
     if (is_rank0) {
       nlohmann::json record = result.to_json();
       record["step"] = step;
@@ -257,6 +271,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     }
   };
 
+  if (partition) partition->release_all();  // stage 3: only shards from here on
   int64_t consecutive_skips = 0;
   for (int64_t step = state.step + 1; step <= config.train.steps; ++step) {
     profile::ScopedRange step_range("step", step);  // nsys capture range: step@ulysses
@@ -266,6 +281,14 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     std::vector<data::Batch> batches = load_step(loader, step, config.sequence.grad_accum, device);
     GradientOptions gradient_options{config.memory.tiled_loss, &gradients, bucket_bytes};
     gradient_options.reduce = zero == nullptr;
+    gradient_options.partition = partition.get();
+    if (adamw && placement == OptimizerPlacement::kHost && device.is_cuda()) {
+      // Each gradient starts its copy to the host as soon as its bucket is reduced, overlapping
+      // the remaining all-reduces and the norm (a no-op for host gradients).
+      gradient_options.on_gradient_ready = [&](size_t i) {
+        adamw->prefetch_gradient(i, gradients.grads()[i]);
+      };
+    }
     StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
     if (zero) zero->reduce_gradients();
     const double lr = lr_at(config.optim, step, config.train.steps);

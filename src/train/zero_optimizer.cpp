@@ -10,23 +10,25 @@
 
 #include "common/error.h"
 #include "profile/phase_timer.h"
+#include "train/zero_partition.h"
 
 namespace ulysses::train {
 namespace {
 
 std::string flat_name(size_t f) { return "zero.flat" + std::to_string(f); }
+std::string param_name(size_t i) { return "zero.param" + std::to_string(i); }
 
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, int stage,
                              const config::OptimOptions& options, OptimizerPlacement placement,
                              int64_t bucket_bytes)
-    : buffers_(buffers), world_(world), stage_(stage), bucket_bytes_(bucket_bytes) {
+    : buffers_(&buffers), world_(world), stage_(stage), bucket_bytes_(bucket_bytes) {
   TORCH_CHECK(stage == 1 || stage == 2, "ZeroOptimizer: stage must be 1 or 2, got ", stage);
   TORCH_CHECK(bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1");
   NamedTensors named;
-  for (size_t f = 0; f < buffers_.flats().size(); ++f) {
-    const at::Tensor& flat = buffers_.flats()[f];  // [world * S_f]
+  for (size_t f = 0; f < buffers_->flats().size(); ++f) {
+    const at::Tensor& flat = buffers_->flats()[f];  // [world * S_f]
     TORCH_CHECK(flat.numel() % world_.size() == 0,
                 "ZeroOptimizer: gradient buffers must be padded to the world size");
     shard_numel_.push_back(flat.numel() / world_.size());
@@ -39,14 +41,49 @@ ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, int s
   adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
 }
 
+ZeroOptimizer::ZeroOptimizer(ZeroPartition& partition, const config::OptimOptions& options,
+                             OptimizerPlacement placement)
+    : partition_(&partition),
+      world_(partition.world()),
+      stage_(partition.stage()),
+      bucket_bytes_(1) {
+  NamedTensors named;
+  for (size_t i = 0; i < partition.params().size(); ++i) {
+    shard_numel_.push_back(partition.shard_numel(i));
+    at::TensorOptions where = partition.grad_shards()[i].options();  // fp32 / fp64
+    if (placement == OptimizerPlacement::kHost) where = where.device(at::kCPU);
+    const at::Tensor values = partition.weight_values(i);  // [S_i]
+    if (partition.stage() == 3 && values.options().dtype() == where.dtype() &&
+        values.device() == where.device()) {
+      masters_.push_back(values);  // fp32 weights are their own masters, as in stage 0
+    } else {
+      masters_.push_back(at::zeros({shard_numel_.back()}, where));  // [S_i]
+    }
+    named.emplace_back(entry_name(i), masters_.back());
+  }
+  copy_parameters_to_masters();
+  adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+}
+
+std::string ZeroOptimizer::entry_name(size_t f) const {
+  return partition_ != nullptr ? param_name(f) : flat_name(f);
+}
+
 ZeroOptimizer::ShardSlice ZeroOptimizer::shard_slice(size_t i) const {
   ShardSlice slice;
-  slice.flat = buffers_.flat_index(i);
+  if (partition_ != nullptr) {  // parameter i is shard i: elements [rank * S_i, + S_i) of it
+    slice.flat = static_cast<int>(i);
+    slice.param_offset = world_.rank() * shard_numel_[i];
+    slice.length =
+        std::clamp<int64_t>(partition_->param_numel(i) - slice.param_offset, 0, shard_numel_[i]);
+    return slice;
+  }
+  slice.flat = buffers_->flat_index(i);
   if (slice.flat < 0) return slice;
   const int64_t begin = world_.rank() * shard_numel_[slice.flat];
   const int64_t end = begin + shard_numel_[slice.flat];
-  const int64_t p_begin = buffers_.flat_offset(i);
-  const int64_t p_end = p_begin + buffers_.params()[i].numel();
+  const int64_t p_begin = buffers_->flat_offset(i);
+  const int64_t p_end = p_begin + buffers_->params()[i].numel();
   const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
   if (lo >= hi) return slice;
   slice.shard_offset = lo - begin;
@@ -57,7 +94,14 @@ ZeroOptimizer::ShardSlice ZeroOptimizer::shard_slice(size_t i) const {
 
 void ZeroOptimizer::copy_parameters_to_masters() {
   at::NoGradGuard no_grad;
-  const auto& params = buffers_.params();
+  if (partition_ != nullptr) {
+    for (size_t i = 0; i < masters_.size(); ++i) {
+      const at::Tensor values = partition_->weight_values(i);
+      if (!values.is_same(masters_[i])) masters_[i].copy_(values);
+    }
+    return;
+  }
+  const auto& params = buffers_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const ShardSlice slice = shard_slice(i);
     if (slice.length == 0) continue;
@@ -67,22 +111,26 @@ void ZeroOptimizer::copy_parameters_to_masters() {
   }
 }
 
-void ZeroOptimizer::reload_parameters() { copy_parameters_to_masters(); }
+void ZeroOptimizer::reload_parameters() {
+  if (partition_ != nullptr) partition_->reshard_from_params();
+  copy_parameters_to_masters();
+}
 
 std::vector<at::Tensor> ZeroOptimizer::shard_grads() const {
+  if (partition_ != nullptr) return partition_->grad_shards();
   std::vector<at::Tensor> out;
   for (size_t f = 0; f < masters_.size(); ++f) {
-    out.push_back(buffers_.flats()[f].narrow(0, world_.rank() * shard_numel_[f], shard_numel_[f]));
+    out.push_back(buffers_->flats()[f].narrow(0, world_.rank() * shard_numel_[f], shard_numel_[f]));
   }
   return out;
 }
 
 void ZeroOptimizer::reduce_gradients() {
-  if (world_.size() == 1) return;
+  if (world_.size() == 1 || partition_ != nullptr) return;  // the partition reduced per unit
   profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
   const int world = world_.size(), rank = world_.rank();
   if (stage_ == 1) {  // all-reduce of every bucket as stage 0 does; only the own shard is read
-    for (const at::Tensor& flat : buffers_.flats()) {
+    for (const at::Tensor& flat : buffers_->flats()) {
       const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size(), 1);
       for (int64_t start = 0; start < flat.numel(); start += bucket) {
         at::Tensor slice = flat.narrow(0, start, std::min(bucket, flat.numel() - start));
@@ -95,7 +143,7 @@ void ZeroOptimizer::reduce_gradients() {
   // the bucket is flat[r * S + o, + n). Packed into one [world, n] tensor (bucket-sized), reduce-
   // scattered, and the own sums written back into the own shard.
   for (size_t f = 0; f < masters_.size(); ++f) {
-    at::Tensor flat = buffers_.flats()[f];
+    at::Tensor flat = buffers_->flats()[f];
     const int64_t shard = shard_numel_[f];
     const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size() / world, 1);
     for (int64_t o = 0; o < shard; o += bucket) {
@@ -133,14 +181,18 @@ void ZeroOptimizer::step(double lr) {
     profile::ScopedPhase phase("optimizer");
     adamw_->step(lr, grads);
   }
+  at::NoGradGuard no_grad;
+  if (partition_ != nullptr) {  // stage 3: into the weight shards; stage 2: all-gathered
+    partition_->set_weights(masters_);
+    return;
+  }
   // All-gather the updated shards into the (now dead) gradient buffers, bucket by bucket, then
   // copy each parameter's view into the parameter, converting to its dtype.
-  at::NoGradGuard no_grad;
   {
     profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
     const int world = world_.size();
     for (size_t f = 0; f < masters_.size(); ++f) {
-      at::Tensor flat = buffers_.flats()[f];
+      at::Tensor flat = buffers_->flats()[f];
       const int64_t shard = shard_numel_[f];
       const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size() / world, 1);
       for (int64_t o = 0; o < shard; o += bucket) {
@@ -150,16 +202,16 @@ void ZeroOptimizer::step(double lr) {
       }
     }
   }
-  const auto& params = buffers_.params();
+  const auto& params = buffers_->params();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (buffers_.flat_index(i) < 0) continue;
-    params[i].detach().copy_(buffers_.grads()[i]);
+    if (buffers_->flat_index(i) < 0) continue;
+    params[i].detach().copy_(buffers_->grads()[i]);
   }
 }
 
 NamedTensors ZeroOptimizer::state_tensors() const {
   NamedTensors out = adamw_->state_tensors();
-  for (size_t f = 0; f < masters_.size(); ++f) out.emplace_back(flat_name(f) + ".master", masters_[f]);
+  for (size_t f = 0; f < masters_.size(); ++f) out.emplace_back(entry_name(f) + ".master", masters_[f]);
   return out;
 }
 
@@ -177,7 +229,7 @@ void ZeroOptimizer::load_state(const NamedTensors& state, int64_t step_count,
     }
   }
   for (size_t f = 0; f < masters_.size(); ++f) {
-    const std::string name = flat_name(f) + ".master";
+    const std::string name = entry_name(f) + ".master";
     auto it = masters.find(name);
     if (it == masters.end()) throw UserError(source + ": optimizer entry " + name + " is missing");
     if (!it->second.sizes().equals(masters_[f].sizes()) ||
@@ -192,14 +244,15 @@ void ZeroOptimizer::load_state(const NamedTensors& state, int64_t step_count,
   }
   adamw_->load_state(adam, step_count, source);  // checks everything before copying
   for (size_t f = 0; f < masters_.size(); ++f) {
-    masters_[f].copy_(masters.at(flat_name(f) + ".master"));
+    masters_[f].copy_(masters.at(entry_name(f) + ".master"));
   }
 }
 
 void ZeroOptimizer::load_full_state(const NamedTensors& state,
                                     const std::vector<std::string>& names, int64_t step_count,
                                     const std::string& source) {
-  TORCH_CHECK(names.size() == buffers_.params().size(), "load_full_state: one name per parameter");
+  const size_t count = partition_ != nullptr ? partition_->params().size() : buffers_->params().size();
+  TORCH_CHECK(names.size() == count, "load_full_state: one name per parameter");
   std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
   auto entry = [&](const std::string& key) -> const at::Tensor* {
     auto it = by_name.find(key);
@@ -214,10 +267,11 @@ void ZeroOptimizer::load_full_state(const NamedTensors& state,
   copy_parameters_to_masters();  // defaults for parameters without a saved master
   for (size_t f = 0; f < masters_.size(); ++f) masters[f].copy_(masters_[f]);
   int64_t step = -1;
-  const auto& params = buffers_.params();
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     const ShardSlice slice = shard_slice(i);
     if (slice.flat < 0) continue;
+    const int64_t numel =
+        partition_ != nullptr ? partition_->param_numel(i) : buffers_->params()[i].numel();
     for (const char* suffix : {".exp_avg", ".exp_avg_sq", ".step"}) {
       const at::Tensor* t = entry(names[i] + suffix);
       if (t == nullptr) throw UserError(source + ": optimizer entry " + names[i] + suffix + " is missing");
@@ -227,9 +281,9 @@ void ZeroOptimizer::load_full_state(const NamedTensors& state,
     if (slice.length == 0) continue;
     auto slice_into = [&](std::vector<at::Tensor>& dst, const std::string& key) {
       const at::Tensor& t = *entry(key);
-      if (t.numel() != params[i].numel()) {
+      if (t.numel() != numel) {
         throw UserError(source + ": optimizer entry " + key + " has " + std::to_string(t.numel()) +
-                        " elements, expected " + std::to_string(params[i].numel()));
+                        " elements, expected " + std::to_string(numel));
       }
       dst[slice.flat]
           .narrow(0, slice.shard_offset, slice.length)
@@ -241,9 +295,9 @@ void ZeroOptimizer::load_full_state(const NamedTensors& state,
   }
   NamedTensors adam;
   for (size_t f = 0; f < masters_.size(); ++f) {
-    adam.emplace_back(flat_name(f) + ".exp_avg", exp_avg[f]);
-    adam.emplace_back(flat_name(f) + ".exp_avg_sq", exp_avg_sq[f]);
-    adam.emplace_back(flat_name(f) + ".step", at::tensor(std::max<int64_t>(step, 0), at::kLong));
+    adam.emplace_back(entry_name(f) + ".exp_avg", exp_avg[f]);
+    adam.emplace_back(entry_name(f) + ".exp_avg_sq", exp_avg_sq[f]);
+    adam.emplace_back(entry_name(f) + ".step", at::tensor(std::max<int64_t>(step, 0), at::kLong));
   }
   adamw_->load_state(adam, step_count, source);
   for (size_t f = 0; f < masters_.size(); ++f) masters_[f].copy_(masters[f]);

@@ -1,6 +1,8 @@
-// ZeRO stages 1 and 2 (zero.stage) over the world group: each rank keeps AdamW state and fp32
-// master weights for 1/world of every flat gradient buffer only, and all-gathers the updated
-// shards back into the (full) parameters after each step. Stage 3 is not built.
+// ZeRO (zero.stage) over the world group: each rank keeps AdamW state and fp32 master weights for
+// 1/world of the model only. Stage 1 shards the flat gradient buffers and all-gathers the updated
+// shards back into the (full) parameters after each step; stages 2 and 3 shard every parameter
+// (zero_partition.h): shard-sized gradients reduced per unit during backward, and in stage 3 the
+// updated shards stay shards (the weights are gathered per unit when used).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -13,10 +15,11 @@
 #include "config/options.h"
 #include "train/adamw.h"
 #include "train/grad_buffers.h"
+#include "train/zero_partition.h"
 
 namespace ulysses::train {
 
-// The optimizer of a ZeRO-1/2 run. Layout: each flat buffer f of `buffers` ([world * S_f],
+// The optimizer of a ZeRO run. Flat layout (the first constructor; the trainer's stage 1): each flat buffer f of `buffers` ([world * S_f],
 // padded by GradientBuffers(params, world)) is split into `world` contiguous shards of S_f
 // elements; this rank owns shard rank(), elements [rank * S_f, (rank + 1) * S_f). For every f it
 // holds one flat master tensor ([S_f], the flat's dtype: fp32, fp64 for fp64 parameters) and an
@@ -24,6 +27,10 @@ namespace ulysses::train {
 // value for all parameters, so updating a flat shard is the same arithmetic as updating the
 // parameters one by one (padding stays 0: zero gradient, zero moments, zero weight).
 // With kHost (memory.offload_optimizer) the masters and moments live in host memory (ZeRO-Offload).
+// Parameter layout (the second constructor; stages 2 and 3): shard i is parameter i's [S_i]
+// (zero_partition.h), AdamW entries "zero.param<i>"; the partition already reduce-scattered the
+// gradients during backward, so reduce_gradients() does nothing, and step() hands the updated
+// masters to ZeroPartition::set_weights.
 //
 // One step: reduce_gradients() (stage 1: all-reduce of every bucket as stage 0 does, then this
 // rank reads its shard; stage 2: reduce-scatter of every bucket, so a rank only receives the sums
@@ -41,8 +48,15 @@ class ZeroOptimizer {
   ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, int stage,
                 const config::OptimOptions& options, OptimizerPlacement placement,
                 int64_t bucket_bytes);
+  // Parameter layout over `partition` (stage 2 or 3; it must outlive this). Masters from
+  // partition.weight_values().
+  ZeroOptimizer(ZeroPartition& partition, const config::OptimOptions& options,
+                OptimizerPlacement placement);
 
   int stage() const { return stage_; }
+  // "flat" (first constructor) or "param" (second): how the shards cut the model.
+  const char* layout() const { return partition_ != nullptr ? "param" : "flat"; }
+  ZeroPartition* partition() const { return partition_; }
   const comm::Group& world() const { return world_; }
 
   // Reduces the unreduced per-rank sums in the buffers (compute_gradients with reduce = false)
@@ -64,10 +78,11 @@ class ZeroOptimizer {
   int64_t step_count() const { return adamw_->step_count(); }
 
   // This rank's optimizer state for a checkpoint: AdamW's entries for "zero.flat<f>" plus
-  // "zero.flat<f>.master" ([S_f], the master shard). Aliases live state.
+  // "zero.flat<f>.master" ([S_f], the master shard); "zero.param<i>..." in the parameter layout.
+  // Aliases live state.
   NamedTensors state_tensors() const;
 
-  // Restores a state written by state_tensors() on the same world size (bit-exact resume).
+  // Restores a state written by state_tensors() on the same world size and layout (bit-exact).
   // Throws UserError "<source>: ..." when an entry is missing, unexpected or mis-shaped.
   void load_state(const NamedTensors& state, int64_t step_count, const std::string& source);
 
@@ -80,7 +95,7 @@ class ZeroOptimizer {
                        int64_t step_count, const std::string& source);
 
   // Copies this rank's shard of the parameters into the masters (after loading weights without
-  // load_state).
+  // load_state); in stage 3 recomputes the weight shards from the whole parameters first.
   void reload_parameters();
 
  private:
@@ -92,15 +107,17 @@ class ZeroOptimizer {
     int64_t shard_offset = 0, param_offset = 0, length = 0;
   };
   ShardSlice shard_slice(size_t i) const;
+  std::string entry_name(size_t f) const;  // "zero.flat<f>" or "zero.param<f>"
 
   // Copies the parameters' values that fall in this rank's shard of each flat into masters_.
   void copy_parameters_to_masters();
 
-  GradientBuffers& buffers_;
+  GradientBuffers* buffers_ = nullptr;  // flat layout
+  ZeroPartition* partition_ = nullptr;  // parameter layout
   comm::Group& world_;
   int stage_;
   int64_t bucket_bytes_;
-  std::vector<int64_t> shard_numel_;   // S_f per flat
+  std::vector<int64_t> shard_numel_;   // S_f per flat (S_i per parameter)
   std::vector<at::Tensor> masters_;    // [S_f] per flat, master weights of this rank's shard
   std::unique_ptr<AdamW> adamw_;       // over ("zero.flat<f>", masters_[f])
 };

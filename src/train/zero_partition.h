@@ -1,0 +1,127 @@
+// ZeRO stages 2 and 3 (zero.stage): per-parameter shards of the fp32 gradients (both) and of the
+// weights (3), the gathers and reduce-scatters around each unit of the model, and the units'
+// forward/backward order (gradient_step.cpp drives it; decoder layers go through the layer runner).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/group.h"
+#include "memory/activation_checkpoint.h"
+#include "model/llama.h"
+
+namespace ulysses::train {
+
+// Layout (as DeepSpeed's stage 3 partitions): parameter i (numel n_i) is flattened, padded with
+// zeros to world * S_i (S_i = ceil(n_i / world)), and rank r owns elements [r * S_i, (r+1) * S_i).
+//  - gradients: grad_shards()[i] [S_i], fp32 (fp64 for fp64 parameters), this rank's shard of the
+//    global sum over the world. No full-size gradient buffer exists: every gradient contribution
+//    autograd produces is moved (post-accumulate-grad hook) into a per-parameter fp32 pending
+//    buffer [world * S_i] that lives only until its unit is reduce-scattered into the shard.
+//  - weights (stage 3): weight_shard(i) [S_i] in the parameter's dtype; between uses the
+//    parameter's data is an empty tensor ([0], storage of 0 bytes). A unit is gathered (bucketed
+//    all-gathers into a [world * S_i] tensor the parameter then views) before each use and
+//    released after it. Stage 2 keeps the full weights and gathers nothing.
+// Units: decoder layer l (0..L-1), the embedding (L), the head = final norm + LM head weight
+// (L + 1; with tied embeddings the embedding weight, gathered again for this use).
+// Order of one micro-batch (gradient_step.cpp): embed() (gather, forward, release; its gradient is
+// added by embed()'s backward), layers through the layer runner (gather, forward, release;
+// backward: gather, recompute, nested backward, reduce_unit, release), then the head: gather_unit,
+// norm + loss forward and backward, reduce_unit, release_unit; backward through the layers; last
+// reduce_pending() for the embedding's gradient.
+// Phases zero_gather and zero_reduce (category comm) time the collectives.
+// Collective: every rank of `world` calls every method in the same order. Not thread-safe beyond
+// autograd's own calls of the hooks; holds references to `model` and `world`.
+// Invariants: a parameter is whole between gather_unit and release_unit (or gather_all and
+// release_all); gradient contributions arrive only while its unit is whole (embed() excepted: its
+// backward writes into the pending buffer itself).
+class ZeroPartition : public memory::LayerParameterHooks {
+ public:
+  enum : int64_t { kEmbedding = -1, kHead = -2 };  // unit ids beside the layer indices
+
+  // REQUIRES: stage 2 or 3; parameters on one device; bucket_bytes >= 1. Computes the shards
+  // from the current (whole) parameters and installs the gradient hooks; the weights stay whole
+  // until release_all() (load checkpoints first).
+  ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world, int stage, int64_t bucket_bytes);
+  ~ZeroPartition() override;
+  ZeroPartition(const ZeroPartition&) = delete;
+  ZeroPartition& operator=(const ZeroPartition&) = delete;
+
+  int stage() const { return stage_; }
+  comm::Group& world() const { return world_; }
+  const std::vector<at::Tensor>& params() const { return params_; }  // model->parameters()
+  const std::vector<std::string>& names() const { return names_; }
+  int64_t shard_numel(size_t i) const { return shard_numel_[i]; }
+  int64_t param_numel(size_t i) const;  // n_i, also while released
+  const std::vector<at::Tensor>& grad_shards() const { return grad_shards_; }  // [S_i] each
+
+  // Zeros the gradient shards (start of a step).
+  void zero_grads();
+
+  // LayerParameterHooks (decoder layer l).
+  void gather_layer(int64_t layer) override { gather_unit(layer); }
+  void release_layer(int64_t layer) override { release_unit(layer); }
+  void reduce_layer(int64_t layer) override { reduce_unit(layer); }
+
+  // Stage 3: makes every parameter of `unit` whole (a no-op for those already whole); stage 2:
+  // nothing. release_unit: back to [0] (stage 3; not while gather_all holds them).
+  void gather_unit(int64_t unit);
+  void release_unit(int64_t unit);
+  // Reduce-scatters the pending gradients of `unit`'s parameters into their shards and frees them.
+  void reduce_unit(int64_t unit);
+  // The same for every parameter with a pending gradient.
+  void reduce_pending();
+
+  // Every parameter whole until release_all() (checkpoint save, evaluation).
+  void gather_all();
+  void release_all();
+
+  // The embedding unit: input_ids [bs, T] -> [bs, T, h]. Gathers the weight, looks up, releases;
+  // backward adds the weight's gradient into its pending buffer (reduced by reduce_pending()).
+  at::Tensor embed(const at::Tensor& input_ids);
+
+  // This rank's shard of parameter i's current values ([S_i], the parameter's dtype; zero
+  // padding): in stage 3 the weight shard itself (the optimizer may alias it as its master when
+  // the dtypes match), in stage 2 a fresh copy.
+  at::Tensor weight_values(size_t i) const;
+  // Writes updated shards (masters[i] [S_i], any float dtype) into the weights: stage 3 into the
+  // weight shards, stage 2 all-gathered (bucketed) into the whole parameters.
+  void set_weights(const std::vector<at::Tensor>& masters);
+  // Recomputes the weight shards from the whole parameters (after loading weights). REQUIRES:
+  // weights whole.
+  void reshard_from_params();
+
+  // Bytes this rank holds for weights (whole parameters or shards) and gradient shards.
+  int64_t weight_bytes() const;
+  int64_t grad_bytes() const;
+
+  // Adds one gradient contribution of parameter i ([param shape], any float dtype) into its
+  // pending buffer. Called by the hooks and by embed()'s backward.
+  void accumulate(size_t i, const at::Tensor& grad);
+
+ private:
+  const std::vector<size_t>& unit_params(int64_t unit) const;
+  at::Tensor param_slice(size_t i) const;  // [S_i] fresh copy of the whole parameter's shard
+
+  model::LlamaForCausalLM& model_;
+  comm::Group& world_;
+  int stage_;
+  int64_t bucket_bytes_;
+  bool pinned_ = false;                    // gather_all holds every parameter whole
+  std::vector<at::Tensor> params_;         // [param shape] or [0] while released
+  std::vector<std::string> names_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> shard_numel_;       // S_i
+  std::vector<bool> whole_;                // params_[i] holds its whole value
+  std::vector<at::Tensor> weight_shards_;  // [S_i] param dtype (stage 3)
+  std::vector<at::Tensor> grad_shards_;    // [S_i] fp32 / fp64
+  std::vector<at::Tensor> pending_;        // [world * S_i] fp32 / fp64, or undefined
+  std::vector<std::vector<size_t>> layer_units_;
+  std::vector<size_t> embedding_unit_, head_unit_;
+  size_t embedding_index_ = 0;
+};
+
+}  // namespace ulysses::train
