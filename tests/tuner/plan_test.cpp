@@ -11,6 +11,7 @@
 #include "common/paths.h"
 #include "config/presets.h"
 #include "tuner/plan/planner.h"
+#include "tuner/report/plot_script.h"
 #include "tuner/report/trial_table.h"
 
 namespace ulysses::plan {
@@ -158,6 +159,22 @@ TEST(Plan, ReportShowsPredictionBesideMeasurement) {
   EXPECT_EQ(t.rows[0][6], "+10.0 %");
   EXPECT_EQ(t.rows[0][9], "-15.0 %");
   EXPECT_EQ(t.rows[1][9], "-");
+
+  // The report's plot of the same errors: one row per ok trial, '?' where a prediction is missing.
+  report::SweepData data;
+  data.sweep.name = "s";
+  data.trials = {ok, no_time, pruned};
+  const report::PlotFiles files = report::make_plot_files(data);
+  ASSERT_EQ(files.plots.size(), 5u);
+  EXPECT_EQ(files.plots.back().file, "prediction_error.png");
+  std::string dat;
+  for (const auto& [name, content] : files.files) {
+    if (name == "prediction.dat") dat = content;
+  }
+  EXPECT_NE(dat.find("\"3: 2x2 sl=4096\" 10 -15 3\n"), std::string::npos) << dat;
+  EXPECT_NE(dat.find("\"4: 2x2 sl=4096\" 10 ? 4\n"), std::string::npos) << dat;
+  data.trials = {pruned};
+  EXPECT_EQ(report::make_plot_files(data).plots.size(), 4u);  // nothing to compare: no plot
 }
 
 }  // namespace

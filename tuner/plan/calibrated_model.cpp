@@ -51,6 +51,10 @@ CalibratedModel load_model(store::Database& db, const std::string& device_type) 
   }
   CalibratedModel m = model_from_rows(store::read_calibrations(db, run->id), device_type,
                                       db.path() + ": calibration run " + std::to_string(run->id));
+  // Memory keeps the defaults: a fit of runtime + overhead on one sweep's few peaks follows its
+  // noise (a quickstart fit gave 90 % overhead and missed a later trial by 21 %), while the
+  // defaults held every ok trial of two sweeps within 10 % (reports/cost-model-cpu/).
+  m.memory = costmodel::default_memory_coefficients(device_type);
   m.fit_run_id = run->id;
   return m;
 }

@@ -32,7 +32,8 @@ std::vector<store::Calibration> fit_rows(const CalibratedModel& m, const std::st
 CalibratedModel model_from_rows(const std::vector<store::Calibration>& rows,
                                 const std::string& device_type, const std::string& where);
 
-// The newest fit for `device_type` in `db` (any device when none matches), or the defaults.
+// The time coefficients of the newest fit for `device_type` in `db` (any device when none
+// matches), or the defaults; memory coefficients are always the defaults (see the .cpp).
 CalibratedModel load_model(store::Database& db, const std::string& device_type);
 
 // Peak bytes per rank (CPU: peak RSS) and step milliseconds of a validated run config; the

@@ -197,6 +197,46 @@ void pareto_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
         "     '' index 1 using 1:2:(sprintf('trial %d', $3)) with labels offset 0,1.2 notitle\n";
 }
 
+// Error of the cost model's predictions per ok trial (memory and step time), with the +-10 %
+// (memory) and +-20 % (time) bands the model is held to. Returns false when no ok trial has a
+// prediction beside its measurement (then there is no plot).
+bool prediction_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
+  dat = "# label memory_error_pct step_time_error_pct trial_id (? = none)\n";
+  int rows = 0;
+  for (const auto& t : data.trials) {
+    if (t.status != "ok") continue;
+    const bool mem = t.peak_mem_bytes && t.predicted_peak_bytes && *t.peak_mem_bytes > 0;
+    const bool time = t.step_ms && t.predicted_step_ms && *t.step_ms > 0 && !t.probe;
+    if (!mem && !time) continue;
+    auto error = [](double predicted, double measured) {
+      return exact(100.0 * (predicted - measured) / measured);
+    };
+    dat += "\"" + std::to_string(t.id) + ": " + mesh(t) + " sl=" + std::to_string(t.seqlen) +
+           (t.probe ? " probe" : "") + "\" " +
+           (mem ? error(static_cast<double>(*t.predicted_peak_bytes),
+                        static_cast<double>(*t.peak_mem_bytes))
+                : "?") +
+           " " + (time ? error(*t.predicted_step_ms, *t.step_ms) : "?") + " " +
+           std::to_string(t.id) + "\n";
+    ++rows;
+  }
+  if (rows == 0) return false;
+  const int width = std::clamp(220 + 45 * rows, 900, 4000);
+  gp += begin_plot(plot.file, plot.title, width, 620) +
+        "set datafile missing '?'\nset ylabel '(predicted - measured) / measured, %'\n"
+        "set xlabel 'ok trial: mesh dp x sp, sequence length'\nset xtics rotate by -40\n"
+        "set key outside right top\nset grid ytics\n"
+        "set arrow from graph 0, first 10 to graph 1, first 10 nohead dt 2 lc rgb 'blue'\n"
+        "set arrow from graph 0, first -10 to graph 1, first -10 nohead dt 2 lc rgb 'blue'\n"
+        "set arrow from graph 0, first 20 to graph 1, first 20 nohead dt 2 lc rgb 'red'\n"
+        "set arrow from graph 0, first -20 to graph 1, first -20 nohead dt 2 lc rgb 'red'\n"
+        "plot 'prediction.dat' using 0:2:xtic(1) with points pt 7 ps 1.5 lc rgb 'blue' "
+        "title 'peak memory (band +-10 %)', \\\n"
+        "     '' using 0:3 with points pt 5 ps 1.5 lc rgb 'red' "
+        "title 'step time (band +-20 %)'\n";
+  return true;
+}
+
 }  // namespace
 
 std::string gnuplot_quote(const std::string& text) {
@@ -225,6 +265,12 @@ PlotFiles make_plot_files(const SweepData& data) {
     std::string dat;
     builders[i](data, out.plots[i], dat, gp);
     if (!dat.empty()) out.files.emplace_back(dat_names[i], dat);
+  }
+  Plot prediction{"prediction_error.png", "Cost model: predicted vs measured, error per trial", ""};
+  std::string dat;
+  if (prediction_plot(data, prediction, dat, gp)) {
+    out.plots.push_back(prediction);
+    out.files.emplace_back("prediction.dat", dat);
   }
   gp += "\nset output\n";
   out.files.emplace_back("plots.gp", gp);

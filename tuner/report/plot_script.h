@@ -1,4 +1,4 @@
-// The report's four plots as gnuplot input (SPEC 7 "Report"): data files plus one script,
+// The report's plots as gnuplot input (SPEC 7 "Report"): data files plus one script,
 // plots.gp, that draws them as PNGs when run by gnuplot in the report directory. Pure: builds
 // text, writes nothing (plots.h writes the files and runs gnuplot).
 #pragma once
@@ -22,7 +22,9 @@ struct PlotFiles {
   // configuration, measured trials), memory_vs_seqlen.png (peak GiB vs length, the per-rank
   // limits as dashed lines, OOM trials as crosses at their peak or, unknown, at their limit),
   // time_breakdown.png (stacked compute / comm / offload / optimizer / other ms per measured
-  // trial), pareto_front.png (length vs throughput of measured trials, the front highlighted).
+  // trial), pareto_front.png (length vs throughput of measured trials, the front highlighted);
+  // then, when ok trials have the cost model's predictions, prediction_error.png (the error of
+  // the predicted peak and step time of each, with the +-10 % and +-20 % bands).
   std::vector<Plot> plots;
   // (file name, content): plots.gp and the .dat files it reads. plots.gp draws exactly the plots
   // whose `omitted` is "", choosing pngcairo when gnuplot has it and png otherwise.

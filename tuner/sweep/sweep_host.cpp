@@ -201,7 +201,8 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
 
 void SweepHost::predict(const config::RunConfig& c, store::TrialRecord* r) const {
   r->predicted_peak_bytes = plan::predict_peak_bytes(model_, c);
-  r->predicted_step_ms = plan::predict_step_ms(model_, hardware_, c);
+  // A probe computes attention in one layer only: its time is not a step's.
+  if (!r->probe) r->predicted_step_ms = plan::predict_step_ms(model_, hardware_, c);
 }
 
 std::optional<double> SweepHost::predicted_value(const search::Point& p, int64_t length) {
