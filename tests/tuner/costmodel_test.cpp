@@ -161,10 +161,13 @@ TEST(CostModelZero, Stage1ShardsMomentsAndMastersOverTheWorld) {
   EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 1704);    // updated fp32 shards
 }
 
-TEST(CostModelZero, Stage2KeepsTheFullGradientBufferAsBuilt) {
+TEST(CostModelZero, Stage2ShardsTheGradientsAsBuilt) {
   const std::map<std::string, int64_t> m = by_name(predict_memory(tiny_zero(2), k_test()));
-  ASSERT_FALSE(kZero2ShardsGradientBuffer);
-  EXPECT_EQ(m.at("gradients"), 1704 * 4);  // train/zero_optimizer.h: full buffer, then scatter
+  ASSERT_TRUE(kZero2ShardsGradientBuffer);
+  EXPECT_EQ(m.at("gradients"), 1704 * 4 / 4);  // train/zero_partition.h: this rank's shard
+  // One unit's fp32 contributions before its reduce-scatter: max(layer 592, V x h 256) x 4 B.
+  EXPECT_EQ(m.at("zero pending gradients"), 592 * 4);
+  EXPECT_EQ(m.count("zero-3 gathered weights"), 0u);
   EXPECT_EQ(m.at("adam moments"), 1704 * 8 / 4);
   EXPECT_EQ(m.at("fp32 master weights"), 1704 * 4 / 4);
   const StepWork w = step_work(tiny_zero(2));
@@ -182,8 +185,10 @@ TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoLayers) {
   EXPECT_EQ(m.at("fp32 master weights"), 1704 * 4 / 4);
   // max(2 layers = 1184, V x h = 256) parameters x 4 B.
   EXPECT_EQ(m.at("zero-3 gathered weights"), 2 * 592 * 4);
-  // Static: runtime, weights, gradients, moments, masters, gathered layers, reduction bucket.
-  const int64_t stat = 1000 + 1704 + 1704 + 3408 + 1704 + 4736 + 6816;
+  EXPECT_EQ(m.at("zero pending gradients"), 592 * 4);
+  // Static: runtime, weights, gradients, moments, masters, gathered layers, pending gradients,
+  // reduction bucket.
+  const int64_t stat = 1000 + 1704 + 1704 + 3408 + 1704 + 4736 + 2368 + 6816;
   const int64_t saved = 4608 + 1024, tile = 2816;
   EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile +
                                                0.1 * (stat - 1000 + saved + tile)));

@@ -102,9 +102,12 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
   MemoryEstimate e;
   e.terms.push_back({"weights", p * weight_bytes / z.weights,
                      "P x " + n(weight_bytes) + " B" + per(z.weights)});
-  // Gradients accumulate in fp32 buffers whatever the weights' dtype (train/grad_buffers.h).
-  e.terms.push_back({"gradients", 4 * p / z.gradients,
-                     "P x 4 B (fp32 accumulation)" + per(z.gradients)});
+  // Gradients accumulate in fp32 buffers whatever the weights' dtype (train/grad_buffers.h); under
+  // optimizer offload at stage 0 those buffers are in host memory (GradientBuffers on_host).
+  if (!(c.memory.offload_optimizer && z.stage == 0 && !on_cpu)) {
+    e.terms.push_back({"gradients", 4 * p / z.gradients,
+                       "P x 4 B (fp32 accumulation)" + per(z.gradients)});
+  }
   // AdamW moments (and fp32 masters for bf16 or ZeRO) live on this rank unless offloaded to a
   // host that is not this rank's memory (on CPU the host is the device).
   if (!c.memory.offload_optimizer || on_cpu) {
@@ -177,14 +180,26 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         "max(2 x layer params, V x h) x " + ds + " (all-gathered working set)",
         Lifetime::kStatic);
   }
-  // Gradients: fp32 flat buffers for every parameter dtype (train/grad_buffers.h).
+  if (z.stage >= 2) {
+    // One unit's gradient contributions wait in full-size fp32 until its reduce-scatter.
+    const double layer = static_cast<double>(layer_parameter_count(m));
+    add("zero pending gradients", std::max(layer, static_cast<double>(v) * h) * 4.0,
+        "max(layer params, V x h) x 4 B (one unit's fp32 gradients before its reduce-scatter)",
+        Lifetime::kStatic);
+  }
+  // Gradients: fp32 flat buffers for every parameter dtype (train/grad_buffers.h). Under optimizer
+  // offload at stage 0 they are in host memory (GradientBuffers on_host: each contribution is
+  // copied out during backward and summed on the CPU, where the host AdamW reads it); the device
+  // then holds only autograd's one contribution at a time, counted with the layer's backward.
+  const bool grads_on_host = opt_loc == Location::kHost && z.stage == 0;
   add("gradients", static_cast<double>(k.gradient_bytes) * p / z.gradients,
       "P x " + n(k.gradient_bytes) + " B" +
           (k.gradient_bytes == 4 ? " (fp32 flat buffers)" : " (what-if)") + per(z.gradients) +
           (z.stage == 2 && !kZero2ShardsGradientBuffer
                ? " (ZeRO-2 as built: the full buffer during accumulation)"
-               : ""),
-      Lifetime::kStatic);
+               : "") +
+          (grads_on_host ? " (on the host: optimizer offload)" : ""),
+      Lifetime::kStatic, grads_on_host ? Location::kHost : Location::kDevice);
   // Reduced in place bucket by bucket: the backend stages at most one bucket.
   if (world > 1) {
     add("gradient reduction buffer", static_cast<double>(std::min(bucket_bytes(c), 4 * p)),
@@ -200,7 +215,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     add("fp32 master weights", 4.0 * ps, "P x 4 B" + per(z.optimizer), Lifetime::kStatic,
         opt_loc);
   }
-  if (opt_loc == Location::kHost) {
+  if (opt_loc == Location::kHost && !grads_on_host) {
     add("host gradient staging", 4.0 * ps, "P x 4 B (pinned, fp32)" + per(z.optimizer),
         Lifetime::kStatic, Location::kHost);
   }

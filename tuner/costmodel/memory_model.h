@@ -81,11 +81,12 @@ int64_t layer_parameter_count(const config::ModelOptions& m);
 //   stage 2  as stage 1 and, when kZero2ShardsGradientBuffer, the fp32 gradient buffer / world.
 //   stage 3  also the gradients and the weights / world, plus the all-gathered working set of
 //            the module being computed and the one prefetched: max(2 layers, V x h) weights
-//            (DeepSpeed's stage 3; this trainer's stage 3 is not built yet).
-// Our stage 2 (train/zero_optimizer.h) reduce-scatters, but backward still accumulates into the
-// full-size fp32 gradient buffer, which then receives the weight all-gather: it holds 4P bytes
-// like stage 1. Set this to true once the trainer keeps only its own gradient shard.
-inline constexpr bool kZero2ShardsGradientBuffer = false;
+//            (train/zero_partition.h), and at stages 2 and 3 the fp32 pending gradients of the
+//            unit whose backward is running ([world x S_i] per parameter until its
+//            reduce-scatter): max(layer, V x h) x 4 B.
+// Stage 2 as built (train/zero_partition.h) keeps only this rank's fp32 gradient shard; false
+// models the earlier stage 2 that accumulated into the full buffer.
+inline constexpr bool kZero2ShardsGradientBuffer = true;
 
 // Lower bound of one rank's peak memory for a validated run config with world = dp * sp ranks,
 // above the process's start-up baseline. On CPU (train.device cpu) host memory is the device:
