@@ -28,8 +28,8 @@ int run(int argc, char** argv) {
                        "Print the version, LibTorch version and compiled-in backends");
   app.footer(
       "Run `ulysses-tune COMMAND --help` for a command's options.\n"
-      "Not built yet: sweeps whose trials run through SLURM (`runner: srun`, sbatch); sweeps run\n"
-      "their trials as local processes. Reference: docs/ in the source tree.\n");
+      "Sweeps run trials as local processes (`runner: local`) or as SLURM job steps inside an\n"
+      "allocation (`runner: srun`; `sweep --submit` sbatches the sweep). Reference: docs/.\n");
 
   ulysses::sweep::SweepOptions sweep_options;
   CLI::App* sweep = ulysses::sweep::add_sweep_command(app, &sweep_options);

@@ -18,6 +18,7 @@
 #include "tuner/export/deepspeed_config.h"
 #include "tuner/export/export_files.h"
 #include "tuner/launch/launch_plan.h"
+#include "tuner/launch/sbatch.h"
 #include "tuner/recommend/ranking.h"
 #include "tuner/recommend/why.h"
 #include "tuner/report/sweep_source.h"
@@ -68,11 +69,31 @@ std::string launch_script(const config::RunConfig& c, const store::SweepRecord& 
     text += "#   " + line + "\n";
   }
   o.print = "srun";
-  text += "# SLURM, inside an allocation:\n";
+  text += "# SLURM, inside an allocation (or submit launch.sbatch: sbatch launch.sbatch):\n";
   for (const std::string& line : launch::cluster_command_lines(o, "ulysses-train")) {
     text += "#   " + line + "\n";
   }
   return text;
+}
+
+// launch.sbatch: the srun line of launch.sh as a batch job of one node (submit from this
+// directory with the binaries on PATH).
+std::string sbatch_script(const config::RunConfig& c, const store::SweepRecord& sweep) {
+  const int world = static_cast<int>(c.mesh.dp * c.mesh.sp);
+  launch::LaunchOptions o;
+  o.config_path = "recommended.yaml";
+  o.nproc = world;
+  o.print = "srun";
+  launch::SbatchJob job;
+  job.job_name = "ulysses-" + sweep.name + "-tuned";
+  job.ntasks_per_node = world;
+  job.comments = {"The recommended configuration from sweep '" + sweep.name +
+                  "' as a SLURM job: sbatch launch.sbatch (from this directory)."};
+  job.body = {"cd \"${SLURM_SUBMIT_DIR:-.}\""};
+  for (const std::string& line : launch::cluster_command_lines(o, "ulysses-train")) {
+    job.body.push_back(line);
+  }
+  return launch::sbatch_script(job);
 }
 
 }  // namespace
@@ -141,6 +162,7 @@ int run_recommend(const RecommendOptions& options) {
                  config::to_yaml(tuned));
   const exports::ExportFiles files = exports::write_exports(tuned, tmp.string());
   write_file(tmp / "launch.sh", launch_script(tuned, sweep, winner));
+  write_file(tmp / "launch.sbatch", sbatch_script(tuned, sweep));
   fs::permissions(tmp / "launch.sh", fs::perms::owner_exec | fs::perms::group_exec |
                                          fs::perms::others_exec, fs::perm_options::add);
   std::string why = render_why(sweep, o, winner, summaries, phases);
@@ -159,7 +181,7 @@ int run_recommend(const RecommendOptions& options) {
             << static_cast<int64_t>(winner.tokens_per_s_per_rank.value_or(0))
             << " tokens/s per rank)\nwrote " << out.string()
             << "/{recommended.yaml, ds_config.json, " << exports::kArcticRecipeFile
-            << ", accelerate_config.yaml, launch.sh, WHY.md}\n";
+            << ", accelerate_config.yaml, launch.sh, launch.sbatch, WHY.md}\n";
   return kExitOk;
 }
 
