@@ -151,8 +151,11 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there),
   // padded to a multiple of the world for ZeRO's shards; none under stage 2/3 (the partition
   // holds shard-sized gradients).
+  // Under optimizer offload (stage 0) they live on the host, where the update reads them: no
+  // fp32 gradient on the device.
   GradientBuffers gradients(zero_stage >= 2 ? std::vector<at::Tensor>{} : params,
-                            zero_stage > 0 ? mesh.world().size() : 1);
+                            zero_stage > 0 ? mesh.world().size() : 1,
+                            /*on_host=*/zero_stage == 0 && placement == OptimizerPlacement::kHost);
   std::unique_ptr<AdamW> adamw;        // zero.stage 0
   std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2, 3
   if (zero_stage >= 2) {
@@ -282,13 +285,6 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     GradientOptions gradient_options{config.memory.tiled_loss, &gradients, bucket_bytes};
     gradient_options.reduce = zero == nullptr;
     gradient_options.partition = partition.get();
-    if (adamw && placement == OptimizerPlacement::kHost && device.is_cuda()) {
-      // Each gradient starts its copy to the host as soon as its bucket is reduced, overlapping
-      // the remaining all-reduces and the norm (a no-op for host gradients).
-      gradient_options.on_gradient_ready = [&](size_t i) {
-        adamw->prefetch_gradient(i, gradients.grads()[i]);
-      };
-    }
     StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
     if (zero) zero->reduce_gradients();
     const double lr = lr_at(config.optim, step, config.train.steps);
