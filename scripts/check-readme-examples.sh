@@ -20,6 +20,8 @@ readme="${README_FILE:-$root/README.md}"  # README_FILE: another file, to test t
 SKIP=(
   "scripts/quickstart.sh*|the whole quickstart (build, sweep, recommend, report, launch): minutes; its steps run one by one below"
   "scripts/test.sh*|builds and runs the whole test suite, this check included"
+  "*--submit*|submits to a SLURM cluster (sbatch); the slurm_sweep test runs it against a local SLURM"
+  "*sbatch *|needs a SLURM cluster"
 )
 
 # The example lines, one per line, as written.
