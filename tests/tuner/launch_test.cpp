@@ -311,6 +311,14 @@ TEST(LaunchPlan, ClusterCommandLines) {
             (std::vector<std::string>{
                 "MASTER_ADDR=node0 MASTER_PORT=29400 srun --nodes 2 --ntasks-per-node 8 "
                 "--kill-on-bad-exit=1 ulysses-train --config 'my run.yaml' --set train.steps=5"}));
+  // Neither given: the ranks find node 0 and a port in SLURM's variables, not 127.0.0.1.
+  LaunchOptions in_allocation = options;
+  in_allocation.master_addr = kLocalMasterAddr;
+  in_allocation.master_port = 0;
+  EXPECT_EQ(cluster_command_lines(in_allocation, "ulysses-train"),
+            (std::vector<std::string>{
+                "srun --nodes 2 --ntasks-per-node 8 --kill-on-bad-exit=1 ulysses-train "
+                "--config 'my run.yaml' --set train.steps=5"}));
 }
 
 // The README's multi-node example: tiny-cpu.yaml's 2 x 2 mesh on 2 nodes x 8 ranks. Launch says

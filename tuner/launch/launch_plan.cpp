@@ -181,8 +181,12 @@ std::vector<std::string> cluster_command_lines(const LaunchOptions& options,
                                    "--ntasks-per-node", std::to_string(options.nproc),
                                    "--kill-on-bad-exit=1"};
     words.insert(words.end(), trainer.begin(), trainer.end());
-    lines.push_back("MASTER_ADDR=" + shell_quote(options.master_addr) +
-                    " MASTER_PORT=" + std::to_string(port) + " " + join_quoted(words));
+    std::string line;
+    if (options.master_addr != kLocalMasterAddr) {
+      line += "MASTER_ADDR=" + shell_quote(options.master_addr) + " ";
+    }
+    if (options.master_port > 0) line += "MASTER_PORT=" + std::to_string(options.master_port) + " ";
+    lines.push_back(line + join_quoted(words));
     return lines;
   }
   TORCH_CHECK(options.print == "torchrun", "unknown cluster tool ", options.print);

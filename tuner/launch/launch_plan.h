@@ -13,13 +13,16 @@ struct RunConfig;
 namespace ulysses::launch {
 
 // The options of `ulysses-tune launch` (CLI names in the comments).
+// The rendezvous address when --master-addr is not given (ranks on this machine).
+inline constexpr const char* kLocalMasterAddr = "127.0.0.1";
+
 struct LaunchOptions {
   std::string config_path;             // RUN.yaml (positional)
   std::vector<std::string> overrides;  // --set key.path=value, in order
   int nproc = 1;                       // --nproc: ranks on this node
   int nnodes = 1;                      // --nnodes
   int node_rank = -1;                  // --node-rank; -1 = not given (0 when launching)
-  std::string master_addr = "127.0.0.1";  // --master-addr
+  std::string master_addr = kLocalMasterAddr;  // --master-addr
   int master_port = 0;                 // --master-port; 0 = not given
   std::string trainer;                 // --trainer; "" = ulysses-train beside ulysses-tune
   std::string print;                   // --print: "" (run), "torchrun" or "srun"
@@ -77,8 +80,11 @@ std::vector<std::string> current_environment();
 // Else one line per node (only node_rank's line when --node-rank was given), each
 // `torchrun --nnodes M --nproc-per-node N --node-rank R --master-addr A --master-port P
 // --no-python TRAINER --config ...`, preceded by a `# node R` comment line when nnodes > 1.
-// "srun": one line, `MASTER_ADDR=A MASTER_PORT=P srun --nodes M --ntasks-per-node N
-// --kill-on-bad-exit=1 TRAINER --config ...`. The port is master_port, or kDefaultPrintPort.
+// "srun": one line, `[MASTER_ADDR=A] [MASTER_PORT=P] srun --nodes M --ntasks-per-node N
+// --kill-on-bad-exit=1 TRAINER --config ...`. MASTER_ADDR only when --master-addr was given (not
+// kLocalMasterAddr) and MASTER_PORT only when --master-port was: otherwise each rank takes the
+// first host of SLURM_JOB_NODELIST and a port derived from SLURM_JOB_ID (comm/dist_env.h), which
+// is right on every node of the allocation, where 127.0.0.1 is not.
 // REQUIRES: check_launch_options passed and options.print is "torchrun" or "srun".
 std::vector<std::string> cluster_command_lines(const LaunchOptions& options,
                                                const std::string& trainer_path);
