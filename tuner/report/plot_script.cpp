@@ -226,6 +226,8 @@ bool prediction_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
         "set datafile missing '?'\nset ylabel '(predicted - measured) / measured, %'\n"
         "set xlabel 'ok trial: mesh dp x sp, sequence length'\nset xtics rotate by -40\n"
         "set key outside right top\nset grid ytics\n"
+        // The bands stay inside the frame: at least +-25 %, more when an error is larger.
+        "set yrange [*<-25:25<*]\nset offsets 0.5, 0.5, 0, 0\n"
         "set arrow from graph 0, first 10 to graph 1, first 10 nohead dt 2 lc rgb 'blue'\n"
         "set arrow from graph 0, first -10 to graph 1, first -10 nohead dt 2 lc rgb 'blue'\n"
         "set arrow from graph 0, first 20 to graph 1, first 20 nohead dt 2 lc rgb 'red'\n"
