@@ -12,6 +12,18 @@
 namespace ulysses::train {
 namespace {
 
+// zero.stage as the trainer runs it: every stage is stage 0 in a world of one.
+int64_t effective_zero_stage(const config::RunConfig& config, const ResolvedRun& run) {
+  return run.world_size > 1 ? config.zero.stage : 0;
+}
+
+// Whether decoder layers recompute in backward: checkpointing (offload implies it), or ZeRO-3,
+// which gathers the weights again and recomputes (train/zero_partition.h).
+bool layers_recompute(const config::RunConfig& config, const ResolvedRun& run) {
+  return config.memory.checkpointing || config.memory.offload_activations ||
+         effective_zero_stage(config, run) == 3;
+}
+
 template <class T>
 std::string yaml_text(const T& value) {
   YAML::Emitter out;
@@ -69,12 +81,15 @@ std::string describe_run(const config::RunConfig& config, const ResolvedRun& run
   if (config.data.source.rfind("tokens:", 0) == 0) out << " (" << config.data.token_dtype << ")";
   out << (config.data.pack ? ", packed" : "") << "; " << config.train.steps << " steps, lr "
       << config::format_double(config.optim.lr) << " " << config.optim.schedule << "\n";
+  const int64_t zero_stage = effective_zero_stage(config, run);
   out << p << "  memory: tiled_mlp " << tiles_text(mem.tiled_mlp, run.mlp_tiles) << ", tiled_loss "
       << tiles_text(mem.tiled_loss, run.loss_tiles) << ", checkpointing "
-      << on_off(mem.checkpointing || mem.offload_activations) << ", offload_activations "
-      << on_off(mem.offload_activations) << ", offload_optimizer " << on_off(mem.offload_optimizer)
-      << ", precision " << mem.precision << ", limit "
-      << (mem.limit_gib > 0 ? config::format_double(mem.limit_gib) + " GiB" : "none") << "\n";
+      << on_off(layers_recompute(config, run))
+      << (zero_stage == 3 && !mem.checkpointing && !mem.offload_activations ? " (ZeRO-3)" : "")
+      << ", offload_activations " << on_off(mem.offload_activations) << ", offload_optimizer "
+      << on_off(mem.offload_optimizer) << ", precision " << mem.precision << ", limit "
+      << (mem.limit_gib > 0 ? config::format_double(mem.limit_gib) + " GiB" : "none")
+      << ", zero stage " << zero_stage << "\n";
   out << p << "  outputs in " << config.output.dir;
   if (!config.checkpoint.dir.empty()) {
     out << ", checkpoints in " << config.checkpoint.dir << " ("
@@ -104,7 +119,8 @@ nlohmann::json resolved_run_json(const config::RunConfig& config, const Resolved
             {"tiled_mlp_tiles", run.mlp_tiles},
             {"tiled_loss", mem.tiled_loss.is_auto() ? "auto" : std::to_string(mem.tiled_loss.value)},
             {"tiled_loss_tiles", run.loss_tiles},
-            {"checkpointing", mem.checkpointing || mem.offload_activations},
+            {"checkpointing", layers_recompute(config, run)},
+            {"zero_stage", effective_zero_stage(config, run)},
             {"offload_activations", mem.offload_activations},
             {"offload_optimizer", mem.offload_optimizer},
             {"precision", mem.precision},

@@ -129,6 +129,10 @@ TEST(Zero3, RunPhasesContainZeroGatherAndZeroReduce) {
   ASSERT_TRUE(summary.contains("phases_ms_median")) << summary.dump();
   EXPECT_TRUE(summary["phases_ms_median"].contains("zero_gather")) << summary.dump();
   EXPECT_TRUE(summary["phases_ms_median"].contains("zero_reduce")) << summary.dump();
+  // The run says what it did: stage 3, and layers recomputed although memory.checkpointing is off.
+  ASSERT_FALSE(c.memory.checkpointing);
+  EXPECT_EQ(summary["memory"]["zero_stage"], 3) << summary.dump();
+  EXPECT_EQ(summary["memory"]["checkpointing"], true) << summary.dump();
 }
 
 // Resuming a stage-3 run from step 2 on the same mesh gives the uninterrupted run's step-4
