@@ -65,13 +65,15 @@ std::string Group::backend_name() const {
 }
 
 template <typename StartFn>
-void Group::run(const char* op, StartFn&& start) {
-  c10::intrusive_ptr<c10d::Work> work;
+c10::intrusive_ptr<c10d::Work> Group::start_work(const char* op, StartFn&& start) {
   try {
-    work = start();
+    return start();
   } catch (const c10::DistError& e) {  // e.g. NCCL communicator setup with a dead peer
     throw CommError(describe_comm_failure(op, name_, timeout_s_, exception_text(e)));
   }
+}
+
+void Group::wait_work(const char* op, const c10::intrusive_ptr<c10d::Work>& work) {
   try {
     work->wait();
   } catch (const std::exception& e) {
@@ -80,6 +82,11 @@ void Group::run(const char* op, StartFn&& start) {
     if (is_out_of_memory_text(e.what())) throw;
     throw CommError(describe_comm_failure(op, name_, timeout_s_, exception_text(e)));
   }
+}
+
+template <typename StartFn>
+void Group::run(const char* op, StartFn&& start) {
+  wait_work(op, start_work(op, std::forward<StartFn>(start)));
 }
 
 void Group::all_reduce(at::Tensor& t, ReduceOp op) {
@@ -123,22 +130,39 @@ at::Tensor Group::all_to_all_single(const at::Tensor& input,
   return out.to(input.device(), input.scalar_type());
 }
 
-at::Tensor Group::all_gather(const at::Tensor& t) {
+at::Tensor Group::all_gather(const at::Tensor& t) { return all_gather_start(t).wait(); }
+
+Group::PendingGather Group::all_gather_start(const at::Tensor& t) {
   std::vector<int64_t> out_shape = {static_cast<int64_t>(size())};
   for (int64_t s : t.sizes()) out_shape.push_back(s);
-  if (!backend_) return t.unsqueeze(0).clone(at::MemoryFormat::Contiguous);
-
-  at::Tensor in = to_wire(t, device_, is_gloo_);
-  at::Tensor out = at::empty(out_shape, in.options());  // [size, ...t.shape]
-  if (!is_gloo_) {                                      // NCCL gathers into one flat buffer
-    run("all_gather", [&] { return backend_->_allgather_base(out, in); });
-    return out.to(t.device(), t.scalar_type());
+  PendingGather pending;
+  pending.device_ = t.device();
+  pending.dtype_ = t.scalar_type();
+  if (!backend_) {
+    pending.out_ = t.unsqueeze(0).clone(at::MemoryFormat::Contiguous);
+    return pending;
   }
-  std::vector<at::Tensor> inputs = {in};
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int i = 0; i < size(); ++i) outputs[0].push_back(out[i]);  // contiguous views of out
-  run("all_gather", [&] { return backend_->allgather(outputs, inputs); });
-  return out.to(t.device(), t.scalar_type());
+  pending.group_ = this;
+  pending.in_ = to_wire(t, device_, is_gloo_);
+  pending.out_ = at::empty(out_shape, pending.in_.options());  // [size, ...t.shape]
+  if (!is_gloo_) {                                              // NCCL: one flat buffer
+    pending.work_ = start_work("all_gather",
+                               [&] { return backend_->_allgather_base(pending.out_, pending.in_); });
+    return pending;
+  }
+  pending.inputs_ = {pending.in_};
+  pending.outputs_.resize(1);
+  for (int i = 0; i < size(); ++i) pending.outputs_[0].push_back(pending.out_[i]);  // views
+  pending.work_ = start_work(
+      "all_gather", [&] { return backend_->allgather(pending.outputs_, pending.inputs_); });
+  return pending;
+}
+
+at::Tensor Group::PendingGather::wait() {
+  TORCH_CHECK(!waited_, "PendingGather::wait: called twice");
+  waited_ = true;
+  if (group_ != nullptr) group_->wait_work("all_gather", work_);
+  return out_.to(device_, dtype_);
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& input) {

@@ -1,6 +1,6 @@
 // A process group over a subset of the job's ranks, with the few blocking collectives the
 // training stack needs (STYLE 5): all_reduce, all_to_all_single, all_gather, reduce_scatter,
-// broadcast, barrier.
+// broadcast, barrier; and all_gather in two halves (start, wait) for ZeRO-3's prefetch.
 // Backed by c10d ProcessGroupGloo (CPU tensors; CUDA tensors work too) or ProcessGroupNCCL (CUDA).
 #pragma once
 #include <ATen/ATen.h>
@@ -90,6 +90,13 @@ class Group {
   // Returns [size, ...t.shape]: slice i is member i's `t`. Shapes must be equal on all members.
   at::Tensor all_gather(const at::Tensor& t);  // [...] -> [size, ...]
 
+  // all_gather in two halves, so that the caller computes while it runs (ZeRO-3's prefetch of the
+  // next layer's weights): all_gather_start issues it now (members must issue their collectives
+  // in the same order, as for the blocking ones) and PendingGather::wait() returns what
+  // all_gather returns. `t` must stay unchanged until wait() returns.
+  class PendingGather;
+  PendingGather all_gather_start(const at::Tensor& t);
+
   // Reduce-scatter (sum): returns input[rank()] summed over members, a new contiguous tensor;
   // `input` is not modified. A real reduce-scatter (each member receives only its slice: about
   // half an all-reduce's traffic), not an all-reduce. Shapes must be equal on all members.
@@ -108,6 +115,11 @@ class Group {
   // turns a failure while waiting into CommError.
   template <typename StartFn>
   void run(const char* op, StartFn&& start);
+  // The two halves of run(): start (a c10::DistError becomes CommError) and wait (a failure
+  // becomes CommError, out-of-memory keeps its own type).
+  template <typename StartFn>
+  c10::intrusive_ptr<c10d::Work> start_work(const char* op, StartFn&& start);
+  void wait_work(const char* op, const c10::intrusive_ptr<c10d::Work>& work);
 
   std::string name_ = "single";
   std::vector<int> global_ranks_ = {0};
@@ -116,6 +128,26 @@ class Group {
   at::Device device_ = at::Device(at::kCPU);
   bool is_gloo_ = false;  // Gloo lacks bfloat16: such tensors travel as float32
   double timeout_s_ = 0.0;
+};
+
+// An all_gather in flight (Group::all_gather_start). Not copyable; movable.
+class Group::PendingGather {
+ public:
+  // Waits for the gather (once) and returns [size, ...t.shape] on t's device in t's dtype.
+  // Throws CommError as the blocking all_gather does. REQUIRES: not waited before; the Group
+  // that started it still exists.
+  at::Tensor wait();
+
+ private:
+  friend class Group;
+  Group* group_ = nullptr;                 // null: finished at start (a group of one)
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor in_, out_;                     // the wire tensors: [...] and [size, ...]
+  std::vector<at::Tensor> inputs_;          // Gloo's argument lists, kept alive while in flight
+  std::vector<std::vector<at::Tensor>> outputs_;
+  at::Device device_ = at::Device(at::kCPU);  // the caller's device and dtype
+  at::ScalarType dtype_ = at::kFloat;
+  bool waited_ = false;
 };
 
 }  // namespace ulysses::comm

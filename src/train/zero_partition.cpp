@@ -151,25 +151,85 @@ void ZeroPartition::reshard_from_params() {
   }
 }
 
-void ZeroPartition::gather_unit(int64_t unit) {
-  if (stage_ != 3) return;
-  at::NoGradGuard no_grad;
-  const std::vector<size_t>& members = unit_params(unit);
-  if (std::all_of(members.begin(), members.end(), [&](size_t i) { return whole_[i]; })) return;
-  profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
+ZeroPartition::UnitGather ZeroPartition::start_gather(int64_t unit) {
+  UnitGather g;
+  g.unit = unit;
   const int64_t w = world_.size();
-  for (size_t i : members) {
+  for (size_t i : unit_params(unit)) {
     if (whole_[i]) continue;
+    const size_t member = g.members.size();
+    g.members.push_back(i);
     const at::Tensor& shard = weight_shards_[i];  // [S_i]
     const int64_t s = shard_numel_[i];
-    at::Tensor full = at::empty({w * s}, shard.options());  // [world * S_i]
+    g.fulls.push_back(at::empty({w * s}, shard.options()));  // [world * S_i]
     const int64_t bucket = std::max<int64_t>(bucket_bytes_ / shard.element_size() / w, 1);
     for (int64_t o = 0; o < s; o += bucket) {  // a parameter larger than the bucket is split
       const int64_t n = std::min(bucket, s - o);
-      full.view({w, s}).narrow(1, o, n).copy_(world_.all_gather(shard.narrow(0, o, n)));  // [w, n]
+      g.parts.push_back({member, o, n, world_.all_gather_start(shard.narrow(0, o, n))});
     }
-    params_[i].set_data(full.narrow(0, 0, param_numel(i)).view(shapes_[i]));  // [param shape]
+  }
+  return g;
+}
+
+void ZeroPartition::finish_gather(UnitGather& g) {
+  const int64_t w = world_.size();
+  for (auto& part : g.parts) {
+    const size_t i = g.members[part.member];
+    g.fulls[part.member]
+        .view({w, shard_numel_[i]})
+        .narrow(1, part.offset, part.numel)
+        .copy_(part.gather.wait());  // [w, n]
+  }
+  for (size_t m = 0; m < g.members.size(); ++m) {
+    const size_t i = g.members[m];
+    if (whole_[i]) continue;  // made whole meanwhile (a tied weight gathered for another unit)
+    params_[i].set_data(g.fulls[m].narrow(0, 0, param_numel(i)).view(shapes_[i]));
     whole_[i] = true;
+  }
+}
+
+int64_t ZeroPartition::next_unit(int64_t unit, int64_t previous) const {
+  const int64_t layers = static_cast<int64_t>(layer_units_.size());
+  if (layers == 0) return kNoUnit;
+  if (unit == kEmbedding) return 0;
+  if (unit == kHead) return layers - 1;  // backward runs the layers next
+  const bool forward = previous == unit - 1 || (unit == 0 && previous == kEmbedding);
+  const bool backward = previous == unit + 1 || (unit == layers - 1 && previous == kHead);
+  if (forward) return unit + 1 < layers ? unit + 1 : kHead;
+  if (backward) return unit > 0 ? unit - 1 : kNoUnit;
+  return kNoUnit;
+}
+
+void ZeroPartition::settle_prefetch() {
+  if (!in_flight_) return;
+  UnitGather g = std::move(*in_flight_);
+  in_flight_.reset();
+  finish_gather(g);
+  release_unit(g.unit);
+}
+
+void ZeroPartition::gather_unit(int64_t unit) {
+  if (stage_ != 3) return;
+  at::NoGradGuard no_grad;
+  profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
+  if (in_flight_ && in_flight_->unit == unit) {
+    UnitGather g = std::move(*in_flight_);
+    in_flight_.reset();
+    finish_gather(g);
+    ++prefetch_hits_;
+  } else {
+    settle_prefetch();  // a prefetch of another unit: not what runs next after all
+  }
+  const std::vector<size_t>& members = unit_params(unit);
+  if (!std::all_of(members.begin(), members.end(), [&](size_t i) { return whole_[i]; })) {
+    UnitGather g = start_gather(unit);
+    finish_gather(g);
+  }
+  const int64_t next = pinned_ ? kNoUnit : next_unit(unit, last_gathered_);
+  last_gathered_ = unit;
+  if (next != kNoUnit) {
+    UnitGather g = start_gather(next);
+    if (!g.members.empty()) in_flight_ = std::move(g);
   }
 }
 
@@ -226,6 +286,7 @@ void ZeroPartition::gather_all() {
 
 void ZeroPartition::release_all() {
   pinned_ = false;
+  settle_prefetch();
   release_unit(kEmbedding);
   for (size_t l = 0; l < layer_units_.size(); ++l) release_unit(static_cast<int64_t>(l));
   release_unit(kHead);
@@ -246,6 +307,7 @@ void ZeroPartition::set_weights(const std::vector<at::Tensor>& masters) {
   TORCH_CHECK(masters.size() == params_.size(), "ZeroPartition::set_weights: one master per parameter");
   at::NoGradGuard no_grad;
   if (stage_ == 3) {
+    settle_prefetch();  // a gather in flight reads the shards about to change
     for (size_t i = 0; i < params_.size(); ++i) {
       TORCH_CHECK(!whole_[i], "ZeroPartition::set_weights: ", names_[i], " is gathered");
       if (!weight_shards_[i].is_same(masters[i])) weight_shards_[i].copy_(masters[i]);

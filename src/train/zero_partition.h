@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <climits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,8 +70,17 @@ class ZeroPartition : public memory::LayerParameterHooks {
 
   // Stage 3: makes every parameter of `unit` whole (a no-op for those already whole); stage 2:
   // nothing. release_unit: back to [0] (stage 3; not while gather_all holds them).
+  // Prefetch: gather_unit then starts the gather of the unit that comes next in the order above
+  // (forward: embedding -> layer 0 -> ... -> layer L-1 -> head; backward: head -> layer L-1 ->
+  // ... -> layer 0), told apart by the unit gathered before, so the next unit's all-gathers run
+  // while this one computes; gather_unit of that unit then only waits for them. At most one
+  // unit is in flight (two units whole at a time, as DeepSpeed's prefetch of one module); a
+  // prefetch nobody asks for is finished and released by the next gather_unit, set_weights or
+  // release_all, so no full copy outlives the step.
   void gather_unit(int64_t unit);
   void release_unit(int64_t unit);
+  // Gathers satisfied by a prefetch so far (tests; a sequence above gives 2L + 1 per micro-batch).
+  int64_t prefetch_hits() const { return prefetch_hits_; }
   // Reduce-scatters the pending gradients of `unit`'s parameters into their shards and frees them.
   void reduce_unit(int64_t unit);
   // The same for every parameter with a pending gradient.
@@ -104,6 +115,27 @@ class ZeroPartition : public memory::LayerParameterHooks {
 
  private:
   const std::vector<size_t>& unit_params(int64_t unit) const;
+
+  // A unit's all-gathers in flight (stage 3 prefetch).
+  struct UnitGather {
+    int64_t unit = 0;
+    std::vector<size_t> members;   // parameters being gathered (not whole when started)
+    std::vector<at::Tensor> fulls; // [world * S_i] per member
+    struct Part {
+      size_t member;               // index into members
+      int64_t offset, numel;       // the bucket's elements of the shard
+      comm::Group::PendingGather gather;
+    };
+    std::vector<Part> parts;
+  };
+  UnitGather start_gather(int64_t unit);  // issues the bucketed all-gathers of unit's members
+  void finish_gather(UnitGather& g);      // waits for them; the members become whole
+  // The unit gather_unit(unit) prefetches after `unit`, given the unit gathered before it; or
+  // kNoUnit.
+  int64_t next_unit(int64_t unit, int64_t previous) const;
+  // Finishes an in-flight prefetch and releases its unit (unless pinned).
+  void settle_prefetch();
+  static constexpr int64_t kNoUnit = INT64_MIN;
   at::Tensor param_slice(size_t i) const;  // [S_i] fresh copy of the whole parameter's shard
 
   model::LlamaForCausalLM& model_;
@@ -122,6 +154,9 @@ class ZeroPartition : public memory::LayerParameterHooks {
   std::vector<std::vector<size_t>> layer_units_;
   std::vector<size_t> embedding_unit_, head_unit_;
   size_t embedding_index_ = 0;
+  std::optional<UnitGather> in_flight_;  // stage 3: the prefetched unit, at most one
+  int64_t last_gathered_ = kNoUnit;      // the unit gather_unit was last called for
+  int64_t prefetch_hits_ = 0;
 };
 
 }  // namespace ulysses::train

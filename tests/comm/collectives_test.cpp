@@ -159,6 +159,18 @@ TEST(Collectives, AllGatherBroadcastBarrier) {
       EXPECT_TRUE(at::equal(gathered[i], i * 10.0 + at::arange(6, at::kFloat).reshape({2, 3})));
     }
 
+    // Two gathers in flight at once, and a blocking collective issued between start and wait
+    // (ZeRO-3's prefetch); bf16 travels as fp32 over Gloo and comes back as bf16.
+    Group::PendingGather first = group.all_gather_start(mine);
+    Group::PendingGather second = group.all_gather_start(mine.to(at::kBFloat16) + 1);
+    at::Tensor sum = at::ones({1});
+    group.all_reduce(sum, ReduceOp::kSum);
+    EXPECT_EQ(sum.item<float>(), static_cast<float>(kWorld));
+    const at::Tensor later = second.wait();  // [4, 2, 3] bf16, waited out of order
+    EXPECT_TRUE(at::equal(first.wait(), gathered));
+    EXPECT_EQ(later.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(at::equal(later.to(at::kFloat), gathered + 1));
+
     at::Tensor b = at::full({5}, static_cast<double>(r), at::kDouble);  // [5]
     group.broadcast(b, 2);
     EXPECT_TRUE(at::equal(b, at::full({5}, 2.0, at::kDouble)));

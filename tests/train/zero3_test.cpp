@@ -59,7 +59,8 @@ std::map<std::string, at::Tensor> weights_at(const config::RunConfig& c, int64_t
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
-// One stage-3 step on 4 ranks by hand: afterwards every parameter's storage is empty, and this
+// Two stage-3 steps on 4 ranks by hand: every gather but the embedding's was prefetched,
+// afterwards every parameter's storage is empty, and this
 // rank's weight shards + gradient shards + AdamW state are 1/world of what stage 0 holds
 // (weights + fp32 gradient buffer + two moments; fp32 weights are their own masters in both).
 TEST(Zero3, ParametersHoldNothingBetweenUsesAndStatesAreOneWorldth) {
@@ -90,6 +91,10 @@ TEST(Zero3, ParametersHoldNothingBetweenUsesAndStatesAreOneWorldth) {
         EXPECT_EQ(p.storage().nbytes(), 0u) << partition->names()[i];
       }
     }
+    // Every layer gather (forward and recompute) and the head's was prefetched: 2L + 1 per
+    // micro-batch; the embedding, first of a micro-batch, is gathered when asked.
+    const int64_t layers = model->model->num_layers();
+    EXPECT_EQ(partition->prefetch_hits(), 2 * (2 * layers + 1));
     int64_t stage3_bytes = partition->weight_bytes() + partition->grad_bytes();
     for (const auto& [name, t] : zero.state_tensors()) {
       if (name.find(".master") == std::string::npos && name.find(".step") == std::string::npos) {

@@ -176,14 +176,14 @@ TEST(CostModelZero, Stage2ShardsTheGradientsAsBuilt) {
   EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 1704);
 }
 
-TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoLayers) {
+TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoUnits) {
   const MemoryPrediction p = predict_memory(tiny_zero(3), k_test());
   const std::map<std::string, int64_t> m = by_name(p);
   EXPECT_EQ(m.at("weights"), 1704 * 4 / 4);
   EXPECT_EQ(m.at("gradients"), 1704 * 4 / 4);
   EXPECT_EQ(m.at("adam moments"), 1704 * 8 / 4);
   EXPECT_EQ(m.at("fp32 master weights"), 1704 * 4 / 4);
-  // max(2 layers = 1184, V x h = 256) parameters x 4 B.
+  // layer 592 + max(layer 592, V x h = 256) parameters x 4 B: the unit and the prefetched one.
   EXPECT_EQ(m.at("zero-3 gathered weights"), 2 * 592 * 4);
   EXPECT_EQ(m.at("zero pending gradients"), 592 * 4);
   // Static: runtime, weights, gradients, moments, masters, gathered layers, pending gradients,

@@ -173,11 +173,12 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   add("weights", static_cast<double>(p) * d / z.weights, "P x " + ds + per(z.weights),
       Lifetime::kStatic);
   if (z.stage >= 3) {
-    // ZeRO-3 gathers one module's full weights for its forward/backward and prefetches the
-    // next: two layers, or the embedding / LM head [V, h] when that is larger.
+    // ZeRO-3 gathers one unit's full weights for its forward/backward and prefetches the
+    // next: two layers, or a layer beside the embedding / LM head [V, h].
     const double layer = static_cast<double>(layer_parameter_count(m));
-    add("zero-3 gathered weights", std::max(2.0 * layer, static_cast<double>(v) * h) * d,
-        "max(2 x layer params, V x h) x " + ds + " (all-gathered working set)",
+    add("zero-3 gathered weights", (layer + std::max(layer, static_cast<double>(v) * h)) * d,
+        "(layer + max(layer, V x h)) params x " + ds +
+            " (the unit computing and the next, prefetched)",
         Lifetime::kStatic);
   }
   if (z.stage >= 2) {

@@ -80,8 +80,9 @@ int64_t layer_parameter_count(const config::ModelOptions& m);
 //            master shard, even for fp32 parameters); gradients and weights whole.
 //   stage 2  as stage 1 and, when kZero2ShardsGradientBuffer, the fp32 gradient buffer / world.
 //   stage 3  also the gradients and the weights / world, plus the all-gathered working set of
-//            the module being computed and the one prefetched: max(2 layers, V x h) weights
-//            (train/zero_partition.h), and at stages 2 and 3 the fp32 pending gradients of the
+//            the unit being computed and the next one, prefetched (train/zero_partition.h):
+//            layer + max(layer, V x h) weights (the embedding or the head beside the first or
+//            last layer), and at stages 2 and 3 the fp32 pending gradients of the
 //            unit whose backward is running ([world x S_i] per parameter until its
 //            reduce-scatter): max(layer, V x h) x 4 B.
 // Stage 2 as built (train/zero_partition.h) keeps only this rank's fp32 gradient shard; false
