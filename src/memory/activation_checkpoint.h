@@ -82,7 +82,8 @@ std::shared_ptr<ActivationCheckpointing> enable_activation_checkpointing(
     model::LlamaForCausalLM& model, bool offload);
 
 // The ZeRO form (see LayerParameterHooks): recompute as above; hooks not null. With grad mode off
-// (evaluation) the runner gathers, runs and releases each layer.
+// (evaluation) the runner gathers, runs and releases each layer. REQUIRES: recompute when the
+// hooks release weights after the forward (ZeRO-3), since a kept graph would still use them.
 std::shared_ptr<ActivationCheckpointing> enable_layer_hooks(
     model::LlamaForCausalLM& model, bool offload, bool recompute,
     std::shared_ptr<LayerParameterHooks> hooks);

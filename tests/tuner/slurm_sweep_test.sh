@@ -8,7 +8,8 @@
 #      memory without; the full smart search's boundary trials flip between two local runs) with
 #      runner local;
 #   3. the same sweep submitted with `--submit --runner srun`, `scancel`ed after a few trials (the
-#      database stays intact, the sweep `interrupted`), then resubmitted with `--resume`;
+#      database stays intact, the sweep `interrupted`, or still `running` when SLURM's SIGKILL
+#      came before the sweep could record it; --resume takes either), then resubmitted with `--resume`;
 #   4. both sweeps compared: the same trials with the same statuses (oom included) and, for every
 #      fitting trial, the same final loss.
 # Usage: slurm_sweep_test.sh BUILD_DIR. Exit 77 (ctest SKIP_RETURN_CODE) when SLURM cannot run here

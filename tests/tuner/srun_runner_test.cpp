@@ -147,6 +147,28 @@ TEST(SrunClassify, CancelledStepLeavesTheTrialToResume) {
   EXPECT_EQ(killed.rank, 2);
 }
 
+// A rank killed by a signal nobody in the sweep sent (the kernel's OOM killer, a crash): srun
+// reports it, kill-on-bad-exit then terminates the step, and slurmstepd prints CANCELLED as it
+// does for a scancel (the order of kOomThenCommFailure, a real run). The trial is killed, not
+// left to --resume: only tasks reported after the step began terminating were stopped by SLURM.
+TEST(SrunClassify, ATaskKilledBeforeTheStepIsTerminatedIsKilledNotCancelled) {
+  const std::string stderr_text =
+      "srun: error: localhost: task 1: Killed\n"
+      "srun: launch/slurm: _step_signal: Terminating StepId=4.0\n"
+      "slurmstepd-localhost: error: *** STEP 4.0 ON localhost CANCELLED AT 2026-11-22T19:01:02 ***\n"
+      "srun: error: localhost: tasks 0,2-3: Terminated\n";
+  ASSERT_EQ(step_end(stderr_text), StepEnd::kCancelled);
+  const auto exits = parse_srun_task_exits(stderr_text, 4, true, 7);
+  ASSERT_EQ(exits.size(), 4u);
+  EXPECT_FALSE(exits[1].signalled_by_us);
+  EXPECT_TRUE(exits[0].signalled_by_us);
+  EXPECT_TRUE(exits[3].signalled_by_us);
+  const Classification c =
+      classify_step(srun_exited(137), stderr_text, StepEnd::kCancelled, false, {}, 60, 4);
+  EXPECT_EQ(c.status, "killed");
+  EXPECT_EQ(c.rank, 1);
+}
+
 TEST(SrunClassify, SrunFailingWithoutTasksUsesItsOwnStatus) {
   const Classification c = classify_step(
       srun_exited(1), "srun: error: Unable to create step for job 9: Invalid generic resource\n",
@@ -172,6 +194,9 @@ TEST(Sbatch, ScriptAndJobId) {
             "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n#SBATCH --time=16\n"
             "#SBATCH --output=/runs/sweep-%j.log\nset -euo pipefail\ncd /work\n"
             "exec ulysses-tune sweep q.yaml\n");
+  job.gpus_per_node = 4;  // a CUDA sweep asks for one GPU per rank
+  EXPECT_NE(launch::sbatch_script(job).find("#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\n"),
+            std::string::npos);
   EXPECT_EQ(launch::parse_sbatch_job_id("Submitted batch job 123\n"), "123");
   EXPECT_EQ(launch::parse_sbatch_job_id("77;cluster\n"), "77");
   EXPECT_FALSE(launch::parse_sbatch_job_id("sbatch: error: invalid partition").has_value());

@@ -21,6 +21,9 @@ std::string sbatch_script(const SbatchJob& job) {
   text += "#SBATCH --job-name=" + job.job_name + "\n";
   text += "#SBATCH --nodes=" + std::to_string(job.nodes) + "\n";
   text += "#SBATCH --ntasks-per-node=" + std::to_string(job.ntasks_per_node) + "\n";
+  if (job.gpus_per_node > 0) {
+    text += "#SBATCH --gpus-per-node=" + std::to_string(job.gpus_per_node) + "\n";
+  }
   if (job.time_limit_min > 0) text += "#SBATCH --time=" + std::to_string(job.time_limit_min) + "\n";
   if (!job.output.empty()) text += "#SBATCH --output=" + job.output + "\n";
   text += "set -euo pipefail\n";

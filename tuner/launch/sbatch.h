@@ -11,6 +11,7 @@ struct SbatchJob {
   std::string job_name;
   int nodes = 1;
   int ntasks_per_node = 1;
+  int gpus_per_node = 0;              // --gpus-per-node; 0 = none asked (CPU jobs)
   int time_limit_min = 0;             // --time in minutes; 0 = the partition's default
   std::string output;                 // --output pattern ("%j" = job id); "" = SLURM's default
   std::vector<std::string> comments;  // "# " lines under the shebang, above the #SBATCH block
@@ -18,7 +19,7 @@ struct SbatchJob {
 };
 
 // `#!/usr/bin/env bash`, the comments, `#SBATCH --job-name / --nodes / --ntasks-per-node /
-// [--time] / [--output]` lines, `set -euo pipefail`, then the body. Pure.
+// [--gpus-per-node] / [--time] / [--output]` lines, `set -euo pipefail`, then the body. Pure.
 // REQUIRES: nodes >= 1, ntasks_per_node >= 1, job_name non-empty.
 std::string sbatch_script(const SbatchJob& job);
 

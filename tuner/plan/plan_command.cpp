@@ -255,7 +255,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
       ->capture_default_str();
   cmd->add_option("--zero", o->zero,
                   "ZeRO stage 0-3 over the world (dp x sp) for every row whose --features name "
-                  "none; stage 3 as DeepSpeed's (the trainer's is not built yet)")
+                  "none (stage 3 as the trainer builds it: train/zero_partition.h)")
       ->capture_default_str();
   cmd->add_option("--precision", o->precision, "bf16 | fp32 (default bf16 on cuda, fp32 on cpu)");
   cmd->add_option("--calibration", o->calibration, "coefficients written by plan --fit --out");

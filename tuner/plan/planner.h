@@ -79,8 +79,8 @@ int64_t usable_device_bytes(const calibrate::HardwareProfile& hw);
 std::vector<PlanRow> make_plan(const PlanRequest& r);
 
 // The run config a row describes (validated against the world), for tests and --json. Its
-// zero.stage is set after validation: stage 3 is predicted as DeepSpeed's (the trainer refuses it
-// at world > 1 until it is built).
+// zero.stage is set after validation (a plan may describe a world the config validation would
+// reduce to stage 0).
 config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet& f,
                              int64_t seqlen);
 

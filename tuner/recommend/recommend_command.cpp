@@ -87,6 +87,7 @@ std::string sbatch_script(const config::RunConfig& c, const store::SweepRecord& 
   launch::SbatchJob job;
   job.job_name = "ulysses-" + sweep.name + "-tuned";
   job.ntasks_per_node = world;
+  if (c.train.device == "cuda") job.gpus_per_node = world;  // one GPU per rank
   job.comments = {"The recommended configuration from sweep '" + sweep.name +
                   "' as a SLURM job: sbatch launch.sbatch (from this directory)."};
   job.body = {"cd \"${SLURM_SUBMIT_DIR:-.}\""};

@@ -97,6 +97,7 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
   job.job_name = "ulysses-sweep-" + name;
   job.nodes = static_cast<int>(e.nodes);
   job.ntasks_per_node = static_cast<int>(e.world_size / e.nodes);
+  if (e.device == "cuda") job.gpus_per_node = job.ntasks_per_node;  // one GPU per rank
   if (e.budget.wall_clock_s > 0) {  // the budget, one more trial and a margin
     job.time_limit_min = static_cast<int>(
         std::ceil((e.budget.wall_clock_s + e.budget.trial_timeout_s) / 60.0)) + 5;

@@ -36,7 +36,8 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options);
 // exists without --resume, --resume without such a sweep, or a database that is not one.
 // --dry-run prints the space (each point valid or why not) and writes nothing.
 // Runner srun needs a SLURM allocation (UserError before anything is written otherwise).
-// --submit (runner srun only) checks the same, then writes <runs dir>/sweep.sbatch (an allocation
+// --submit (runner srun only; needs no allocation: it runs on a login node) checks the experiment,
+// then writes <runs dir>/sweep.sbatch (an allocation
 // of the experiment's nodes x ranks per node running this sweep, --resume included, with
 // absolute paths) and submits it; prints the job id, the database and the job's log. Throws
 // UserError when sbatch is missing or refuses it. Returns 0 once submitted.

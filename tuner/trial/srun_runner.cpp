@@ -152,9 +152,19 @@ std::vector<launch::ProcessExit> parse_srun_task_exits(const std::string& srun_s
   std::vector<launch::ProcessExit> exits(ntasks);
   for (int t = 0; t < ntasks; ++t) exits[t].index = t, exits[t].pid = pid;
   bool named = false, own_code = false;
+  // srun reports a task that failed by itself before it terminates the step (kill-on-bad-exit:
+  // "_step_signal: Terminating", then slurmstepd's "CANCELLED AT"); tasks reported after that
+  // point were stopped by SLURM, for a peer's failure or for a scancel.
+  bool terminating = false;
+  std::vector<bool> after_termination(ntasks, false);
   std::stringstream lines(srun_stderr);
   std::string line;
   while (std::getline(lines, line)) {
+    if (line.find("_step_signal: Terminating") != std::string::npos ||
+        line.find(" CANCELLED AT ") != std::string::npos) {
+      terminating = true;
+      continue;
+    }
     std::smatch m;
     if (!std::regex_search(line, m, kTaskLine)) continue;
     const std::string what = m[2].str();
@@ -170,11 +180,15 @@ std::vector<launch::ProcessExit> parse_srun_task_exits(const std::string& srun_s
       if (t < 0 || t >= ntasks) continue;
       exits[t].status = status;
       exits[t].signal = sig;
+      after_termination[t] = terminating;
       named = true;
     }
   }
   if (!named) return {};
-  for (auto& exit : exits) exit.signalled_by_us = exit.signal != 0 && (own_code || step_cancelled);
+  for (auto& exit : exits) {
+    exit.signalled_by_us = exit.signal != 0 && (after_termination[exit.index] ||
+                                                ((own_code || step_cancelled) && !terminating));
+  }
   return exits;
 }
 

@@ -48,8 +48,11 @@ std::string first_host(const std::string& variable, const std::string& node_list
 // How each task ended, from srun's stderr ("srun: error: HOST: task 1: Exited with exit code 12",
 // "...: tasks 0,2-3: Terminated"); index = task, tasks not named exited 0. Exit codes above 128
 // count as a death from signal code - 128 (as the shell reports one). A signal counts as sent by
-// us (signalled_by_us) when another task exited with a code in 1..128 (kill-on-bad-exit stopped
-// the rest) or the step was cancelled. pid = `pid` for every named task (classify() needs > 0).
+// us (signalled_by_us) when its task is reported after srun started terminating the step
+// ("_step_signal: Terminating" or slurmstepd's "CANCELLED AT": kill-on-bad-exit stopping the
+// rest, or a scancel); a task reported before that failed by itself, even from a signal (the
+// kernel's OOM killer, a crash). Without such a line: when another task exited with a code in
+// 1..128 or the step was cancelled. pid = `pid` for every named task (classify() needs > 0).
 // Returns an empty vector when srun named no task. Pure.
 std::vector<launch::ProcessExit> parse_srun_task_exits(const std::string& srun_stderr,
                                                        int ntasks, bool step_cancelled, int pid);
