@@ -161,8 +161,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   if (zero_stage >= 2) {
     zero = std::make_unique<ZeroOptimizer>(*partition, config.optim, placement);
   } else if (zero_stage > 0) {
-    zero = std::make_unique<ZeroOptimizer>(gradients, mesh.world(), zero_stage, config.optim,
-                                           placement, bucket_bytes);
+    zero = std::make_unique<ZeroOptimizer>(gradients, mesh.world(), config.optim, placement,
+                                           bucket_bytes);
   } else {
     adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), config.optim, placement);
   }

@@ -20,11 +20,10 @@ std::string param_name(size_t i) { return "zero.param" + std::to_string(i); }
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, int stage,
+ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world,
                              const config::OptimOptions& options, OptimizerPlacement placement,
                              int64_t bucket_bytes)
-    : buffers_(&buffers), world_(world), stage_(stage), bucket_bytes_(bucket_bytes) {
-  TORCH_CHECK(stage == 1 || stage == 2, "ZeroOptimizer: stage must be 1 or 2, got ", stage);
+    : buffers_(&buffers), world_(world), stage_(1), bucket_bytes_(bucket_bytes) {
   TORCH_CHECK(bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1");
   NamedTensors named;
   for (size_t f = 0; f < buffers_->flats().size(); ++f) {
@@ -128,29 +127,12 @@ std::vector<at::Tensor> ZeroOptimizer::shard_grads() const {
 void ZeroOptimizer::reduce_gradients() {
   if (world_.size() == 1 || partition_ != nullptr) return;  // the partition reduced per unit
   profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
-  const int world = world_.size(), rank = world_.rank();
-  if (stage_ == 1) {  // all-reduce of every bucket as stage 0 does; only the own shard is read
-    for (const at::Tensor& flat : buffers_->flats()) {
-      const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size(), 1);
-      for (int64_t start = 0; start < flat.numel(); start += bucket) {
-        at::Tensor slice = flat.narrow(0, start, std::min(bucket, flat.numel() - start));
-        world_.all_reduce(slice, comm::ReduceOp::kSum);
-      }
-    }
-    return;
-  }
-  // Stage 2: bucket b covers shard offsets [o, o + n) of every rank's shard; rank r's slice of
-  // the bucket is flat[r * S + o, + n). Packed into one [world, n] tensor (bucket-sized), reduce-
-  // scattered, and the own sums written back into the own shard.
-  for (size_t f = 0; f < masters_.size(); ++f) {
-    at::Tensor flat = buffers_->flats()[f];
-    const int64_t shard = shard_numel_[f];
-    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size() / world, 1);
-    for (int64_t o = 0; o < shard; o += bucket) {
-      const int64_t n = std::min(bucket, shard - o);
-      at::Tensor packed = flat.view({world, shard}).narrow(1, o, n).contiguous();  // [world, n]
-      at::Tensor mine = world_.reduce_scatter(packed);                               // [n]
-      flat.narrow(0, rank * shard + o, n).copy_(mine);
+  // Stage 1: all-reduce of every bucket as stage 0 does; only the own shard is read.
+  for (const at::Tensor& flat : buffers_->flats()) {
+    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size(), 1);
+    for (int64_t start = 0; start < flat.numel(); start += bucket) {
+      at::Tensor slice = flat.narrow(0, start, std::min(bucket, flat.numel() - start));
+      world_.all_reduce(slice, comm::ReduceOp::kSum);
     }
   }
 }

@@ -32,9 +32,8 @@ namespace ulysses::train {
 // gradients during backward, so reduce_gradients() does nothing, and step() hands the updated
 // masters to ZeroPartition::set_weights.
 //
-// One step: reduce_gradients() (stage 1: all-reduce of every bucket as stage 0 does, then this
-// rank reads its shard; stage 2: reduce-scatter of every bucket, so a rank only receives the sums
-// of its own shard), clip() (global norm from every rank's shard), step() (AdamW on the shard,
+// One step: reduce_gradients() (flat layout, stage 1: all-reduce of every bucket as stage 0 does,
+// then this rank reads its shard), clip() (global norm from every rank's shard), step() (AdamW on the shard,
 // then all-gather of the updated shards bucket by bucket into the gradient buffer, which is dead
 // until the next zero(), and from there into the parameters in their dtype: no extra full-model
 // copy). Phases: zero_reduce and zero_gather (category comm).
@@ -42,12 +41,11 @@ namespace ulysses::train {
 // Not thread-safe; holds references to `buffers` and `world` (they must outlive it).
 class ZeroOptimizer {
  public:
-  // REQUIRES: stage 1 or 2; buffers built with shards == world.size() over the parameters being
+  // Stage 1. REQUIRES: buffers built with shards == world.size() over the parameters being
   // trained. Throws UserError as AdamW does for bad optim options. Copies the parameters' values
   // of this rank's shard into the masters.
-  ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, int stage,
-                const config::OptimOptions& options, OptimizerPlacement placement,
-                int64_t bucket_bytes);
+  ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, const config::OptimOptions& options,
+                OptimizerPlacement placement, int64_t bucket_bytes);
   // Parameter layout over `partition` (stage 2 or 3; it must outlive this). Masters from
   // partition.weight_values().
   ZeroOptimizer(ZeroPartition& partition, const config::OptimOptions& options,

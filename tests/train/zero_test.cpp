@@ -161,30 +161,36 @@ TEST(Zero, EachRankWritesOnlyItsShard) {
   }
 }
 
-// Resuming a stage 2 run from step 2 on the same mesh gives the uninterrupted run's step-4
-// weights bit for bit.
+// Resuming a stage 2 or 3 run from step 2 on the same mesh gives the uninterrupted run's step-4
+// weights bit for bit (a stage-3 checkpoint holds the whole weights, gathered on save).
 TEST(Zero, ResumeIsBitExact) {
   const std::string dir = testing::shared_dir("zero-test", "resume");
-  config::RunConfig full = zero_config(dir, 2, 2, 2, "full");
-  full.checkpoint.every = 2;
-  train_on_ranks(full);
-  config::RunConfig resumed = zero_config(dir, 2, 2, 2, "resumed");
-  resumed.checkpoint.resume = full.checkpoint.dir + "/step-2";
-  train_on_ranks(resumed);
-  if (testing::in_rank_child()) return;
-  const auto a = final_weights(full);
-  const auto b = final_weights(resumed);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, w] : a) EXPECT_TRUE(at::equal(w, b.at(name))) << name;
-  const auto la = testing::read_steps(full.output.dir + "/metrics.jsonl");
-  const auto lb = testing::read_steps(resumed.output.dir + "/metrics.jsonl");
-  ASSERT_EQ(lb.size(), 2u);
-  EXPECT_EQ(la[3].loss, lb[1].loss);
+  for (int64_t stage : {2, 3}) {
+    const std::string tag = "stage" + std::to_string(stage);
+    config::RunConfig full = zero_config(dir, 2, 2, stage, "full" + tag);
+    full.checkpoint.every = 2;
+    train_on_ranks(full);
+    config::RunConfig resumed = zero_config(dir, 2, 2, stage, "resumed" + tag);
+    resumed.checkpoint.resume = full.checkpoint.dir + "/step-2";
+    train_on_ranks(resumed);
+    if (testing::in_rank_child()) continue;
+    const auto a = final_weights(full);
+    const auto b = final_weights(resumed);
+    ASSERT_EQ(a.size(), b.size()) << tag;
+    for (const auto& [name, w] : a) {
+      ASSERT_GT(w.numel(), 0) << tag << " " << name;
+      EXPECT_TRUE(at::equal(w, b.at(name))) << tag << " " << name;
+    }
+    const auto la = testing::read_steps(full.output.dir + "/metrics.jsonl");
+    const auto lb = testing::read_steps(resumed.output.dir + "/metrics.jsonl");
+    ASSERT_EQ(lb.size(), 2u) << tag;
+    EXPECT_EQ(la[3].loss, lb[1].loss) << tag;
+  }
 }
 
 // Checkpoints convert between stages and world sizes (and so between the flat and the parameter
-// layout): a stage 0 checkpoint resumed with stage 2, a stage 2 (world 4) checkpoint resumed with
-// stage 0, and on a world of 2 with stage 1, each end
+// layout): 0 -> 2, 2 -> 0, 2 (world 4) -> 1 (world 2), 3 -> 0, 0 -> 3, 3 (world 4) -> 2 (world 2)
+// and 1 -> 3, each end
 // where the uninterrupted run of the checkpoint's writer ends (rel 1e-4; a run that restarted
 // AdamW from zero moments is off by far more).
 TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
@@ -192,7 +198,8 @@ TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
   struct Case {
     int64_t from_stage, from_dp, to_stage, to_dp;
   };
-  for (const Case& k : {Case{0, 2, 2, 2}, Case{2, 2, 0, 2}, Case{2, 2, 1, 1}}) {
+  for (const Case& k : {Case{0, 2, 2, 2}, Case{2, 2, 0, 2}, Case{2, 2, 1, 1}, Case{3, 2, 0, 2},
+                        Case{0, 2, 3, 2}, Case{3, 2, 2, 1}, Case{1, 2, 3, 2}}) {
     const std::string tag = std::to_string(k.from_stage) + "to" + std::to_string(k.to_stage) +
                             "dp" + std::to_string(k.to_dp);
     config::RunConfig full = zero_config(dir, k.from_dp, 2, k.from_stage, "full" + tag);
