@@ -1,6 +1,6 @@
 // The optimizer-offload step (AdamW kHost) at 1B-parameter scale: the pre-fused path (blocking
 // gradient copy into a host buffer, 64K-element chunks of ATen ops, copy back) against the fused
-// pass (train/cpu_adam.h) as AdamW::step runs it, for fp32 and bf16 host parameters.
+// pass (optim/cpu_adam.h) as AdamW::step runs it, for fp32 and bf16 host parameters.
 // Run: build/bin/optim_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // Figures and method: reports/optimizer-offload/README.md. "GB/s" counts the state an update
 // must touch, 28 bytes per parameter in both cases (see the README), over wall time.
@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "train/adamw.h"
-#include "train/adamw_aten.h"
-#include "train/cpu_adam.h"
+#include "optim/adamw.h"
+#include "optim/adamw_aten.h"
+#include "optim/cpu_adam.h"
 
 namespace ulysses::train {
 namespace {

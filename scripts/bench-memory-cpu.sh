@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memory benchmark on CPU (SPEC 5.5; a measurement, not a test): one rank of ulysses-train at a
+# Memory benchmark on CPU (a measurement, not a test): one rank of ulysses-train at a
 # long sequence on a model whose LM logits and MLP intermediates dominate memory, run plain and
 # with each memory feature, reading peak_host_bytes (RSS high-water mark of the rank) and the
 # median step time from summary.json. Then the same two runs under memory.limit_gib: plain must

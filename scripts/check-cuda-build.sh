@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile check of the CUDA-only code paths (SPEC 4): builds every target against the CUDA build of
+# Compile check of the CUDA-only code paths: builds every target against the CUDA build of
 # PyTorch 2.14.1 into build-cuda/, on a machine without a GPU, and prints a one-line verdict.
 #   - venv: <root>/.venv-cuda (ignored by git) holding torch==2.14.1 and the nvidia-* wheels it
 #     depends on (cuBLAS/cuSPARSE/cuSOLVER, NCCL, cuDNN headers); installed only when missing;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU smoke run (one lent H100/H200): ulysses-train on CUDA in the configurations that broke or
-# bloated on GPUs before (issue 11): bf16 with each SDPA kernel family, a memory cap, tiled MLP +
+# GPU smoke run (one H100/H200): ulysses-train on CUDA in the configurations that broke or
+# bloated on GPUs before: bf16 with each SDPA kernel family, a memory cap, tiled MLP +
 # tiled loss + checkpointing + activation and optimizer offload, packed documents, and two ranks
 # with Gloo over CUDA tensors (one GPU cannot hold two NCCL ranks). Each run's exit status and
 # final loss go to OUT/gpu-smoke.tsv; compare the losses with the fp32 CPU run of the same config.

@@ -2,15 +2,21 @@
 # The main job on a CPU machine: install what is missing, build, then the tuner end to end on
 # 4 CPU ranks: sweep the quickstart experiment (real ulysses-train trials, some out of memory by
 # design) -> recommend -> report -> launch the tuned job for a short run. Everything goes to
-# runs/quickstart/ (results.db, recommended/, report/, tuned/), made fresh on each run.
+# runs/quickstart/ (results.db, recommended/, report/, tuned/), made fresh on each run (only a
+# directory an earlier quickstart made is replaced).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-scripts/build.sh ulysses_train ulysses_tune
+scripts/build.sh ulysses_train ulysses_tune ulysses_bench  # ulysses-bench: for `calibrate`
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 out=runs/quickstart
+if [ -e "$out" ] && [ ! -f "$out/.quickstart" ] && [ -n "$(ls -A "$out")" ]; then
+  echo "error: $out exists and was not made by the quickstart; move it away first" >&2
+  exit 2
+fi
 rm -rf "$out"
 mkdir -p "$out"
+touch "$out/.quickstart"
 tune=build/bin/ulysses-tune
 $tune sweep experiments/quickstart-cpu.yaml --db "$out/results.db"
 $tune recommend --db "$out/results.db" --out "$out/recommended"

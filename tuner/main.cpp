@@ -10,7 +10,7 @@
 #include "tuner/calibrate/calibrate_command.h"
 #include "tuner/launch/launch_command.h"
 #include "tuner/plan/plan_command.h"
-#include "tuner/profile_cmd/profile_command.h"
+#include "tuner/nsys_profile/profile_command.h"
 #include "tuner/recommend/recommend_command.h"
 #include "tuner/report/list_show_command.h"
 #include "tuner/report/report_command.h"
@@ -47,8 +47,8 @@ int run(int argc, char** argv) {
   CLI::App* launch = ulysses::launch::add_launch_command(app, &launch_options);
   ulysses::calibrate::CalibrateOptions calibrate_options;
   CLI::App* calibrate = ulysses::calibrate::add_calibrate_command(app, &calibrate_options);
-  ulysses::profile_cmd::ProfileOptions profile_options;
-  CLI::App* profile = ulysses::profile_cmd::add_profile_command(app, &profile_options);
+  ulysses::nsys_profile::ProfileOptions profile_options;
+  CLI::App* profile = ulysses::nsys_profile::add_profile_command(app, &profile_options);
   ulysses::plan::PlanOptions plan_options;
   CLI::App* plan = ulysses::plan::add_plan_command(app, &plan_options);
 
@@ -66,7 +66,7 @@ int run(int argc, char** argv) {
   if (show->parsed()) return ulysses::report::run_show(show_options);
   if (launch->parsed()) return ulysses::launch::run_launch(launch_options);
   if (calibrate->parsed()) return ulysses::calibrate::run_calibrate(calibrate_options);
-  if (profile->parsed()) return ulysses::profile_cmd::run_profile(profile_options);
+  if (profile->parsed()) return ulysses::nsys_profile::run_profile(profile_options);
   if (plan->parsed()) return ulysses::plan::run_plan(plan_options);
   return ulysses::kExitUsage;  // unreachable: require_subcommand(1)
 }

@@ -11,7 +11,13 @@
 namespace ulysses::comm {
 namespace {
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+// The first line of an error's text, without an "error: " it may already start with (so the
+// printed line never reads "error: error: ...").
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  while (line.rfind("error: ", 0) == 0) line.erase(0, 7);
+  return line;
+}
 
 }  // namespace
 

@@ -109,6 +109,9 @@ const std::map<std::string, std::string>& meanings() {
       {"checkpoint.resume",
        "A step-N directory to continue from bit-for-bit, or latest (the highest step-N under "
        "dir; none yet = start fresh). \"\" = start fresh."},
+      {"checkpoint.overwrite",
+       "Allow replacing a checkpoint in dir that another run wrote (a different run id: a fresh "
+       "start, or a resume of another run). false = such a run stops before step 1, naming it."},
       {"profile.warmup_steps", "Steps left out of the medians in summary.json."},
       {"profile.nvtx", "Emit NVTX ranges (when compiled in)."},
       {"profile.peak_tflops",

@@ -80,6 +80,7 @@ void for_each_field(C& c, Visit&& visit) {
   visit("checkpoint", "every", c.checkpoint.every);
   visit("checkpoint", "save_initial", c.checkpoint.save_initial);
   visit("checkpoint", "resume", c.checkpoint.resume);
+  visit("checkpoint", "overwrite", c.checkpoint.overwrite);
   visit("profile", "warmup_steps", c.profile.warmup_steps);
   visit("profile", "nvtx", c.profile.nvtx);
   visit("profile", "peak_tflops", c.profile.peak_tflops);

@@ -112,6 +112,7 @@ struct CheckpointOptions {
   int64_t every = 0;        // save every N steps (and at the end when dir is set); 0 = only at end
   bool save_initial = false;
   std::string resume;       // a step-<N> directory, or "latest" under dir
+  bool overwrite = false;   // replace checkpoints in dir written by another run
 };
 
 struct ProfileOptions {

@@ -2,9 +2,10 @@
 #include "config/yaml_reader.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "config/field_table.h"
 #include "config/yaml_values.h"
@@ -28,9 +29,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+[[noreturn]] void too_large(const std::string& source, uintmax_t bytes) {
+  char size[32];
+  std::snprintf(size, sizeof size, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  throw UserError(source + ": " + size + " is over the " + std::to_string(kMaxYamlBytes >> 20) +
+                  " MiB limit of a YAML document");
+}
+
 }  // namespace
 
 YAML::Node parse_yaml(const std::string& text, const std::string& source) {
+  if (text.size() > static_cast<size_t>(kMaxYamlBytes)) too_large(source, text.size());
   try {
     return YAML::Load(text);
   } catch (const YAML::Exception& e) {
@@ -43,12 +52,26 @@ YAML::Node parse_yaml(const std::string& text, const std::string& source) {
   }
 }
 
-YAML::Node load_yaml_file(const std::string& path) {
-  std::ifstream in(path);
+std::string read_yaml_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(path + ": cannot read file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_yaml(text.str(), path);
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);  // fails for pipes: read below
+  if (!ec && size > static_cast<uintmax_t>(kMaxYamlBytes)) too_large(path, size);
+  // At most one byte past the limit, whatever the file claims to be (a FIFO, /dev/zero).
+  std::string text;
+  char buffer[1 << 16];
+  while (text.size() <= static_cast<size_t>(kMaxYamlBytes) &&
+         in.read(buffer, sizeof buffer).gcount() > 0) {
+    text.append(buffer, static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) throw UserError(path + ": cannot read file");
+  if (text.size() > static_cast<size_t>(kMaxYamlBytes)) too_large(path, text.size());
+  return text;
+}
+
+YAML::Node load_yaml_file(const std::string& path) {
+  return parse_yaml(read_yaml_text(path), path);
 }
 
 UserError unknown_key_error(const std::string& prefix, const std::string& key,

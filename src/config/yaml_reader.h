@@ -3,6 +3,7 @@
 #pragma once
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,20 @@ namespace ulysses::config {
 // operator[] returns for a missing key; IsDefined() is the safe first question.)
 inline bool is_mapping(const YAML::Node& node) { return node.IsDefined() && node.IsMap(); }
 
+// The largest YAML document read (run configs, presets, experiments): far above any real one,
+// low enough that a hostile file cannot exhaust memory. (Nesting depth is yaml-cpp's own limit.)
+inline constexpr int64_t kMaxYamlBytes = int64_t{16} << 20;  // 16 MiB
+
 // Parses YAML text. `source` names the text in errors: UserError
-// "<source>: line L, column C: <what yaml-cpp says>".
+// "<source>: line L, column C: <what yaml-cpp says>", or "<source>: <size> is over the 16 MiB
+// limit of a YAML document" when text is longer than kMaxYamlBytes (nothing is parsed).
 YAML::Node parse_yaml(const std::string& text, const std::string& source);
 
-// Reads and parses a file. UserError "<path>: cannot read file" when it cannot be opened.
+// The text of a YAML file, read only when it is at most kMaxYamlBytes. Throws UserError
+// "<path>: cannot read file" when it cannot be opened, or the size error of parse_yaml.
+std::string read_yaml_text(const std::string& path);
+
+// read_yaml_text + parse_yaml.
 YAML::Node load_yaml_file(const std::string& path);
 
 // The error for a key that is not in `known`: "<prefix><key>: unknown key", plus

@@ -33,7 +33,7 @@ struct CheckpointCounts {
   int64_t bytes_offloaded = 0;      // hidden-state bytes stashed in host memory
 };
 
-// Called by the runner around each decoder layer's uses (ZeRO: train/zero_partition.h). Layer
+// Called by the runner around each decoder layer's uses (ZeRO: zero/zero_partition.h). Layer
 // indices are AttentionContext::layer_index. Every method is collective over the ZeRO group and
 // every rank calls them in the same order (the layers run in the same order on every rank).
 class LayerParameterHooks {

@@ -6,16 +6,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 
 #include "common/error.h"
 #include "config/hf_config.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
-#include "train/grad_buffers.h"
+#include "zero/grad_buffers.h"
 #include "common/remove_tree.h"
 
 namespace fs = std::filesystem;
@@ -197,11 +200,68 @@ NamedTensors unshard_state(const std::vector<fs::path>& files, model::LlamaForCa
 
 }  // namespace
 
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t bits = (static_cast<uint64_t>(device()) << 32) ^ device() ^
+                        static_cast<uint64_t>(
+                            std::chrono::steady_clock::now().time_since_epoch().count());
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(bits));
+  return text;
+}
+
+std::optional<std::string> foreign_checkpoint(const std::string& path, const std::string& run_id) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  const fs::path state_path = fs::path(path) / "trainer_state.json";
+  std::ifstream in(state_path);
+  nlohmann::json state = in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false)
+                            : nlohmann::json();
+  if (!fs::is_directory(path, ec) || !state.is_object()) {
+    return path + " exists and is not a checkpoint";
+  }
+  const std::string owner = state.value("run_id", std::string());
+  if (!run_id.empty() && owner == run_id) return std::nullopt;
+  char text[200];
+  std::snprintf(text, sizeof text, " (step %lld, dp %lld x sp %lld, %lld samples seen)",
+                static_cast<long long>(state.value("step", int64_t{0})),
+                static_cast<long long>(state.value("dp", int64_t{0})),
+                static_cast<long long>(state.value("sp", int64_t{0})),
+                static_cast<long long>(state.value("samples_seen", int64_t{0})));
+  return path + " holds a checkpoint of " +
+         (owner.empty() ? std::string("an earlier run") : "run " + owner) + text;
+}
+
+void check_checkpoint_targets(const config::CheckpointOptions& options, int64_t start_step,
+                              int64_t total_steps, const std::string& run_id) {
+  if (options.dir.empty()) return;
+  std::vector<std::string> targets;
+  if (options.save_initial && start_step == 0) targets.push_back("initial");
+  for (int64_t step = start_step + 1; step <= total_steps; ++step) {
+    if (step == total_steps || (options.every > 0 && step % options.every == 0)) {
+      targets.push_back("step-" + std::to_string(step));
+    }
+  }
+  for (const std::string& name : targets) {
+    const std::string path = (fs::path(options.dir) / name).string();
+    const std::optional<std::string> other = foreign_checkpoint(path, run_id);
+    if (!other) continue;
+    if (other->find("is not a checkpoint") != std::string::npos) {
+      throw UserError("checkpoint.dir: " + *other + "; this run would save " + name +
+                      " there: choose another checkpoint.dir");
+    }
+    if (!options.overwrite) {
+      throw UserError("checkpoint.dir: " + *other + ", which this run would replace; choose "
+                      "another checkpoint.dir, resume that run, or set checkpoint.overwrite: true");
+    }
+  }
+}
+
 std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkpoint_dir) {
   std::vector<std::string> removed;
   std::error_code ec;
   if (checkpoint_dir.empty() || !fs::is_directory(checkpoint_dir, ec)) return removed;
-  static const std::regex temp("\\..+\\.(tmp|old)(-[0-9]+)?");
+  static const std::regex temp("\\.(step-[0-9]+|initial)\\.(tmp|old)(-[0-9]+)?");
   for (const auto& entry : fs::directory_iterator(checkpoint_dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (entry.is_directory(ec) && std::regex_match(name, temp)) {
@@ -214,7 +274,8 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
-                     const TrainerState& state, comm::Group& world, const ZeroOptimizer* zero) {
+                     const TrainerState& state, comm::Group& world, const ZeroOptimizer* zero,
+                     bool overwrite) {
   const fs::path final_path(final_dir);
   const fs::path parent = final_path.parent_path();
   const fs::path tmp_path = parent / ("." + final_path.filename().string() + ".tmp");
@@ -267,14 +328,23 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
                               {"optimizer_step", optimizer_step},
                               {"zero_stage", zero ? zero->stage() : 0},
                               {"zero_layout", zero ? zero->layout() : ""},
-                              {"optimizer_files", optimizer_files}};
+                              {"optimizer_files", optimizer_files},
+                              {"run_id", state.run_id}};
     write_text(tmp_path / "trainer_state.json", trainer.dump(2) + "\n");
   }
   if (partition != nullptr) partition->release_all();
   world.barrier();  // every share is on disk
   if (!is_rank0) return;
 
-  // Replace any older checkpoint of the same name, then publish with one rename.
+  // Replace an older checkpoint of the same name (this run's, or another's when asked), then
+  // publish with one rename.
+  if (!overwrite) {
+    if (const auto other = foreign_checkpoint(final_path.string(), state.run_id)) {
+      ulysses::remove_tree(tmp_path);
+      throw UserError("checkpoint.dir: " + *other +
+                      "; not replaced (set checkpoint.overwrite: true to replace it)");
+    }
+  }
   sync_path(tmp_path);
   const fs::path old_path = parent / ("." + final_path.filename().string() + ".old");
   ulysses::remove_tree(old_path);
@@ -286,11 +356,10 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
   ulysses::remove_tree(old_path);
 }
 
-TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
-                             AdamW* optimizer, ZeroOptimizer* zero) {
+TrainerState read_trainer_state(const std::string& dir) {
   const fs::path path(dir);
   if (!fs::is_directory(path)) throw UserError(dir + ": checkpoint directory does not exist");
-  nlohmann::json trainer = read_json(path / "trainer_state.json");
+  const nlohmann::json trainer = read_json(path / "trainer_state.json");
   TrainerState state;
   state.step = trainer.value("step", int64_t{0});
   state.samples_seen = trainer.value("samples_seen", int64_t{0});
@@ -300,6 +369,15 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
   state.dp = trainer.value("dp", int64_t{0});
   state.sp = trainer.value("sp", int64_t{0});
   state.skipped_steps = trainer.value("skipped_steps", int64_t{0});
+  state.run_id = trainer.value("run_id", std::string());
+  return state;
+}
+
+TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
+                             AdamW* optimizer, ZeroOptimizer* zero) {
+  const fs::path path(dir);
+  const TrainerState state = read_trainer_state(dir);
+  nlohmann::json trainer = read_json(path / "trainer_state.json");
 
   std::vector<std::string> files = trainer.value("optimizer_files", std::vector<std::string>{});
   if (files.empty() && fs::exists(path / "optimizer.safetensors")) files = {"optimizer.safetensors"};

@@ -7,14 +7,15 @@
 // optimizer.safetensors, in a world of 1), balanced by bytes with rank 0's model weights, so no
 // rank waits at the closing barrier for one writer to write everything.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/group.h"
 #include "config/options.h"
 #include "model/llama.h"
-#include "train/adamw.h"
-#include "train/zero_optimizer.h"
+#include "optim/adamw.h"
+#include "zero/zero_optimizer.h"
 
 namespace ulysses::train {
 
@@ -27,10 +28,28 @@ struct TrainerState {
   int64_t dp = 0;              // mesh of the run that wrote it; 0 = unknown
   int64_t sp = 0;
   int64_t skipped_steps = 0;   // optimizer steps skipped for a non-finite grad_norm, in total
+  std::string run_id;          // made at a fresh start, kept across resumes; "" = older checkpoint
 };
 
-// Removes what an interrupted save left in `checkpoint_dir`: ".<name>.tmp" and ".<name>.old"
-// directories. Returns their names. A missing directory is not an error. Call it on one rank,
+// A new run id: 16 hex digits from the clock and std::random_device.
+std::string new_run_id();
+
+// When `path` exists and saving a checkpoint of run `run_id` there would replace what another run
+// wrote (or something that is not a checkpoint), one line describing it ("<path> holds a
+// checkpoint of run X (step 4, dp 1 x sp 1, 8 samples seen)"); else nullopt. `run_id` "" (a
+// fresh run that has no id yet) matches nothing. Reads only.
+std::optional<std::string> foreign_checkpoint(const std::string& path, const std::string& run_id);
+
+// Before step 1: throws UserError "checkpoint.dir: ..." when one of the checkpoints this run will
+// save (DIR/initial, DIR/step-N for the steps after `start_step` that `options.every` and
+// `total_steps` select) would replace another run's (foreign_checkpoint) and options.overwrite is
+// false; a name held by something that is not a checkpoint is refused always.
+void check_checkpoint_targets(const config::CheckpointOptions& options, int64_t start_step,
+                              int64_t total_steps, const std::string& run_id);
+
+// Removes what an interrupted save left in `checkpoint_dir`: ".step-<N>.tmp", ".initial.tmp" and
+// their ".old" twins, also with an older "-<pid>" suffix (nothing else: the directory may hold
+// the user's files). Returns their names. A missing directory is not an error. Call it on one rank,
 // before any rank saves (the caller puts a barrier after it).
 std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkpoint_dir);
 
@@ -38,8 +57,9 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 // checkpoint to `final_dir` (e.g. ".../step-20" or ".../initial"). Each rank writes its share of
 // `optimizer`'s state (may be null: weights only, e.g. initial) into ".<name>.tmp" next to
 // final_dir; rank 0 also writes the weights, config.json and trainer_state.json. Every file is
-// fsynced by its writer; after a barrier rank 0 fsyncs the directory, replaces any older
-// checkpoint of the same name with one rename, and fsyncs the parent. Throws UserError when a
+// fsynced by its writer; after a barrier rank 0 fsyncs the directory, replaces an older
+// checkpoint of the same name with one rename, and fsyncs the parent. An older checkpoint of
+// another run (foreign_checkpoint) is replaced only when `overwrite` is true, else UserError. Throws UserError when a
 // file cannot be written, comm::CommError when a peer fails. On return on rank 0 `final_dir`
 // exists and is complete.
 // With `zero` (a ZeRO-1/2 run; `optimizer` is then null) every rank writes all of its own shard's
@@ -47,7 +67,7 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
                      const TrainerState& state, comm::Group& world,
-                     const ZeroOptimizer* zero = nullptr);
+                     const ZeroOptimizer* zero = nullptr, bool overwrite = false);
 
 // Loads weights, optimizer state (when `optimizer` is non-null) and trainer state from `dir`.
 // Throws UserError naming the file when something is missing or does not match the model; in
@@ -60,6 +80,10 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
 // AdamW is elementwise).
 TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
                              AdamW* optimizer, ZeroOptimizer* zero = nullptr);
+
+// The trainer state of the checkpoint in `dir` (its trainer_state.json) without loading anything
+// else. Throws UserError naming the directory or file when it is missing or unreadable.
+TrainerState read_trainer_state(const std::string& dir);
 
 // Resolves checkpoint.resume: "" -> ""; "latest" -> the highest <checkpoint.dir>/step-<N>, or ""
 // when there is none yet (then `*note` says so); a relative name such as "step-2" ->

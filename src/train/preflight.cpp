@@ -3,6 +3,7 @@
 
 #include "comm/dist_env.h"
 #include "common/error.h"
+#include "common/output_dir.h"
 #include "data/token_source.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -19,7 +20,12 @@ void check_run_inputs(const config::RunConfig& config) {
     data::open_token_source(eval_data, config.sequence.length, config.model.vocab_size,
                             "eval.source");
   }
-  resolve_resume_dir(config.checkpoint);  // throws when a named checkpoint does not exist
+  // throws when a named checkpoint does not exist
+  const std::string resume_dir = resolve_resume_dir(config.checkpoint);
+  check_writable_dir(config.output.dir, "output.dir");
+  if (!config.checkpoint.dir.empty()) check_writable_dir(config.checkpoint.dir, "checkpoint.dir");
+  const TrainerState resumed = resume_dir.empty() ? TrainerState{} : read_trainer_state(resume_dir);
+  check_checkpoint_targets(config.checkpoint, resumed.step, config.train.steps, resumed.run_id);
 }
 
 }  // namespace ulysses::train

@@ -10,8 +10,11 @@ namespace ulysses::train {
 // Checks, in this order: train.device is available (select_device's error); data.source and
 // eval.source open as the trainer opens them (missing, short or corrupt files: the data loader's
 // errors, naming the key and the file); checkpoint.resume names an existing checkpoint
-// (resolve_resume_dir's error; "latest" with none written yet is fine: the run starts fresh).
-// Throws UserError "<key>: <what>" for the first failing check. Reads files only; starts nothing.
+// (resolve_resume_dir's error; "latest" with none written yet is fine: the run starts fresh);
+// output.dir and checkpoint.dir can be created and written (a file is created and removed);
+// no checkpoint this run will save replaces another run's (check_checkpoint_targets).
+// Throws UserError "<key>: <what>" for the first failing check. Creates output.dir and
+// checkpoint.dir when missing; writes nothing else; starts nothing.
 // REQUIRES: config validated.
 void check_run_inputs(const config::RunConfig& config);
 

@@ -18,7 +18,7 @@ int64_t effective_zero_stage(const config::RunConfig& config, const ResolvedRun&
 }
 
 // Whether decoder layers recompute in backward: checkpointing (offload implies it), or ZeRO-3,
-// which gathers the weights again and recomputes (train/zero_partition.h).
+// which gathers the weights again and recomputes (zero/zero_partition.h).
 bool layers_recompute(const config::RunConfig& config, const ResolvedRun& run) {
   return config.memory.checkpointing || config.memory.offload_activations ||
          effective_zero_stage(config, run) == 3;

@@ -24,17 +24,17 @@
 #include "sp/tiled_logits_loss.h"
 #include "sp/tiled_mlp.h"
 #include "sp/ulysses_attention.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 #include "train/checkpoint.h"
 #include "train/evaluator.h"
-#include "train/gradient_step.h"
-#include "train/grad_buffers.h"
-#include "train/grad_clip.h"
-#include "train/lr_schedule.h"
+#include "zero/gradient_step.h"
+#include "zero/grad_buffers.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/run_description.h"
-#include "train/zero_optimizer.h"
-#include "train/zero_partition.h"
+#include "zero/zero_optimizer.h"
+#include "zero/zero_partition.h"
 
 namespace ulysses::train {
 namespace {
@@ -215,12 +215,14 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
       }
     }
   }
+  if (state.run_id.empty()) state.run_id = new_run_id();  // a fresh run, or an older checkpoint
   state.global_batch = global_samples;
   state.dp = mesh.dp_size();
   state.sp = mesh.sp_size();
   if (checkpoints && config.checkpoint.save_initial && state.step == 0) {
     const std::string initial = (std::filesystem::path(config.checkpoint.dir) / "initial").string();
-    save_checkpoint(initial, model, config.model, nullptr, state, mesh.world());
+    save_checkpoint(initial, model, config.model, nullptr, state, mesh.world(), nullptr,
+                    config.checkpoint.overwrite);
     if (is_rank0) say("saved initial weights to " + initial);
   }
 
@@ -353,7 +355,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     const bool last = step == config.train.steps;
     if (checkpoints && (last || (config.checkpoint.every > 0 && step % config.checkpoint.every == 0))) {
       const std::string dir = step_dir(config.checkpoint.dir, step);
-      save_checkpoint(dir, model, config.model, adamw.get(), state, mesh.world(), zero.get());
+      save_checkpoint(dir, model, config.model, adamw.get(), state, mesh.world(), zero.get(),
+                      config.checkpoint.overwrite);
       if (is_rank0) say("saved checkpoint " + dir);
     }
     if (evaluating && (last || (config.eval.every > 0 && step % config.eval.every == 0))) {

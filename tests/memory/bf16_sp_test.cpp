@@ -8,7 +8,7 @@
 #include "comm/mesh.h"
 #include "data/data_loader.h"
 #include "support/multi_rank.h"
-#include "train/gradient_step.h"
+#include "zero/gradient_step.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 

@@ -1,4 +1,4 @@
-// SPEC 5.5 memory features of src/memory and train/adamw: activation checkpointing, CPU offload
+// SPEC 5.5 memory features of src/memory and optim/adamw: activation checkpointing, CPU offload
 // of the checkpointed hidden states, optimizer offload, bf16 with fp32 master weights, and the
 // per-rank memory limit. Every feature is held to the plain path: the same loss (fp32: relative
 // 1e-5) and gradients (relative 1e-4 per parameter) through train::compute_gradients, with sp 1
@@ -22,8 +22,8 @@
 #include "memory/activation_offload.h"
 #include "model/safetensors.h"
 #include "support/multi_rank.h"
-#include "train/adamw.h"
-#include "train/gradient_step.h"
+#include "optim/adamw.h"
+#include "zero/gradient_step.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 #include "common/remove_tree.h"

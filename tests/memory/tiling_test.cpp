@@ -13,7 +13,7 @@
 #include "sp/tiled_logits_loss.h"
 #include "sp/tiled_mlp.h"
 #include "support/multi_rank.h"
-#include "train/gradient_step.h"
+#include "zero/gradient_step.h"
 #include "train/trainer.h"
 
 namespace ulysses {

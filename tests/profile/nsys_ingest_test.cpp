@@ -1,7 +1,7 @@
-// The nsys-SQLite ingest (tuner/profile_cmd/nsys_ingest.h) on a hand-built export with known
+// The nsys-SQLite ingest (tuner/nsys_profile/nsys_ingest.h) on a hand-built export with known
 // answers (nsys_fixture.h): comm / compute / overlap per device inside the measured step
 // ranges, the other domain's ranges ignored, and clear errors for unusable files.
-#include "tuner/profile_cmd/nsys_ingest.h"
+#include "tuner/nsys_profile/nsys_ingest.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 
 namespace fs = std::filesystem;
 
-namespace ulysses::profile_cmd {
+namespace ulysses::nsys_profile {
 namespace {
 
 constexpr double kTol = 1e-9;  // ms; integer ns in, exact sums out
@@ -105,4 +105,4 @@ TEST_F(NsysIngest, UnusableFilesAreOneLineErrorsNamingTheFile) {
 }
 
 }  // namespace
-}  // namespace ulysses::profile_cmd
+}  // namespace ulysses::nsys_profile

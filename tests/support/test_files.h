@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,18 @@ inline std::string read_text(const std::filesystem::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// Every regular file under `dir`: its path relative to `dir` ('/'-separated) -> its bytes. Two
+// snapshots compare equal when nothing under `dir` was added, removed or changed.
+inline std::map<std::string, std::string> snapshot_files(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) {
+      files[entry.path().lexically_relative(dir).generic_string()] = read_text(entry.path());
+    }
+  }
+  return files;
 }
 
 // Writes `text` to `path` and makes it executable by its owner.

@@ -12,6 +12,7 @@
 
 #include "common/paths.h"
 #include "common/remove_tree.h"
+#include "support/test_files.h"
 
 namespace {
 
@@ -24,8 +25,9 @@ std::string trainer() { return ulysses::sibling_binary("ulysses-train"); }
 
 std::string example() { return ulysses::project_home() + "/experiments/runs/tiny-cpu.yaml"; }
 
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + trainer() + " " + args + " 2>&1";
+// Runs a shell command line, stdout and stderr together.
+Result run_command(const std::string& line) {
+  const std::string cmd = line + " 2>&1";
   Result r;
   FILE* pipe = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf{};
@@ -34,6 +36,10 @@ Result run(const std::string& args, const std::string& env = "") {
   const int raw = pclose(pipe);
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
   return r;
+}
+
+Result run(const std::string& args, const std::string& env = "") {
+  return run_command(env + " " + trainer() + " " + args);
 }
 
 // Exactly one line of output, starting with "error: " and naming `key`.
@@ -108,7 +114,8 @@ TEST(TrainCli, RunEchoesItsEffectiveConfigAndWritesARunYamlThatRunsAgain) {
   EXPECT_NE(summary.find("\"padded_length\": 60"), std::string::npos) << summary;
   // run.yaml loads back as a run config: the same run again from it.
   Result again = run("--config " + (out / "a" / "run.yaml").string() +
-                     " --set output.dir=" + (out / "b").string());
+                     " --set output.dir=" + (out / "b").string() +
+                     " --set checkpoint.dir=" + (out / "ckpt-b").string());
   EXPECT_EQ(again.status, 0) << again.output;
   EXPECT_EQ(read_text(out / "a" / "run.yaml").find("output:\n  dir: " + (out / "a").string()) ==
                 std::string::npos,
@@ -128,6 +135,65 @@ TEST(TrainCli, ResumeLatestWithoutACheckpointSaysSo) {
   EXPECT_NE(r.output.find("checkpoint.resume: latest found no step-<N> checkpoint"),
             std::string::npos)
       << r.output;
+  ulysses::remove_tree(out);
+}
+
+// Saves of one run never replace another run's checkpoints unless checkpoint.overwrite says so:
+// a fresh start into a used directory, and a resume of run A into run B's directory (which would
+// have replaced B's step-4) stop before step 1 with B's files byte-identical; a resume of A into
+// A's own directory rewrites its later checkpoints.
+TEST(TrainCli, CheckpointsOfAnotherRunAreNeverReplacedUnlessAsked) {
+  const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-ckpt-owner";
+  ulysses::remove_tree(out);
+  const std::string common = "--config " + example() +
+                             " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=4 "
+                             "--set sequence.length=32 --set checkpoint.every=2";
+  auto train = [&](const std::string& ckpt, const std::string& extra) {
+    return run(common + " --set checkpoint.dir=" + (out / ckpt).string() +
+               " --set output.dir=" + (out / ("out-" + ckpt)).string() + " " + extra);
+  };
+  ASSERT_EQ(train("a", "").status, 0);
+  ASSERT_EQ(train("b", "--set data.seed=7").status, 0);
+  const auto b_before = ulysses::testing::snapshot_files(out / "b");
+  ASSERT_TRUE(b_before.count("step-4/model.safetensors"));
+
+  Result into_b = train("b", "--set checkpoint.resume=" + (out / "a/step-2").string());
+  expect_one_line_error(into_b, "checkpoint.dir: " + (out / "b/step-4").string() +
+                                    " holds a checkpoint of run ");
+  EXPECT_NE(into_b.output.find("checkpoint.overwrite: true"), std::string::npos) << into_b.output;
+  EXPECT_EQ(ulysses::testing::snapshot_files(out / "b"), b_before);
+  expect_one_line_error(train("b", ""), "step-2 holds a checkpoint of run");  // a fresh start
+  EXPECT_EQ(ulysses::testing::snapshot_files(out / "b"), b_before);
+
+  // A's own resume rewrites A's step-4; with overwrite, B's are replaced.
+  EXPECT_EQ(train("a", "--set checkpoint.resume=step-2").status, 0);
+  Result forced = train("b", "--set checkpoint.resume=" + (out / "a/step-2").string() +
+                                 " --set checkpoint.overwrite=true");
+  EXPECT_EQ(forced.status, 0) << forced.output;
+  EXPECT_NE(ulysses::testing::snapshot_files(out / "b"), b_before);
+  ulysses::remove_tree(out);
+}
+
+// An output.dir or checkpoint.dir that cannot be written is found before step 1 (by the trainer
+// and by the launcher's check before any rank starts), not at the first save.
+TEST(TrainCli, UnwritableOutputOrCheckpointDirectoryStopsBeforeStepOne) {
+  const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-unwritable";
+  ulysses::remove_tree(out);
+  std::filesystem::create_directories(out);
+  std::ofstream(out / "a-file") << "x";  // nothing can be created under a regular file
+  const std::string common = "--config " + example() +
+                             " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=3 "
+                             "--set sequence.length=32";
+  expect_one_line_error(run(common + " --set output.dir=" + (out / "ok").string() +
+                            " --set checkpoint.dir=" + (out / "a-file/ckpt").string()),
+                        "checkpoint.dir: " + (out / "a-file/ckpt").string() + ": not writable");
+  EXPECT_FALSE(std::filesystem::exists(out / "ok/metrics.jsonl"));
+  expect_one_line_error(run(common + " --set output.dir=" + (out / "a-file/out").string()),
+                        "output.dir: " + (out / "a-file/out").string() + ": not writable");
+  Result launched = run_command(ulysses::sibling_binary("ulysses-tune") + " launch " + example() +
+                                " --nproc 1 --set mesh.dp=1 --set mesh.sp=1 --set checkpoint.dir=" +
+                                (out / "a-file/ckpt").string());
+  expect_one_line_error(launched, "checkpoint.dir: ");
   ulysses::remove_tree(out);
 }
 

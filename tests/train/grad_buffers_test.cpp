@@ -6,7 +6,7 @@
 
 #include "comm/mesh.h"
 #include "support/multi_rank.h"
-#include "train/grad_buffers.h"
+#include "zero/grad_buffers.h"
 
 namespace ulysses::train {
 namespace {

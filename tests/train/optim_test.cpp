@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "common/error.h"
-#include "train/adamw.h"
-#include "train/adamw_aten.h"
-#include "train/cpu_adam.h"
-#include "train/grad_clip.h"
-#include "train/lr_schedule.h"
+#include "optim/adamw.h"
+#include "optim/adamw_aten.h"
+#include "optim/cpu_adam.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
 
 namespace ulysses::train {
 namespace {

@@ -9,7 +9,7 @@
 #include "data/data_loader.h"
 #include "reference_llama.h"
 #include "support/multi_rank.h"
-#include "train/gradient_step.h"
+#include "zero/gradient_step.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
 

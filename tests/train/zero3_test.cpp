@@ -13,10 +13,10 @@
 #include "data/data_loader.h"
 #include "memory/activation_checkpoint.h"
 #include "support/multi_rank.h"
-#include "train/gradient_step.h"
+#include "zero/gradient_step.h"
 #include "train/trainer.h"
-#include "train/zero_optimizer.h"
-#include "train/zero_partition.h"
+#include "zero/zero_optimizer.h"
+#include "zero/zero_partition.h"
 #include "run_outputs.h"
 #include "train_test_util.h"
 

@@ -164,7 +164,7 @@ TEST(CostModelZero, Stage1ShardsMomentsAndMastersOverTheWorld) {
 TEST(CostModelZero, Stage2ShardsTheGradientsAsBuilt) {
   const std::map<std::string, int64_t> m = by_name(predict_memory(tiny_zero(2), k_test()));
   ASSERT_TRUE(kZero2ShardsGradientBuffer);
-  EXPECT_EQ(m.at("gradients"), 1704 * 4 / 4);  // train/zero_partition.h: this rank's shard
+  EXPECT_EQ(m.at("gradients"), 1704 * 4 / 4);  // zero/zero_partition.h: this rank's shard
   // One unit's fp32 contributions before its reduce-scatter: max(layer 592, V x h 256) x 4 B.
   EXPECT_EQ(m.at("zero pending gradients"), 592 * 4);
   EXPECT_EQ(m.count("zero-3 gathered weights"), 0u);
@@ -182,13 +182,13 @@ TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoUnits) {
   EXPECT_EQ(m.at("weights"), 1704 * 4 / 4);
   EXPECT_EQ(m.at("gradients"), 1704 * 4 / 4);
   EXPECT_EQ(m.at("adam moments"), 1704 * 8 / 4);
-  EXPECT_EQ(m.at("fp32 master weights"), 1704 * 4 / 4);
+  EXPECT_EQ(m.count("fp32 master weights"), 0u);  // an fp32 weight shard is its own master
   // layer 592 + max(layer 592, V x h = 256) parameters x 4 B: the unit and the prefetched one.
   EXPECT_EQ(m.at("zero-3 gathered weights"), 2 * 592 * 4);
   EXPECT_EQ(m.at("zero pending gradients"), 592 * 4);
-  // Static: runtime, weights, gradients, moments, masters, gathered layers, pending gradients,
+  // Static: runtime, weights, gradients, moments, gathered layers, pending gradients,
   // reduction bucket.
-  const int64_t stat = 1000 + 1704 + 1704 + 3408 + 1704 + 4736 + 2368 + 6816;
+  const int64_t stat = 1000 + 1704 + 1704 + 3408 + 4736 + 2368 + 6816;
   const int64_t saved = 4608 + 1024, tile = 2816;
   EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile +
                                                0.1 * (stat - 1000 + saved + tile)));
@@ -212,6 +212,46 @@ TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoUnits) {
   for (int64_t stage : {0, 1, 2, 3}) {
     EXPECT_LE(lower_bound_peak(tiny_zero(stage)).total_bytes(),
               predict_memory(tiny_zero(stage), bare).peak_bytes) << "stage " << stage;
+  }
+}
+
+// fp32 ZeRO-3 keeps no master copy beside the weight shards (zero/zero_optimizer.cpp uses the
+// shard itself), so neither the lower bound nor the model counts one; bf16 or an offloaded
+// optimizer keeps a separate fp32 master.
+TEST(CostModelZero, Fp32Stage3WeightShardsAreTheirOwnMasters) {
+  const config::RunConfig c = tiny_zero(3);
+  std::map<std::string, int64_t> lb;
+  for (const MemoryTerm& t : lower_bound_peak(c).terms) lb[t.name] = t.bytes;
+  EXPECT_EQ(lb.count("fp32 master weights"), 0u);
+  // What the trainer certainly holds per rank: weight, gradient and moment shards (16 P / 4)
+  // and the layer inputs [T, h] of both layers in fp32. A limit of exactly that fits, so the
+  // sweep must not prune it (prune_reason: lower bound > limit).
+  const int64_t held = 16 * 1704 / 4 + 2 * 8 * 8 * 4;
+  EXPECT_EQ(lower_bound_peak(c).total_bytes(), held);  // was held + 4 P / 4: pruned
+
+  config::RunConfig bf16 = c;
+  bf16.train.device = "cuda";
+  bf16.memory.precision = "bf16";
+  std::map<std::string, int64_t> lb16;
+  for (const MemoryTerm& t : lower_bound_peak(bf16).terms) lb16[t.name] = t.bytes;
+  EXPECT_EQ(lb16.at("fp32 master weights"), 1704 * 4 / 4);
+  EXPECT_EQ(by_name(predict_memory(bf16, k_test())).at("fp32 master weights"), 1704 * 4 / 4);
+
+  config::RunConfig offloaded = c;
+  offloaded.train.device = "cuda";
+  offloaded.memory.offload_optimizer = true;
+  const MemoryPrediction p = predict_memory(offloaded, k_test());
+  EXPECT_EQ(by_name(p).at("fp32 master weights"), 1704 * 4 / 4);  // on the host, apart
+  MemoryCoefficients bare;
+  bare.allocator_fraction = 0;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int64_t stage : {0, 1, 2, 3}) {
+      config::RunConfig x = tiny_zero(stage);
+      x.memory.precision = precision;
+      x.train.device = precision == "bf16" ? "cuda" : "cpu";
+      EXPECT_LE(lower_bound_peak(x).total_bytes(), predict_memory(x, bare).peak_bytes)
+          << precision << " stage " << stage;
+    }
   }
 }
 

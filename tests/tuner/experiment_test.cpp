@@ -1,13 +1,20 @@
-// Experiment files (tuner/experiment/): parsing and one-line errors, the space with mesh.sp: auto
-// and shorthands, memory orders, and the run config of a trial; the memory model's lower bound.
+// Experiment files (tuner/experiment/): parsing and one-line errors, sweep names, the YAML size
+// limit, the space with mesh.sp: auto and shorthands, memory orders and which of them cost time,
+// the run config of a trial, what decides trial results (for --resume); the memory model's lower
+// bound.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "common/error.h"
 #include "common/paths.h"
+#include "config/run_config.h"
+#include "config/yaml_reader.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/experiment/experiment.h"
+#include "tuner/experiment/result_inputs.h"
 #include "tuner/experiment/trial_space.h"
 
 namespace ulysses::experiment {
@@ -143,6 +150,109 @@ TEST(Experiment, BadInputIsOneLineNamingTheKey) {
             "x.yaml: base: ");
   EXPECT_EQ(error_of("name: t\nhardware: cpu-local\nspace: {}\n"),
             "x.yaml: space: empty: give at least sequence.length and one axis");
+}
+
+TEST(Experiment, SweepNamesAreOneDirectoryNameOfSafeCharacters) {
+  for (const char* good : {"t", "node-8gpu_llama.8b", "A.b-C_9", "..x", "x.."}) {
+    EXPECT_NO_THROW(check_sweep_name("--name", good)) << good;
+  }
+  // A line break would end a comment of a generated script; '/' and '..' leave runs/.
+  for (const char* bad : {"x\ntouch pwned", "../evil", "a/b", ".", "..", "", "a b", "x\r",
+                          "$(id)", "x;y", "'q'"}) {
+    try {
+      check_sweep_name("--name", bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const UserError& err) {
+      const std::string what = err.what();
+      EXPECT_EQ(what.rfind("--name: ", 0), 0u) << what;
+      EXPECT_EQ(what.find_first_of("\r\n"), std::string::npos) << what;
+    }
+  }
+  std::string text = kValid;
+  text.replace(text.find("name: t\n"), 8, "name: \"x\\ntouch pwned\"\n");
+  const std::string what = error_of(text);
+  EXPECT_EQ(what.rfind("x.yaml: name: 'x\\x0atouch pwned' is not a sweep name", 0), 0u) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos);
+  text = kValid;
+  text.replace(text.find("name: t\n"), 8, "name: ../up\n");
+  EXPECT_EQ(error_of(text).rfind("x.yaml: name: '../up' is not a sweep name", 0), 0u);
+}
+
+// A YAML file over 16 MiB (experiment or run config) is refused in one line before it is parsed.
+TEST(Experiment, YamlFilesOverTheSizeLimitAreRefused) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("experiment-size-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string big = (dir / "big.yaml").string();
+  const std::string kOverLimit = ": 16.0 MiB is over the 16 MiB limit of a YAML document";
+  {
+    std::ofstream out(big);
+    out << kValid << "# " << std::string(config::kMaxYamlBytes, 'x') << "\n";
+  }
+  try {
+    load_experiment(big, profiles());
+    ADD_FAILURE() << "a 16 MiB experiment was read";
+  } catch (const UserError& err) {
+    EXPECT_EQ(std::string(err.what()), big + kOverLimit);
+  }
+  try {
+    config::load_run_config(big);
+    ADD_FAILURE() << "a 16 MiB run config was read";
+  } catch (const UserError& err) {
+    EXPECT_EQ(std::string(err.what()), big + kOverLimit);
+  }
+  EXPECT_THROW(config::parse_yaml(std::string(config::kMaxYamlBytes + 1, ' '), "text"), UserError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Experiment, ZeroStageAndTiledLossSaveMemoryWithoutCostingTime) {
+  std::string text = kValid;
+  text.replace(text.find("  memory.offload: [none, both]\n"), 31,
+               "  memory.offload: [none, both]\n  zero.stage: [0, 2, 3]\n"
+               "  memory.tiled_loss: [1, auto]\n");
+  const search::Space s = build_space(parse_experiment(text, "x.yaml", profiles()));
+  ASSERT_EQ(s.axes.size(), 5u);
+  EXPECT_EQ(s.axes[3].key, "zero.stage");
+  EXPECT_EQ(s.axes[3].saving, (std::vector<int>{0, 2, 3}));  // the memory order stays
+  EXPECT_FALSE(s.axes[3].saving_costs_time);
+  EXPECT_FALSE(s.axes[4].saving_costs_time);  // memory.tiled_loss
+  EXPECT_TRUE(s.axes[1].saving_costs_time);   // memory.tiled_mlp
+  EXPECT_TRUE(s.axes[2].saving_costs_time);   // memory.offload
+  // Stage 3 saves more than stage 0 but may be faster: a fit of stage 0 does not dominate it.
+  EXPECT_TRUE(search::saves_at_least(s, {0, 0, 0, 2, 0}, {0, 0, 0, 0, 0}));
+  EXPECT_FALSE(search::cannot_be_faster(s, {0, 0, 0, 2, 0}, {0, 0, 0, 0, 0}));
+  EXPECT_TRUE(search::cannot_be_faster(s, {0, 1, 1, 2, 0}, {0, 0, 0, 2, 0}));
+}
+
+TEST(Experiment, ResultInputsNameWhatChangedButNotTheBudget) {
+  const Experiment before = parse_experiment(kValid, "x.yaml", profiles());
+  auto changed = [&](const std::string& from, const std::string& to) {
+    std::string text = kValid;
+    text.replace(text.find(from), from.size(), to);
+    return first_difference(result_inputs(before),
+                            result_inputs(parse_experiment(text, "x.yaml", profiles())));
+  };
+  EXPECT_EQ(changed("budget: {max_trials: 9, trial_timeout_s: 30}",
+                    "budget: {max_trials: 90, wall_clock_s: 60, trial_timeout_s: 30}"),
+            "");
+  EXPECT_EQ(changed("name: t", "name: renamed"), "");
+  EXPECT_EQ(changed("steps: 3}", "steps: 4}"), "trial.steps");
+  EXPECT_EQ(changed("trial_timeout_s: 30", "trial_timeout_s: 60"), "budget.trial_timeout_s");
+  EXPECT_EQ(changed("memory_limit_gib: 2", "memory_limit_gib: 3"), "memory_limit_gib");
+  EXPECT_EQ(changed("steps: 7}}", "steps: 7}, memory: {precision: fp32, checkpointing: true}}"),
+            "base");
+  EXPECT_EQ(changed("model: tiny", "model: tiny\nheadroom: 0.2"), "headroom");
+  EXPECT_EQ(changed("[1, 4, auto]", "[1, auto]"), "space.memory.tiled_mlp");
+  EXPECT_EQ(changed("  memory.offload: [none, both]\n", ""), "space");
+  EXPECT_EQ(changed("[2048, 1024]", "[2048, 1024, 512]"), "space.sequence.length");
+  // The model preset's contents are part of the resolved base, and digested for the sweep.
+  const std::map<std::string, std::string> digests = profile_digests(before);
+  EXPECT_EQ(digests.at("hardware_profile").rfind("fnv1a64:", 0), 0u);
+  EXPECT_EQ(digests.at("model").size(), 8u + 16u);
+  std::string text = kValid;
+  text.replace(text.find("steps: 7}}"), 10, "steps: 7}, model: {num_layers: 3}}");
+  EXPECT_NE(profile_digests(parse_experiment(text, "x.yaml", profiles())).at("model"),
+            digests.at("model"));
 }
 
 // The experiment files the project ships stay loadable, and every space has valid points.

@@ -1,8 +1,9 @@
 // Tests of tuner/export: the DeepSpeed JSON, ArcticTraining recipe and Accelerate config of a run
 // config, over meshes 1x1, dp2xsp2, dp1xsp4, dp4xsp1, dp2xsp4 and offload none / activations /
-// optimizer / both in fp32 and bf16 (micro_batch 2, grad_accum 4): every field, the batch
-// arithmetic and exactly the warnings that apply; then every written file is loaded by its real
-// consumer (tests/clients/check_exports.py: DeepSpeedConfig, ArcticTraining's TrainerConfig,
+// optimizer / both in fp32 and bf16 (micro_batch 2, grad_accum 4) at ZeRO stage 0, and stages
+// 1-3 on dp2xsp2: every field, the ZeRO stage as run, fp32 gradient accumulation for bf16, the
+// batch arithmetic, the machines of a multi-node run and exactly the warnings that apply; then
+// every written file is loaded by its real consumer (tests/clients/check_exports.py: DeepSpeedConfig, ArcticTraining's TrainerConfig,
 // Accelerate's launcher + ParallelismConfig), in one Python process ($ULYSSES_PYTHON).
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -101,6 +102,7 @@ struct Case {
   int64_t sp = 1;
   Offload offload = Offload::kNone;
   bool bf16 = false;
+  int64_t zero_stage = 0;
   std::string tiled_mlp = "1";   // "1", "4" or "auto"
   std::string tiled_loss = "1";
   std::string model_load;        // "" = ArcticTraining model placeholder
@@ -115,9 +117,12 @@ struct Case {
   bool offload_optimizer() const {
     return offload == Offload::kOptimizer || offload == Offload::kBoth;
   }
+  // DeepSpeed offloads the optimizer only inside ZeRO (stage >= 1).
+  bool deepspeed_offloads() const { return offload_optimizer() && zero_stage >= 1; }
   std::string name() const {
     return "dp" + std::to_string(dp) + "_sp" + std::to_string(sp) + "_" + offload_name(offload) +
-           (bf16 ? "_bf16" : "_fp32") + (schedule == "constant" && warmup_steps == 0
+           (bf16 ? "_bf16" : "_fp32") + (zero_stage ? "_zero" + std::to_string(zero_stage) : "") +
+           (schedule == "constant" && warmup_steps == 0
                                               ? ""
                                               : "_" + schedule + std::to_string(warmup_steps));
   }
@@ -136,6 +141,7 @@ struct Case {
             ", device: " + (bf16 ? "cuda" : "cpu") + "}\n";
     text += "optim: {schedule: " + schedule + ", warmup_steps: " + std::to_string(warmup_steps) +
             ", min_lr: " + std::to_string(min_lr) + "}\n";
+    text += "zero: {stage: " + std::to_string(zero_stage) + "}\n";
     return text;
   }
   config::RunConfig run() const { return config::parse_run_config_yaml(yaml()); }
@@ -148,8 +154,8 @@ struct Case {
             {"micro_batch", kMicroBatch},
             {"grad_accum", kGradAccum},
             {"train_batch_size", kMicroBatch * kGradAccum * dp},
-            {"zero_stage", offload_optimizer() ? 1 : 0},
-            {"offload_optimizer", offload_optimizer()},
+            {"zero_stage", zero_stage},
+            {"offload_optimizer", deepspeed_offloads()},
             {"bf16", bf16},
             {"grad_clip", 1.0},
             {"lr", 1.0e-3},
@@ -181,16 +187,27 @@ std::string alst_key(const Case& c) {
 
 bool torch_warning_applies(const Case& c) { return c.sp > 1 && c.sp < c.world(); }
 
+// What DeepSpeed cannot do at stage 0: offload the optimizer, accumulate bf16 gradients in fp32.
+std::vector<std::string> zero_keys(const Case& c) {
+  std::vector<std::string> keys;
+  if (c.zero_stage != 0) return keys;
+  if (c.offload_optimizer()) keys.push_back("memory.offload_optimizer=true, zero.stage=0");
+  if (c.bf16) keys.push_back("memory.precision=bf16, zero.stage=0");
+  return keys;
+}
+
 std::vector<std::string> expected_deepspeed_keys(const Case& c) {
   std::vector<std::string> keys;
   if (torch_warning_applies(c)) keys.push_back("mesh");
   if (!alst_key(c).empty()) keys.push_back(alst_key(c));
+  for (const std::string& key : zero_keys(c)) keys.push_back(key);
   return keys;
 }
 
 std::vector<std::string> expected_arctic_keys(const Case& c) {
   std::vector<std::string> keys;
   if (torch_warning_applies(c)) keys.push_back("mesh");
+  for (const std::string& key : zero_keys(c)) keys.push_back(key);
   if (c.model_load.empty()) keys.push_back("model.load");
   keys.push_back("data.source");
   if (c.tiled_mlp != "1" && c.tiled_mlp != "auto") {
@@ -203,9 +220,9 @@ std::vector<std::string> expected_arctic_keys(const Case& c) {
 }
 
 json expected_deepspeed_config(const Case& c) {
-  json zero = {{"stage", c.offload_optimizer() ? 1 : 0}};
-  if (c.offload_optimizer()) zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
-  return {{"train_micro_batch_size_per_gpu", kMicroBatch},
+  json zero = {{"stage", c.zero_stage}};
+  if (c.deepspeed_offloads()) zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  json config = {{"train_micro_batch_size_per_gpu", kMicroBatch},
           {"gradient_accumulation_steps", kGradAccum},
           {"train_batch_size", kMicroBatch * kGradAccum * c.dp},
           {"sequence_parallel_size", c.sp},
@@ -218,6 +235,11 @@ json expected_deepspeed_config(const Case& c) {
            {{"type", "AdamW"},
             {"params",
              {{"lr", 1.0e-3}, {"betas", {0.9, 0.95}}, {"eps", 1.0e-8}, {"weight_decay", 0.0}}}}}};
+  if (c.bf16) {  // ulysses-train accumulates and reduces gradients in fp32
+    if (c.zero_stage >= 1) config["data_types"] = {{"grad_accum_dtype", "fp32"}};
+    config["communication_data_type"] = "fp32";
+  }
+  return config;
 }
 
 // Writes an HF Llama config.json (the default ModelOptions) into dir; returns dir.
@@ -238,8 +260,9 @@ constexpr MeshSpec kMeshes[] = {
 constexpr Offload kOffloads[] = {Offload::kNone, Offload::kActivations, Offload::kOptimizer,
                                  Offload::kBoth};
 
-// Every mesh x offload x precision; bf16 cases load the model from `model_dir`, fp32 cases leave
-// the ArcticTraining model placeholder.
+// Every mesh x offload x precision at ZeRO stage 0, and stages 1-3 x offload none / optimizer x
+// precision on dp2xsp2; bf16 cases load the model from `model_dir`, fp32 cases leave the
+// ArcticTraining model placeholder.
 std::vector<Case> matrix(const std::string& model_dir) {
   std::vector<Case> cases;
   for (const MeshSpec& mesh : kMeshes) {
@@ -250,6 +273,20 @@ std::vector<Case> matrix(const std::string& model_dir) {
         c.sp = mesh.sp;
         c.tiled_mlp = mesh.tiled_mlp;
         c.tiled_loss = mesh.tiled_loss;
+        c.offload = offload;
+        c.bf16 = bf16;
+        if (bf16) c.model_load = model_dir;
+        cases.push_back(c);
+      }
+    }
+  }
+  for (int64_t stage : {1, 2, 3}) {
+    for (Offload offload : {Offload::kNone, Offload::kOptimizer}) {
+      for (bool bf16 : {false, true}) {
+        Case c;
+        c.dp = 2;
+        c.sp = 2;
+        c.zero_stage = stage;
         c.offload = offload;
         c.bf16 = bf16;
         if (bf16) c.model_load = model_dir;
@@ -278,6 +315,8 @@ TEST(Export, DeepSpeedConfigOfEveryCase) {
       if (warning.rfind("mesh: ", 0) == 0) {
         EXPECT_NE(warning.find("PyTorch >= 2.3"), std::string::npos) << warning;
         EXPECT_NE(warning.find("weighted all-reduce"), std::string::npos) << warning;
+      } else if (warning.find(", zero.stage=0: ") != std::string::npos) {
+        EXPECT_NE(warning.find("zero_optimization.stage 1"), std::string::npos) << warning;
       } else {
         EXPECT_NE(warning.find("arctic_training.yaml"), std::string::npos) << warning;
       }
@@ -307,13 +346,15 @@ TEST(Export, ArcticRecipeOfEveryCase) {
     EXPECT_EQ(recipe["data"]["max_length"].as<int64_t>(), kSeqLength);
     EXPECT_EQ(recipe["data"]["sources"][0].as<std::string>(), kArcticDataPlaceholder);
     EXPECT_EQ(recipe["optimizer"]["type"].as<std::string>(),
-              c.offload_optimizer() ? "cpu_adam" : "fused_adam");
+              c.deepspeed_offloads() ? "cpu_adam" : "fused_adam");
     EXPECT_EQ(recipe["optimizer"]["learning_rate"].as<double>(), 1.0e-3);
     EXPECT_EQ(recipe["optimizer"]["betas"][1].as<double>(), 0.95);
     EXPECT_EQ(recipe["scheduler"]["name"].as<std::string>(), "constant");
     const YAML::Node zero = recipe["deepspeed"]["zero_optimization"];
-    EXPECT_EQ(zero["stage"].as<int>(), c.offload_optimizer() ? 1 : 0);
-    EXPECT_EQ(static_cast<bool>(zero["offload_optimizer"]), c.offload_optimizer());
+    EXPECT_EQ(zero["stage"].as<int>(), c.zero_stage);
+    EXPECT_EQ(static_cast<bool>(zero["offload_optimizer"]), c.deepspeed_offloads());
+    EXPECT_EQ(static_cast<bool>(recipe["deepspeed"]["data_types"]), c.bf16 && c.zero_stage >= 1);
+    EXPECT_EQ(static_cast<bool>(recipe["deepspeed"]["communication_data_type"]), c.bf16);
     EXPECT_EQ(recipe["deepspeed"]["gradient_clipping"].as<double>(), 1.0);
     EXPECT_FALSE(recipe["deepspeed"]["train_batch_size"]) << "ArcticTraining computes it";
     EXPECT_EQ(warning_keys(exported.warnings), expected_arctic_keys(c));
@@ -437,6 +478,76 @@ TEST(Export, ArcticWarnsAboutWhatItCannotExpress) {
             (std::vector<std::string>{"memory.tiled_loss=auto, memory.checkpointing=true"}));
   EXPECT_EQ(warning_keys(accelerate_config(run).warnings),
             (std::vector<std::string>{"memory.tiled_loss=auto, memory.checkpointing=true"}));
+}
+
+// The export keeps the ZeRO stage the trial ran and, for bf16, its fp32 gradient accumulation
+// (DeepSpeed 0.19 data_types.grad_accum_dtype); what DeepSpeed cannot do at stage 0 is a warning,
+// not a silent change of stage.
+TEST(Export, KeepsTheZeroStageAndFp32GradientAccumulation) {
+  Case c;
+  c.bf16 = true;
+  c.offload = Offload::kOptimizer;
+  DeepSpeedExport exported = deepspeed_config(c.run());
+  EXPECT_EQ(exported.config["zero_optimization"], json({{"stage", 0}}));
+  EXPECT_FALSE(exported.config.contains("data_types"));  // DeepSpeed refuses it at stage 0
+  EXPECT_EQ(exported.config["communication_data_type"], "fp32");
+  ASSERT_EQ(warning_keys(exported.warnings),
+            (std::vector<std::string>{"memory.offload_optimizer=true, zero.stage=0",
+                                      "memory.precision=bf16, zero.stage=0"}));
+  EXPECT_NE(exported.warnings[0].find("in a world of 1 stage 1 shards nothing"),
+            std::string::npos);
+
+  c.zero_stage = 1;
+  exported = deepspeed_config(c.run());
+  EXPECT_EQ(exported.config["zero_optimization"],
+            json::parse(R"({"stage": 1,
+                            "offload_optimizer": {"device": "cpu", "pin_memory": true}})"));
+  EXPECT_EQ(exported.config["data_types"], json::parse(R"({"grad_accum_dtype": "fp32"})"));
+  EXPECT_TRUE(exported.warnings.empty());
+
+  for (int64_t stage : {2, 3}) {
+    c.zero_stage = stage;
+    c.offload = Offload::kNone;
+    exported = deepspeed_config(c.run());
+    EXPECT_EQ(exported.config["zero_optimization"], json({{"stage", stage}}));
+    EXPECT_EQ(exported.config["data_types"]["grad_accum_dtype"], "fp32");
+    EXPECT_TRUE(exported.warnings.empty());
+  }
+  c.bf16 = false;  // fp32 accumulates in fp32 anyway
+  exported = deepspeed_config(c.run());
+  EXPECT_FALSE(exported.config.contains("data_types"));
+  EXPECT_FALSE(exported.config.contains("communication_data_type"));
+}
+
+// A run over several nodes: Accelerate's num_machines is the node count; num_processes stays the
+// world; setting each machine's rank and the main address is the user's, and said.
+TEST(Export, AccelerateNamesTheMachinesOfAMultiNodeRun) {
+  Case c;
+  c.dp = 4;
+  c.sp = 4;
+  const AccelerateExport single = accelerate_config(c.run());
+  EXPECT_EQ(YAML::Load(single.yaml)["num_machines"].as<int64_t>(), 1);
+  const AccelerateExport exported = accelerate_config(c.run(), "ds_config.json", 2);
+  const YAML::Node file = YAML::Load(exported.yaml);
+  EXPECT_EQ(file["num_machines"].as<int64_t>(), 2);
+  EXPECT_EQ(file["num_processes"].as<int64_t>(), 16);
+  EXPECT_EQ(file["machine_rank"].as<int64_t>(), 0);
+  EXPECT_EQ(warning_keys(exported.warnings), (std::vector<std::string>{"mesh", "nodes=2"}));
+  TempDir dir;
+  const ExportFiles files = write_exports(c.run(), dir.path().string(), 2);
+  EXPECT_EQ(YAML::LoadFile(files.accelerate_path)["num_machines"].as<int64_t>(), 2);
+}
+
+// Text from the run config goes into comments on one line: a line break there (YAML also ends a
+// line at a lone CR) would start a key of its own.
+TEST(Export, CommentsHoldNoLineBreaks) {
+  Case c;
+  config::RunConfig run = c.run();
+  run.data.source = "synthetic\rmicro_batch_size: 99\nsequence_parallel_size: 7";
+  const std::string recipe = arctic_recipe(run).yaml;
+  EXPECT_EQ(recipe.find('\r'), std::string::npos) << recipe;
+  EXPECT_EQ(recipe.find("\nsequence_parallel_size: 7"), std::string::npos) << recipe;
+  EXPECT_EQ(YAML::Load(recipe)["micro_batch_size"].as<int64_t>(), kMicroBatch);
 }
 
 TEST(Export, WriteExportsWritesThreeFilesAndMergesWarnings) {

@@ -124,6 +124,7 @@ env > "$FAKE_DIR/env.$RANK"
 echo "$*" > "$FAKE_DIR/args.$RANK"
 echo $$ > "$FAKE_DIR/pid.$RANK.tmp" && mv "$FAKE_DIR/pid.$RANK.tmp" "$FAKE_DIR/pid.$RANK"
 echo "fake-trainer rank $RANK of $WORLD_SIZE"
+echo "library noise from rank $RANK" >&2
 if [ "$FAKE_MODE" = ok ]; then exit 0; fi
 if [ "$RANK" = 2 ] && [ "$FAKE_MODE" != sleep ]; then
   i=0
@@ -131,6 +132,7 @@ if [ "$RANK" = 2 ] && [ "$FAKE_MODE" != sleep ]; then
     sleep 0.05; i=$((i + 1))
   done
   if [ "$FAKE_MODE" = killself ]; then kill -KILL $$; fi
+  echo "error: rank 2 broke" >&2
   exit 3
 fi
 exec sleep 300
@@ -155,7 +157,8 @@ class LaunchCliTest : public ::testing::Test {
     trainer_ = (temp_.path() / "fake-trainer.sh").string();
     write_executable(trainer_, kFakeTrainer);
     config_ = (temp_.path() / "run.yaml").string();
-    std::ofstream(config_) << kMeshConfig;
+    std::ofstream(config_) << kMeshConfig << "output: {dir: " << (temp_.path() / "out").string()
+                           << "}\n";
   }
 
   pid_t start(const std::vector<std::string>& args, const std::string& mode) {
@@ -440,6 +443,19 @@ TEST_F(LaunchCliTest, FailingRankStopsTheOthersAndSetsTheStatus) {
   EXPECT_EQ(result.status, 3) << result.err;
   EXPECT_NE(result.err.find("launch: rank 2 (local rank 2"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("exited with status 3"), std::string::npos) << result.err;
+  // The failing rank's error once; every rank's stderr (and the noise) only in the logs.
+  const size_t why = result.err.find("error: rank 2 broke\nlaunch: rank 2");
+  ASSERT_NE(why, std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("error: rank 2 broke", why + 1), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("library noise"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("every rank's stderr: " + (temp_.path() / "out/logs").string()),
+            std::string::npos)
+      << result.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(read_text(temp_.path() / "out/logs" / ("rank-" + std::to_string(rank) + ".err"))
+                  .find("library noise from rank " + std::to_string(rank)),
+              std::string::npos);
+  }
   for (pid_t pid : pids) EXPECT_FALSE(process_alive(pid)) << "rank pid " << pid << " left";
   kill_leftovers(pids);
 }
@@ -632,6 +648,13 @@ TEST(LaunchPrint, MultiNodeMeshMismatchSaysWhatToSet) {
             "add --set mesh.dp=8 (keeps mesh.sp=2)\n");
   std::vector<std::string> fixed = args;
   fixed.insert(fixed.end(), {"--set", "mesh.dp=8"});
+  // Node 1 cannot reach 127.0.0.1 of node 0: the address must be given.
+  const pid_t no_addr = spawn_process(fixed, {}, temp.path() / "addr.out", temp.path() / "addr.err");
+  EXPECT_EQ(wait_exit(no_addr, kExitDeadlineS), kExitUsage);
+  EXPECT_EQ(read_text(temp.path() / "addr.err").rfind("error: --master-addr: give node 0's address", 0),
+            0u)
+      << read_text(temp.path() / "addr.err");
+  fixed.insert(fixed.end(), {"--master-addr", "10.0.0.1"});
   const pid_t good = spawn_process(fixed, {}, temp.path() / "good.out", temp.path() / "good.err");
   EXPECT_EQ(wait_exit(good, kExitDeadlineS), 0) << read_text(temp.path() / "good.err");
   EXPECT_EQ(split_lines(read_text(temp.path() / "good.out")).size(), 4u);  // 2 x (# node, line)

@@ -1,12 +1,17 @@
-// The pure parts of tuner/report: the Pareto front, best per mesh, time breakdown, axes and
-// configurations, and the table printers (terminal, markdown, CSV).
+// The pure parts of tuner/report: the Pareto front, fastest and longest per mesh, time
+// breakdown, axes and configurations, peaks above the start-up baseline, the ranking by the
+// sweep's objective, and the table printers (terminal, markdown, CSV).
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "common/error.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
+#include "tuner/results/objective.h"
 #include "tuner/report/plot_script.h"
-#include "tuner/report/sweep_analysis.h"
-#include "tuner/report/table.h"
+#include "tuner/results/sweep_analysis.h"
+#include "tuner/results/table.h"
 
 namespace ulysses::report {
 namespace {
@@ -124,6 +129,110 @@ TEST(SweepAnalysis, TimeBreakdownOtherIsTheRestOfTheStep) {
   EXPECT_DOUBLE_EQ(b.other_ms, 21);
   EXPECT_DOUBLE_EQ(time_breakdown(t, {}).other_ms, 100);
   EXPECT_DOUBLE_EQ(time_breakdown(t, {{"compute_ms", 90}, {"comm_ms", 30}}).other_ms, 0);
+}
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// `t` as a trial of `device` that recorded `peak` (whole process on CPU, allocator on CUDA).
+TrialRecord with_peak(TrialRecord t, const std::string& device, int64_t peak) {
+  t.summary = R"({"device":")" + device + R"("})";
+  t.peak_mem_bytes = peak;
+  return t;
+}
+
+TEST(MemoryBasis, PeaksCountAboveTheStartUpBaselineOfTheirDevice) {
+  const int64_t baseline = memory_baseline_bytes("cpu");
+  EXPECT_GT(baseline, 64 * kMiB);  // LibTorch, Gloo and the OpenMP pool
+  EXPECT_EQ(memory_baseline_bytes("cuda"), 0);
+
+  // CPU: the stored peak is the whole resident set; the baseline comes off it.
+  const TrialRecord cpu = with_peak(trial(1, 1, 2, 1024, "ok", 1), "cpu", 200 * kMiB);
+  EXPECT_EQ(trial_device(cpu), "cpu");
+  EXPECT_EQ(peak_above_baseline(cpu), 200 * kMiB - baseline);
+  EXPECT_EQ(above_baseline(cpu, 300 * kMiB), 300 * kMiB - baseline);  // a prediction, same basis
+  EXPECT_EQ(peak_above_baseline(with_peak(cpu, "cpu", baseline / 2)), 0);  // never below 0
+  // CUDA: the allocator's peak is already above the baseline.
+  const TrialRecord cuda = with_peak(trial(2, 1, 2, 1024, "ok", 1), "cuda:0", 5 * kGiB);
+  EXPECT_EQ(trial_device(cuda), "cuda");
+  EXPECT_EQ(peak_above_baseline(cuda), 5 * kGiB);
+  // A trial without a summary (out of memory) is read from its run config.
+  TrialRecord oom = trial(3, 1, 2, 4096, "oom", std::nullopt);
+  oom.config_yaml = "train: {device: cuda}\n";
+  oom.peak_mem_bytes = 7 * kGiB;
+  EXPECT_EQ(trial_device(oom), "cuda");
+  EXPECT_EQ(peak_above_baseline(oom), 7 * kGiB);
+  oom.config_yaml = "not: [a run config";
+  EXPECT_EQ(trial_device(oom), "cpu");  // unreadable: the default device
+  EXPECT_EQ(peak_above_baseline(trial(4, 1, 2, 1024, "ok", 1)), std::nullopt);
+
+  const std::string note = memory_basis_note({cpu, cuda});
+  EXPECT_NE(note.find("minus a baseline of " + gib(baseline) + " GiB"), std::string::npos) << note;
+  EXPECT_NE(note.find("On CUDA it is the caching allocator's peak"), std::string::npos) << note;
+  EXPECT_EQ(memory_basis_note({cuda}).find("On CPU"), std::string::npos);
+}
+
+TEST(Objective, RanksTrialsByTheObjective) {
+  const std::vector<TrialRecord> trials = {
+      trial(1, 1, 2, 1024, "ok", 900),   trial(2, 2, 1, 1024, "ok", 1100),
+      trial(3, 1, 2, 4096, "ok", 700),   trial(4, 2, 1, 4096, "ok", 700),
+      trial(5, 1, 2, 8192, "ok", 9000, /*probe=*/true), trial(6, 1, 2, 8192, "oom", std::nullopt),
+      trial(7, 2, 1, 2048, "timeout", std::nullopt)};
+  auto ids = [&](const Objective& o) {
+    std::vector<int64_t> out;
+    for (const TrialRecord* t : rank_trials(trials, o)) out.push_back(t->id);
+    return out;
+  };
+  Objective longest;
+  longest.kind = "max-seqlen";
+  // Longest first (probe and OOM never count), equal length and speed: lower id first.
+  EXPECT_EQ(ids(longest), (std::vector<int64_t>{3, 4, 2, 1}));
+  EXPECT_EQ(describe(longest), "max-seqlen");
+  Objective fastest;
+  fastest.kind = "throughput";
+  fastest.target_length = 1024;
+  EXPECT_EQ(ids(fastest), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(describe(fastest), "throughput at 1024 tokens");
+}
+
+TEST(Objective, TheHeadRoomComparesThePeakAboveTheBaseline) {
+  Objective o;
+  o.kind = "max-seqlen";
+  o.headroom = 0.1;
+  o.check_peak = true;
+  TrialRecord t = trial(1, 1, 2, 1024, "ok", 1);
+  t.limit_bytes = 8 * kGiB;  // qualifies up to 7.2 GiB above the baseline
+  // 7.25 GiB of resident set is 7.13 GiB above the CPU baseline: within the head-room.
+  EXPECT_TRUE(qualifies(with_peak(t, "cpu", 7 * kGiB + kGiB / 4), o));
+  // The CUDA allocator's 7.25 GiB are all above the baseline: over the head-room.
+  EXPECT_FALSE(qualifies(with_peak(t, "cuda:0", 7 * kGiB + kGiB / 4), o));
+  EXPECT_TRUE(qualifies(with_peak(t, "cuda:0", 7 * kGiB), o));
+  o.check_peak = false;
+  EXPECT_TRUE(qualifies(with_peak(t, "cuda:0", 8 * kGiB), o));
+}
+
+TEST(Objective, ReadFromTheSweepsExperiment) {
+  store::SweepRecord sweep;
+  sweep.name = "s";
+  sweep.experiment_path = "experiments/s.yaml";
+  sweep.experiment_yaml =
+      "name: s\nhardware: cpu-local\nworld_size: 2\nheadroom: 0.2\n"
+      "space:\n  mesh.sp: auto\n  sequence.length: [1024, 2048, 4096]\n"
+      "objective: throughput\ntarget_length: 2048\n";
+  Objective o = sweep_objective(sweep);
+  EXPECT_EQ(o.kind, "throughput");
+  EXPECT_EQ(o.target_length, 2048);
+  EXPECT_DOUBLE_EQ(o.headroom, 0.2);
+  EXPECT_FALSE(o.check_peak);  // CPU: the trials ran under the reduced limit
+  sweep.experiment_yaml += "base: {train: {device: cuda}}\n";
+  EXPECT_TRUE(sweep_objective(sweep).check_peak);
+  sweep.experiment_yaml = "name: s\nhardware: no-such-profile\n";
+  try {
+    sweep_objective(sweep);
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& error) {
+    EXPECT_EQ(std::string(error.what()).rfind("sweep s: ", 0), 0u) << error.what();
+  }
 }
 
 TEST(Table, PrintersQuoteAndAlign) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/output_dir.h"
 #include "comm/exit_status.h"
 #include "common/error.h"
 #include "tests/tuner/report_test_util.h"
@@ -83,20 +84,27 @@ TEST_F(ReportFixture, ErrorsAreOneLineAndLeaveNothingBehind) {
   // A directory that is not a report is never replaced.
   fs::create_directories(reports / "mine");
   std::ofstream(reports / "mine" / "notes.txt") << "keep";
-  expect_usage_error([&] { return run_report(options(reports / "mine")); }, "holds no report");
+  expect_usage_error([&] { return run_report(options(reports / "mine")); },
+                     "was not written by ulysses-tune report");
   EXPECT_EQ(entries(reports / "mine"), std::vector<std::string>{"notes.txt"});
 }
 
 TEST_F(ReportFixture, AnEarlierReportIsReplacedWhole) {
   const fs::path out = dir_ / "reports" / "synthetic";
-  fs::create_directories(out);
+  ASSERT_EQ(run_report(options(out)), 0);
+  // An earlier report that also drew stale.png (its marker lists what it wrote).
   std::ofstream(out / "README.md") << "old report";
   std::ofstream(out / "stale.png") << "old plot";
+  std::ofstream(out / kOutputMarker, std::ios::app) << "stale.png\n";
   ReportOptions o = options(dir_ / "reports" / "synthetic/");  // trailing separator
   o.sweep = "";                                                // the latest sweep
   ASSERT_EQ(run_report(o), 0);
   EXPECT_FALSE(fs::exists(out / "stale.png"));
   EXPECT_NE(read(out / "README.md").find("# Sweep `synthetic`"), std::string::npos);
+  // A file of the user's in it: the report is not replaced.
+  std::ofstream(out / "notes.txt") << "keep";
+  expect_usage_error([&] { return run_report(o); }, "holds notes.txt");
+  EXPECT_EQ(read(out / "notes.txt"), "keep");
   EXPECT_EQ(entries(dir_ / "reports"), std::vector<std::string>{"synthetic"});
 }
 
@@ -159,7 +167,13 @@ TEST_F(ReportFixture, ListShowsSweepsAndTrials) {
   EXPECT_NE(text.find("name"), std::string::npos);
   EXPECT_NE(text.find("synthetic"), std::string::npos);
   EXPECT_NE(text.find("finished"), std::string::npos);
-  EXPECT_NE(text.find("1100.0 (trial " + std::to_string(id("D")) + ")"), std::string::npos) << text;
+  // The best trial is the one the sweep's objective (max-seqlen) picks: C at 4096 tokens, not
+  // the fastest trial (D at 1024).
+  EXPECT_NE(text.find("  max-seqlen  " + std::to_string(id("C")) +
+                      ": 4096 tokens, 700.0 tokens/s per rank\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("1100.0"), std::string::npos) << text;
   // Header: id name created status trials ok oom timeout pruned invalid best...; row counts.
   EXPECT_NE(text.find("  11   7    1        1       1        1"), std::string::npos) << text;
 
@@ -174,7 +188,15 @@ TEST_F(ReportFixture, ListShowsSweepsAndTrials) {
         << "trial " << t.id << "\n"
         << trials;
   }
-  // Long cells are cut to 60 characters, line breaks shown as spaces.
+  // Peaks above the start-up baseline, which is stated under the table: A's 0.25 GiB of resident
+  // set is 0.13 GiB above the CPU baseline.
+  EXPECT_NE(trials.find("peak above baseline GiB"), std::string::npos) << trials;
+  EXPECT_NE(trials.find("1000.0    100.0                     0.13       8.00"), std::string::npos)
+      << trials;
+  EXPECT_NE(trials.find("\nPeak memory is per rank and above the rank's start-up baseline"),
+            std::string::npos)
+      << trials;
+    // Long cells are cut to 60 characters, line breaks shown as spaces.
   EXPECT_NE(trials.find("  out of memory: \"CUDA\", tried to allocate 2.00 GiB, at lay...\n"),
             std::string::npos)
       << trials;
@@ -214,12 +236,17 @@ TEST_F(ReportFixture, ShowPrintsATrialOrASweepInFull) {
       std::string::npos)
       << text;
   EXPECT_NE(text.find("run dir: runs/synthetic/H"), std::string::npos);
+  EXPECT_NE(text.find("\npeak above baseline: 8.88 GiB (cpu: peak_mem_bytes minus a start-up "
+                      "baseline of 0.12 GiB) of a limit of 8.00 GiB\n"),
+            std::string::npos)
+      << text;
 
   std::ostringstream ok_out;
   show.trial_id = id("A");
   ASSERT_EQ(run_show(show, ok_out), 0);
   EXPECT_NE(ok_out.str().find("compute_ms         50.000"), std::string::npos) << ok_out.str();
   EXPECT_NE(ok_out.str().find("   2  6.7500"), std::string::npos) << ok_out.str();
+  EXPECT_NE(ok_out.str().find("peak above baseline GiB"), std::string::npos) << ok_out.str();
 
   std::ostringstream sweep_out;
   show.trial_id = 0;
@@ -231,6 +258,14 @@ TEST_F(ReportFixture, ShowPrintsATrialOrASweepInFull) {
             std::string::npos);
   EXPECT_NE(sweep.find("\nhost                  node-7\n"), std::string::npos) << sweep;
   EXPECT_NE(sweep.find("fraction of the grid run"), std::string::npos);
+  // The best trial is the objective's (max-seqlen): C.
+  const size_t best = sweep.find("\nbest trial (objective max-seqlen)  ");
+  ASSERT_NE(best, std::string::npos) << sweep;
+  const std::string best_line = sweep.substr(best + 1, sweep.find('\n', best + 1) - best - 1);
+  const std::string c = "  trial " + std::to_string(id("C")) +
+                        ": dp=1 sp=2 tiled_mlp=1, seqlen 4096, 700.0 tokens/s per rank";
+  EXPECT_EQ(best_line.substr(best_line.size() - std::min(best_line.size(), c.size())), c)
+      << sweep;
   EXPECT_NE(sweep.find("experiment_yaml:\n    name: synthetic\n"), std::string::npos);
 
   show.sweep = "";

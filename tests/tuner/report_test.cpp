@@ -1,7 +1,8 @@
 // `ulysses-tune report`, `list` and `show` (tuner/report/) on a synthetic sweep: the CSV parses
-// back to every trial (quoting included), the markdown tables hold the right cells, the four
-// plots are PNGs, the Pareto front and the other analyses are right, and every error is one
-// line, exit status 2, with no report directory and no database left behind.
+// back to every trial (quoting included), the markdown tables hold the right cells, the five
+// plots are PNGs, the Pareto front and the other analyses are right, every error is one line,
+// exit status 2, with no report directory and no database left behind; the plots draw peaks on
+// the basis of their limit line and keep every point inside their axes.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,14 +10,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "comm/exit_status.h"
 #include "common/error.h"
 #include "tests/tuner/report_test_util.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
+#include "tuner/report/plot_script.h"
 #include "tuner/report/plots.h"
 #include "tuner/report/report_command.h"
-#include "tuner/report/sweep_analysis.h"
+#include "tuner/results/sweep_analysis.h"
 #include "tuner/report/trial_table.h"
 
 namespace fs = std::filesystem;
@@ -98,6 +103,201 @@ std::vector<std::string> markdown_row(const std::string& markdown, const std::st
   return {};
 }
 
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The content of `name` among the plot files ("" when absent).
+std::string plot_file(const PlotFiles& files, const std::string& name) {
+  for (const auto& [file, content] : files.files) {
+    if (file == name) return content;
+  }
+  return "";
+}
+
+// The commands of plots.gp that draw `png`: from its `set output` to the next plot's reset.
+std::string plot_block(const std::string& gp, const std::string& png) {
+  const size_t begin = gp.find("set output '" + png + "'");
+  if (begin == std::string::npos) return "";
+  return gp.substr(begin, gp.find("\nreset\n", begin) - begin);
+}
+
+// [lo, hi] of `set <axis>range [lo:hi]` in a plot's commands; NaN when not set to two numbers.
+std::pair<double, double> axis_range(const std::string& block, const std::string& axis) {
+  const std::string key = "set " + axis + "range [";
+  const size_t at = block.find(key);
+  if (at == std::string::npos) return {NAN, NAN};
+  char* end = nullptr;
+  const char* text = block.c_str() + at + key.size();
+  const double lo = std::strtod(text, &end);
+  if (end == text || *end != ':') return {NAN, NAN};
+  const char* high = end + 1;
+  const double hi = std::strtod(high, &end);
+  if (end == high || *end != ']') return {NAN, NAN};
+  return {lo, hi};
+}
+
+// The numbers of a .dat file's data lines (comments and blank lines skipped); a leading quoted
+// label is dropped and "?" (missing) reads as NaN.
+std::vector<std::vector<double>> dat_rows(const std::string& dat) {
+  std::vector<std::vector<double>> rows;
+  std::istringstream lines(dat);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '"') line = line.substr(line.find('"', 1) + 1);
+    std::istringstream words(line);
+    std::vector<double> row;
+    for (std::string word; words >> word;) row.push_back(word == "?" ? NAN : std::stod(word));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// Expects `value` inside `range` and at least 2 % of its span (in log2 on a log axis) from either
+// end, so that a point's marker is not cut by the frame. NaN (a missing value) passes.
+void expect_inside(double value, std::pair<double, double> range, bool log_axis,
+                   const std::string& what) {
+  if (std::isnan(value)) return;
+  auto at = [&](double v) { return log_axis ? std::log2(v) : v; };
+  const double lo = at(range.first), hi = at(range.second), v = at(value);
+  ASSERT_FALSE(std::isnan(lo) || std::isnan(hi)) << what << ": no numeric range";
+  const double margin = 0.02 * (hi - lo);
+  EXPECT_GE(v, lo + margin) << what << " " << value << " below [" << range.first << ":"
+                            << range.second << "]";
+  EXPECT_LE(v, hi - margin) << what << " " << value << " above [" << range.first << ":"
+                            << range.second << "]";
+}
+
+// A CPU sweep like the quickstart: 0.108 GiB per rank (0.12 less the head-room) and trials whose
+// whole-process peaks, 0.14 to 0.21 GiB, lie above it although each of them fit. Three meshes x
+// lengths 256..4096 (a log axis), one very slow trial (near the bottom of the throughput plots),
+// predictions off by -70 % to +60 % (beyond the bands), a probe, an OOM with a peak and one
+// without.
+SweepData cpu_sweep() {
+  SweepData data;
+  data.sweep.name = "cpu-like";
+  const int64_t limit = static_cast<int64_t>(0.108 * kGiB);
+  int64_t id = 0;
+  auto add = [&](int64_t sp, int64_t length, const std::string& status) -> TrialRecord& {
+    TrialRecord t;
+    t.id = ++id;
+    t.sp = sp;
+    t.dp = 4 / sp;
+    t.world_size = 4;
+    t.seqlen = length;
+    t.status = status;
+    t.limit_bytes = limit;
+    t.point = R"({"mesh.sp":)" + std::to_string(sp) + "}";
+    t.summary = status == "ok" ? R"({"device":"cpu"})" : "{}";
+    data.trials.push_back(t);
+    return data.trials.back();
+  };
+  for (int64_t sp : {1, 2, 4}) {
+    for (int64_t length : {256, 512, 1024, 2048, 4096}) {
+      TrialRecord& t = add(sp, length, "ok");
+      const double scale = static_cast<double>(length) / 4096.0;
+      t.exit_code = 0;
+      t.tokens_per_s_per_rank = 1000.0 / static_cast<double>(sp) * (1.0 + scale);
+      t.step_ms = 100.0 * (1.0 + scale);
+      t.peak_mem_bytes = static_cast<int64_t>((0.14 + 0.07 * scale) * kGiB);
+      t.predicted_peak_bytes = static_cast<int64_t>(*t.peak_mem_bytes * (0.9 + 0.1 * sp));
+      t.predicted_step_ms = *t.step_ms * (0.3 + 0.3 * static_cast<double>(sp) * scale);
+    }
+  }
+  data.trials[3].tokens_per_s_per_rank = 5.0;  // very slow
+  TrialRecord& probe = add(1, 4096, "ok");
+  probe.probe = true;
+  probe.peak_mem_bytes = static_cast<int64_t>(0.2 * kGiB);
+  probe.predicted_peak_bytes = static_cast<int64_t>(0.25 * kGiB);
+  add(2, 4096, "oom").peak_mem_bytes = static_cast<int64_t>(0.26 * kGiB);
+  add(4, 3072, "oom");  // no peak: drawn at its limit
+  return data;
+}
+
+TEST(Plots, ATrialThatFitIsDrawnUnderItsLimitLine) {
+  const SweepData data = cpu_sweep();
+  const PlotFiles files = make_plot_files(data);
+  const std::string memory = plot_block(plot_file(files, "plots.gp"), "memory_vs_seqlen.png");
+  const std::string limit_arrow = "set arrow from graph 0, first ";
+  ASSERT_NE(memory.find(limit_arrow), std::string::npos) << memory;
+  const double limit_y = std::stod(memory.substr(memory.find(limit_arrow) + limit_arrow.size()));
+  EXPECT_NEAR(limit_y, 0.108, 1e-9);
+  std::map<int64_t, const TrialRecord*> by_id;
+  for (const TrialRecord& t : data.trials) by_id[t.id] = &t;
+  int fit = 0;
+  for (const auto& row : dat_rows(plot_file(files, "memory.dat"))) {
+    ASSERT_EQ(row.size(), 3u);
+    const TrialRecord& t = *by_id.at(static_cast<int64_t>(row[2]));
+    if (t.status != "ok") continue;
+    ++fit;
+    // Whole-process peak 0.14..0.21 GiB; what the limit counts is the peak above the baseline.
+    EXPECT_LT(row[1], limit_y) << "trial " << t.id << " fit but is drawn above the limit";
+    EXPECT_NEAR(row[1], *peak_above_baseline(t) / kGiB, 1e-9) << "trial " << t.id;
+  }
+  EXPECT_EQ(fit, 16);  // 15 trials and the probe
+  // The basis and the baseline are named on the plot.
+  EXPECT_NE(memory.find("peak above the start-up baseline (resident peak minus " +
+                        gib(memory_baseline_bytes("cpu")) + " GiB, estimated)"),
+            std::string::npos)
+      << memory;
+}
+
+TEST(Plots, EveryPointLiesInsideItsAxes) {
+  const PlotFiles files = make_plot_files(cpu_sweep());
+  const std::string gp = plot_file(files, "plots.gp");
+  // Length on x (log: 256..4096), the value on y.
+  for (const auto& [png, dat] : {std::pair{"throughput_vs_seqlen.png", "throughput.dat"},
+                                 std::pair{"memory_vs_seqlen.png", "memory.dat"},
+                                 std::pair{"pareto_front.png", "pareto.dat"}}) {
+    const std::string block = plot_block(gp, png);
+    ASSERT_FALSE(block.empty()) << png;
+    EXPECT_NE(block.find("set logscale x 2"), std::string::npos) << png;
+    for (const auto& row : dat_rows(plot_file(files, dat))) {
+      expect_inside(row[0], axis_range(block, "x"), /*log_axis=*/true, std::string(png) + " x");
+      expect_inside(row[1], axis_range(block, "y"), false, std::string(png) + " y");
+    }
+  }
+  // The memory plot's limit line is inside too.
+  expect_inside(0.108, axis_range(plot_block(gp, "memory_vs_seqlen.png"), "y"), false, "limit");
+  // Stacked bars: the tallest stack below the top (bars start at 0, on the frame).
+  const auto bars = axis_range(plot_block(gp, "time_breakdown.png"), "y");
+  for (const auto& row : dat_rows(plot_file(files, "phases.dat"))) {
+    EXPECT_LT(row[0] + row[1] + row[2] + row[3] + row[4], 0.98 * bars.second);
+    EXPECT_LE(bars.first, 0.0);
+  }
+  // Errors per trial: the row index on x, memory and step-time errors on y.
+  const std::string prediction = plot_block(gp, "prediction_error.png");
+  const auto rows = dat_rows(plot_file(files, "prediction.dat"));
+  ASSERT_EQ(rows.size(), 16u);  // the ok trials, probe included (memory only)
+  for (size_t i = 0; i < rows.size(); ++i) {
+    expect_inside(static_cast<double>(i), axis_range(prediction, "x"), false, "prediction x");
+    expect_inside(rows[i][0], axis_range(prediction, "y"), false, "memory error");
+    expect_inside(rows[i][1], axis_range(prediction, "y"), false, "step time error");
+  }
+  // The +-20 % bands are inside as well.
+  expect_inside(-20, axis_range(prediction, "y"), false, "band");
+  expect_inside(20, axis_range(prediction, "y"), false, "band");
+}
+
+TEST(Plots, LabelsDoNotOverlap) {
+  const std::string gp = plot_file(make_plot_files(cpu_sweep()), "plots.gp");
+  // Pareto points carry no labels (the README lists the front); 16 trials: every one labelled.
+  EXPECT_EQ(plot_block(gp, "pareto_front.png").find("with labels"), std::string::npos);
+  EXPECT_NE(plot_block(gp, "time_breakdown.png").find("using 2:xtic(1) "), std::string::npos);
+  EXPECT_NE(plot_block(gp, "prediction_error.png").find("using 0:2:xtic(1) "), std::string::npos);
+  // 300 trials do not fit one label each into the widest plot: one in k is labelled.
+  SweepData many = cpu_sweep();
+  for (int i = 0; i < 300; ++i) {
+    TrialRecord t = many.trials.front();
+    t.id = 1000 + i;
+    many.trials.push_back(t);
+  }
+  const std::string crowded = plot_file(make_plot_files(many), "plots.gp");
+  for (const char* png : {"time_breakdown.png", "prediction_error.png"}) {
+    const std::string block = plot_block(crowded, png);
+    EXPECT_NE(block.find("xtic(int($0) % "), std::string::npos) << png << "\n" << block;
+    EXPECT_NE(block.find(" labelled): mesh dp x sp"), std::string::npos) << png;
+  }
+}
+
 TEST_F(ReportFixture, CsvParsesBackToEveryTrialWithItsQuoting) {
   const fs::path out = dir_ / "reports" / "synthetic";
   ASSERT_EQ(run_report(options(out)), 0);
@@ -158,6 +358,13 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
   EXPECT_EQ(markdown_row(readme, "experiment"),
             (std::vector<std::string>{"experiment", "`experiments/synthetic.yaml`"}));
   EXPECT_EQ(markdown_row(readme, "trials")[1], "11: ok 7, oom 1, timeout 1, pruned 1, invalid 1");
+  // The basis of every peak, stated once: above the start-up baseline, which on CPU is estimated.
+  EXPECT_NE(readme.find("**Memory.** Peak memory is per rank and above the rank's start-up "
+                        "baseline"),
+            std::string::npos);
+  EXPECT_NE(readme.find("On CPU it is the peak resident set minus a baseline of " +
+                        gib(memory_baseline_bytes("cpu")) + " GiB"),
+            std::string::npos);
   // Environment, flattened.
   EXPECT_EQ(markdown_row(readme, "host"), (std::vector<std::string>{"host", "node-7"}));
   EXPECT_EQ(markdown_row(readme, "devices.0.name"),
@@ -166,15 +373,16 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
   EXPECT_EQ(markdown_row(readme, "trials run"), (std::vector<std::string>{"trials run", "9"}));
   EXPECT_EQ(markdown_row(readme, "trials an exhaustive grid would run")[1], "24");
   EXPECT_EQ(markdown_row(readme, "fraction of the grid run")[1], "37.5 %");
-  const auto best = markdown_row(readme, "best trial");
-  ASSERT_EQ(best.size(), 2u);
-  EXPECT_EQ(best[1].rfind("trial " + std::to_string(id("D")) + ": dp=2 sp=1 tiled_mlp=1", 0), 0u)
-      << best[1];
+  // The best trial is the objective's (max-seqlen): C, not the fastest trial D.
+  const auto best = markdown_row(readme, "best trial (objective max-seqlen)");
+  ASSERT_EQ(best.size(), 2u) << readme;
+  EXPECT_EQ(best[1], "trial " + std::to_string(id("C")) +
+                         ": dp=1 sp=2 tiled_mlp=1, seqlen 4096, 700.0 tokens/s per rank");
   EXPECT_EQ(markdown_row(readme, "same_recommendation"),
             (std::vector<std::string>{"same_recommendation", "true"}));
   EXPECT_EQ(markdown_row(readme, "extra_key")[1], "kept");
 
-  // Best per mesh: 1x2 fastest A, longest C; 2x1 fastest D, longest F (4096 at 700); 1x3 none.
+  // Per mesh: 1x2 fastest A, longest C; 2x1 fastest D, longest F (4096 at 700); 1x3 none.
   EXPECT_EQ(markdown_row(readme, "1x2"),
             (std::vector<std::string>{"1x2", "5", "3", "1000.0", "1024", "dp=1 sp=2 tiled_mlp=1",
                                       std::to_string(id("A")), "4096", "700.0"}));
@@ -182,35 +390,45 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
   EXPECT_EQ(markdown_row(readme, "2x1")[7], "4096");
   EXPECT_EQ(markdown_row(readme, "1x3")[5], "no trial measured");
 
+  // The cost model beside the measurement, both peaks above the same baseline.
+  const std::string model = readme.substr(readme.find("## Cost model"));
+  const double baseline_mib = memory_baseline_bytes("cpu") / 1048576.0;
+  const double peak = 256 - baseline_mib, predicted = 300 - baseline_mib;
+  EXPECT_EQ(markdown_row(model, std::to_string(id("A"))),
+            (std::vector<std::string>{std::to_string(id("A")), "1x2", "1024", "no",
+                                      fixed(peak, 1), fixed(predicted, 1),
+                                      "+" + fixed(100 * (predicted - peak) / peak, 1) + " %",
+                                      "100.0", "160.0", "+60.0 %"}));
   // The trials table: one row per trial.
-  const auto oom = markdown_row(readme, std::to_string(id("H")));
+  const std::string trials = readme.substr(readme.find("## Trials"));
+  const auto oom = markdown_row(trials, std::to_string(id("H")));
   ASSERT_EQ(oom.size(), 10u);
   EXPECT_EQ(oom[1], "oom");
   EXPECT_EQ(oom[2], "1x2");
   EXPECT_EQ(oom[3], "16384");
   EXPECT_EQ(oom[4], "2");  // the tiled_mlp axis
-  EXPECT_EQ(oom[7], "9.00");
+  EXPECT_EQ(oom[7], "8.88");  // 9 GiB of resident set less the CPU start-up baseline
   EXPECT_EQ(oom[8], "8.00");
   EXPECT_EQ(oom[9], "out of memory: \"CUDA\", tried to allocate 2.00 GiB, at layer 3");
-  EXPECT_EQ(markdown_row(readme, std::to_string(id("G")))[1], "ok (probe)");
-  const auto a = markdown_row(readme, std::to_string(id("A")));
+  EXPECT_EQ(markdown_row(trials, std::to_string(id("G")))[1], "ok (probe)");
+  const auto a = markdown_row(trials, std::to_string(id("A")));
   EXPECT_EQ(a[5], "1000.0");
   EXPECT_EQ(a[6], "100.0");
-  EXPECT_EQ(markdown_row(readme, std::to_string(id("J")))[9],
+  EXPECT_EQ(markdown_row(trials, std::to_string(id("J")))[9],
             "mesh.sp=3: does not divide 8 heads \\| kv heads");
   for (const auto& t : trials_) {
-    EXPECT_FALSE(markdown_row(readme, std::to_string(t.id)).empty()) << "trial " << t.id;
+    EXPECT_FALSE(markdown_row(trials, std::to_string(t.id)).empty()) << "trial " << t.id;
   }
   EXPECT_NE(readme.find("```yaml\nname: synthetic\n"), std::string::npos);
 }
 
-TEST_F(ReportFixture, FourPlotsArePngs) {
+TEST_F(ReportFixture, EveryPlotIsAPng) {
   if (!find_gnuplot("")) GTEST_SKIP() << "gnuplot is not installed";
   const fs::path out = dir_ / "report";
   ASSERT_EQ(run_report(options(out)), 0);
   const std::string readme = read(out / "README.md");
   for (const char* png : {"throughput_vs_seqlen.png", "memory_vs_seqlen.png", "time_breakdown.png",
-                          "pareto_front.png"}) {
+                          "pareto_front.png", "prediction_error.png"}) {
     const std::string bytes = read(out / png);
     EXPECT_GT(bytes.size(), 1000u) << png;
     EXPECT_EQ(bytes.substr(0, 8), std::string(kPngSignature, 8)) << png;
@@ -224,6 +442,13 @@ TEST_F(ReportFixture, FourPlotsArePngs) {
   const std::string front = pareto.substr(pareto.find("\n\n\n") + 3);
   EXPECT_EQ(front, "1024 1100 " + std::to_string(id("D")) + "\n2048 900 " +
                        std::to_string(id("B")) + "\n4096 700 " + std::to_string(id("C")) + "\n");
+  // The plot labels no point; the README lists the front's trials under it.
+  EXPECT_NE(readme.find("| " + std::to_string(id("D")) + " | 1024 | 1100.0 | dp=2 sp=1 "
+                        "tiled_mlp=1 |\n| " + std::to_string(id("B")) + " | 2048 | 900.0 | dp=1 "
+                        "sp=2 tiled_mlp=1 |\n| " + std::to_string(id("C")) +
+                        " | 4096 | 700.0 | dp=1 sp=2 tiled_mlp=1 |\n"),
+            std::string::npos)
+      << readme;
   // Stacked bars: compute 50, comm 20, offload 5, optimizer 5, other 100 - 80.
   EXPECT_NE(
       read(out / "phases.dat").find(std::to_string(id("A")) + ": 1x2 sl=1024\" 50 20 5 5 20 "),

@@ -6,8 +6,11 @@
 //   G 1x2 8192 ok 5000, a memory probe (its throughput must never count)
 //   H 1x2 16384 oom (tiled_mlp 2; peak 9 GiB; error with a comma, quotes and a line break)
 //   I 2x1 16384 pruned   J 1x3 1024 invalid (reason with a '|')   K 2x1 8192 timeout
-// Every ok trial has phases compute 50, comm 20, offload 5, optimizer 5 ms and step 100 ms;
-// limits are 8 GiB per rank. Pareto front: D, B, C. The summary names D as the best trial.
+// Every ok trial has phases compute 50, comm 20, offload 5, optimizer 5 ms and step 100 ms and
+// a peak of seqlen x 256 KiB (whole process: the trials ran on CPU); limits are 8 GiB per rank.
+// A and B have the cost model's predictions (A's step time +60 %). Pareto front: D, B, C. The
+// experiment's objective is max-seqlen: the best trial is C (4096 tokens, as fast as F, lower id),
+// which the summary names too; the fastest trial, D, is not the best.
 #pragma once
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -38,14 +41,24 @@ class ReportFixture : public ::testing::Test {
     store::SweepRecord sweep;
     sweep.name = "synthetic";
     sweep.experiment_path = "experiments/synthetic.yaml";
-    sweep.experiment_yaml = "name: synthetic\nspace: {sp: auto}\n";
+    sweep.experiment_yaml =
+        "name: synthetic\nhardware: cpu-local\nworld_size: 2\nmemory_limit_gib: 8\n"
+        "space:\n  mesh.sp: auto\n  memory.tiled_mlp: [1, 2]\n"
+        "  sequence.length: [1024, 2048, 4096, 8192, 16384]\nobjective: max-seqlen\n";
+    sweep.objective = "max-seqlen";
     sweep.environment = R"({"host":"node-7","devices":[{"name":"cpu","memory_gib":8}],)"
                         R"("versions":{"libtorch":"2.13.0"}})";
     sweep.id = sweeps.create_sweep(sweep);
 
     const int64_t gib = int64_t{1} << 30;
-    add("A", sweeps, sweep.id, 1, 2, 1024, "ok", 1000);
-    add("B", sweeps, sweep.id, 1, 2, 2048, "ok", 900);
+    add("A", sweeps, sweep.id, 1, 2, 1024, "ok", 1000, [](store::TrialRecord& t) {
+      t.predicted_peak_bytes = int64_t{300} << 20;
+      t.predicted_step_ms = 160.0;
+    });
+    add("B", sweeps, sweep.id, 1, 2, 2048, "ok", 900, [](store::TrialRecord& t) {
+      t.predicted_peak_bytes = int64_t{600} << 20;
+      t.predicted_step_ms = 95.0;
+    });
     add("C", sweeps, sweep.id, 1, 2, 4096, "ok", 700);
     add("D", sweeps, sweep.id, 2, 1, 1024, "ok", 1100);
     add("E", sweeps, sweep.id, 2, 1, 2048, "ok", 800);
@@ -74,8 +87,8 @@ class ReportFixture : public ::testing::Test {
     sweep.finished_at = "2025-01-01T02:00:00Z";
     sweep.summary = R"({"trials_run":9,"pruned":1,"skipped":0,"invalid":1,"grid_trials":24,)"
                     R"("best_trial":)" +
-                    std::to_string(id("D")) + R"(,"grid_comparison":{"grid_best_trial":)" +
-                    std::to_string(id("D")) + R"(,"same_recommendation":true},"extra_key":"kept"})";
+                    std::to_string(id("C")) + R"(,"grid_comparison":{"grid_best_trial":)" +
+                    std::to_string(id("C")) + R"(,"same_recommendation":true},"extra_key":"kept"})";
     sweeps.update_sweep(sweep);
   }
   void TearDown() override { ulysses::remove_tree(dir_); }

@@ -1,8 +1,10 @@
 // The generic search engine (tuner/search/) against synthetic memory and speed functions: grid,
-// max-length bisection with probes and implications, pruning, dominance, invalid points, budget.
-// Each smart search must reach the grid's answer with fewer runs.
+// max-length bisection with probes and implications, pruning, dominance (and the axes it does not
+// apply to), failed runs that bound nothing, invalid points, budget. Each smart search must reach
+// the grid's answer with fewer runs.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <set>
 
@@ -274,6 +276,138 @@ TEST(SearchEngine, BudgetStopsStartingRuns) {
   const Summary sum = run_search(s, Options{}, host);
   EXPECT_TRUE(sum.budget_exhausted);
   EXPECT_EQ(host.runs.size(), 5u);
+}
+
+// A host driven by functions: the result of (point, length, probe) and a point's speed.
+struct Scripted : Host {
+  std::function<Result(const Point&, int64_t, bool)> outcome;
+  std::function<double(const Point&)> speed = [](const Point&) { return 1.0; };
+  std::vector<std::tuple<Point, int64_t, bool>> runs;
+  struct Record {
+    Point point;
+    int64_t length;
+    std::string status, reason;
+  };
+  std::vector<Record> records;
+  std::map<Point, int64_t> longest_fit;  // real runs
+  int64_t next_id = 1;
+
+  std::optional<std::string> invalid_reason(const Point&) override { return std::nullopt; }
+  std::optional<std::string> prune_reason(const Point&, int64_t) override { return std::nullopt; }
+  RunOutcome run(const Point& p, int64_t length, bool probe) override {
+    runs.emplace_back(p, length, probe);
+    RunOutcome out;
+    out.trial_id = next_id++;
+    out.result = outcome(p, length, probe);
+    if (out.result == Result::kFits) out.value = speed(p);
+    if (out.result == Result::kFits && !probe) {
+      longest_fit[p] = std::max(longest_fit[p], length);
+    }
+    return out;
+  }
+  void record(const Point& p, int64_t length, const std::string& status,
+              const std::string& reason) override {
+    records.push_back({p, length, status, reason});
+  }
+  bool budget_left() override { return true; }
+  int64_t runs_at(int64_t length, bool probe) const {
+    int64_t n = 0;
+    for (const auto& [p, l, pr] : runs) n += l == length && pr == probe;
+    return n;
+  }
+};
+
+// A ZeRO stage saves memory but may be faster: once stage 0 fits, the higher stages are still
+// measured; the tiled MLP (whose saving costs time) stays dominated by the same stage untiled.
+TEST(SearchEngine, HigherZeroStagesAreMeasuredOnceStageZeroFits) {
+  Space s;
+  s.axes.push_back({"zero.stage", {"0", "1", "2", "3"}, {0, 1, 2, 3}, /*saving_costs_time=*/false});
+  s.axes.push_back({"memory.tiled_mlp", {"1", "4"}, {0, 1}});
+  s.lengths = {4096};
+  Scripted host;
+  host.outcome = [](const Point&, int64_t, bool) { return Result::kFits; };
+  host.speed = [](const Point& p) {
+    const double stage[] = {1.0, 1.05, 1.2, 0.9};  // stage 2 is the fastest
+    return stage[p[0]] * (p[1] == 0 ? 1.0 : 0.9);
+  };
+  const Summary sum = run_search(s, Options{}, host);
+  EXPECT_EQ(sum.runs, 4);
+  std::set<int> stages;
+  for (const auto& [p, length, probe] : host.runs) {
+    EXPECT_EQ(p[1], 0) << describe(s, p);
+    stages.insert(p[0]);
+  }
+  EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
+  ASSERT_EQ(host.records.size(), 4u);
+  for (const Scripted::Record& r : host.records) {
+    EXPECT_EQ(r.status, "skipped");
+    EXPECT_EQ(r.point[1], 1);
+    EXPECT_EQ(r.reason.rfind("dominated by", 0), 0u) << r.reason;
+  }
+  Knowledge k(s);
+  k.add({0, 0}, 0, /*fits=*/true, /*probe=*/false, 7);
+  EXPECT_FALSE(k.dominating_fit({2, 0}, 0));  // saves more, on an axis where that may be faster
+  EXPECT_EQ(k.dominating_fit({0, 1}, 0), 7);
+  EXPECT_FALSE(k.dominating_fit({2, 1}, 0));
+}
+
+// One axis, lengths 1K..16K, fits up to 12K.
+Space one_point_space() {
+  Space s;
+  s.axes.push_back({"mesh.sp", {"1"}, {}});
+  for (int64_t l = 1024; l <= 16384; l += 1024) s.lengths.push_back(l);
+  s.search_max = true;
+  return s;
+}
+
+Result fits_to_12k(int64_t length) { return length <= 12288 ? Result::kFits : Result::kOom; }
+
+// A run that fails (a timeout, a crash) at 8K says nothing about memory: the search tries around
+// it and still finds 12K.
+TEST(SearchEngine, AFailedRunBoundsNoBisection) {
+  const Space s = one_point_space();
+  Scripted host;
+  host.outcome = [](const Point&, int64_t length, bool) {
+    return length == 8192 ? Result::kFailed : fits_to_12k(length);
+  };
+  Options o;
+  o.probe = false;
+  run_search(s, o, host);
+  EXPECT_EQ(host.longest_fit[{0}], 12288);
+  EXPECT_EQ(host.runs_at(8192, false), 1);
+  EXPECT_TRUE(host.records.empty()) << host.records.front().reason;  // settled: nothing to say
+}
+
+// A probe that fails does not cap the real search either.
+TEST(SearchEngine, AFailedProbeDoesNotCapTheRealSearch) {
+  const Space s = one_point_space();
+  Scripted host;
+  host.outcome = [](const Point&, int64_t length, bool probe) {
+    return probe && length == 8192 ? Result::kFailed : fits_to_12k(length);
+  };
+  run_search(s, Options{}, host);
+  EXPECT_EQ(host.longest_fit[{0}], 12288);
+}
+
+// After kMaxFailuresPerPoint failures the point's search stops, and the sweep records that its
+// longest fitting length is open rather than taking the failures for out-of-memory.
+TEST(SearchEngine, RepeatedFailuresLeaveTheLongestLengthOpenAndSaySo) {
+  const Space s = one_point_space();
+  Scripted host;
+  host.outcome = [](const Point&, int64_t length, bool) {
+    return length == 8192 || length == 7168 ? Result::kFailed : fits_to_12k(length);
+  };
+  Options o;
+  o.probe = false;
+  run_search(s, o, host);
+  EXPECT_EQ(host.longest_fit[{0}], 4096);
+  EXPECT_EQ(host.runs.size(), 5u);  // 1K, 2K, 4K, then 8K and 7K fail
+  ASSERT_EQ(host.records.size(), 1u);
+  EXPECT_EQ(host.records[0].status, "skipped");
+  EXPECT_EQ(host.records[0].length, 0);
+  EXPECT_EQ(host.records[0].reason,
+            "longest fitting length not settled: fits at 4096; runs failed at 7168, 8192 (not a "
+            "memory result), search stopped");
 }
 
 }  // namespace

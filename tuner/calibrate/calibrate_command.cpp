@@ -48,7 +48,7 @@ std::string read_file(const fs::path& path) {
 
 std::string join(const std::vector<std::string>& words) {
   std::string out;
-  for (const auto& w : words) out += (out.empty() ? "" : " ") + launch::shell_quote(w);
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + shell_quote(w);
   return out;
 }
 
@@ -122,7 +122,8 @@ int run_calibrate(const CalibrateOptions& options) {
 
   const std::string bench = options.bench.empty() ? sibling_binary("ulysses-bench") : options.bench;
   if (access(bench.c_str(), X_OK) != 0) {
-    throw UserError("--bench: " + bench + ": not an executable file (build target ulysses_bench)");
+    throw UserError("--bench: " + bench +
+                    ": not an executable file (build it first: scripts/build.sh ulysses_bench)");
   }
   const fs::path json_path = temp / "bench.json";
   std::vector<std::string> argv = {bench, "--config", config_path};

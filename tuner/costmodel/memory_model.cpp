@@ -13,7 +13,7 @@ std::string n(int64_t v) { return std::to_string(v); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// One gradient reduce / weight gather bucket: zero.bucket_mb (every stage, train/grad_buffers.h).
+// One gradient reduce / weight gather bucket: zero.bucket_mb (every stage, zero/grad_buffers.h).
 int64_t bucket_bytes(const config::RunConfig& c) {
   return std::max<int64_t>(static_cast<int64_t>(c.zero.bucket_mb * 1024.0 * 1024.0), 1);
 }
@@ -35,6 +35,14 @@ ZeroShards zero_shards(const config::RunConfig& c, const MemoryCoefficients& k) 
   z.gradients = std::max(what_if, grads ? world : 1);
   z.weights = std::max(what_if, z.stage >= 3 ? world : 1);
   return z;
+}
+
+// Whether AdamW keeps fp32 master weights apart from the weights: for bf16 weights, for an
+// optimizer off the weights' device (CUDA offload), and for ZeRO 1-2's flat fp32 shards. Not
+// for fp32 weights at stage 0 or 3: there the weight (shard) is its own master
+// (zero/zero_optimizer.cpp).
+bool separate_masters(bool bf16, bool optimizer_off_device, int64_t stage) {
+  return bf16 || optimizer_off_device || stage == 1 || stage == 2;
 }
 
 }  // namespace
@@ -102,18 +110,18 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
   MemoryEstimate e;
   e.terms.push_back({"weights", p * weight_bytes / z.weights,
                      "P x " + n(weight_bytes) + " B" + per(z.weights)});
-  // Gradients accumulate in fp32 buffers whatever the weights' dtype (train/grad_buffers.h); under
+  // Gradients accumulate in fp32 buffers whatever the weights' dtype (zero/grad_buffers.h); under
   // optimizer offload at stage 0 those buffers are in host memory (GradientBuffers on_host).
   if (!(c.memory.offload_optimizer && z.stage == 0 && !on_cpu)) {
     e.terms.push_back({"gradients", 4 * p / z.gradients,
                        "P x 4 B (fp32 accumulation)" + per(z.gradients)});
   }
-  // AdamW moments (and fp32 masters for bf16 or ZeRO) live on this rank unless offloaded to a
-  // host that is not this rank's memory (on CPU the host is the device).
+  // AdamW moments (and fp32 masters for bf16 or ZeRO 1-2) live on this rank unless offloaded to
+  // a host that is not this rank's memory (on CPU the host is the device).
   if (!c.memory.offload_optimizer || on_cpu) {
     e.terms.push_back({"adam moments", 8 * p / z.optimizer,
                        "P x 2 x 4 B" + per(z.optimizer)});
-    if (bf16 || z.stage >= 1) {
+    if (separate_masters(bf16, /*optimizer_off_device=*/false, z.stage)) {
       e.terms.push_back({"fp32 master weights", 4 * p / z.optimizer,
                          "P x 4 B" + per(z.optimizer)});
     }
@@ -188,7 +196,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         "max(layer params, V x h) x 4 B (one unit's fp32 gradients before its reduce-scatter)",
         Lifetime::kStatic);
   }
-  // Gradients: fp32 flat buffers for every parameter dtype (train/grad_buffers.h). Under optimizer
+  // Gradients: fp32 flat buffers for every parameter dtype (zero/grad_buffers.h). Under optimizer
   // offload at stage 0 they are in host memory (GradientBuffers on_host: each contribution is
   // copied out during backward and summed on the CPU, where the host AdamW reads it); the device
   // then holds only autograd's one contribution at a time, counted with the layer's backward.
@@ -208,11 +216,11 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         Lifetime::kStatic);
   }
   // AdamW: two fp32 moments; an fp32 master unless the parameter is its own (fp32 on the
-  // optimizer's side; ZeRO 1-3 always keep a flat fp32 master shard). Offloaded (CUDA): on the
-  // host, with an fp32 staging copy of the gradient.
+  // optimizer's device at stage 0 or 3; ZeRO 1-2 keep a flat fp32 master shard). Offloaded
+  // (CUDA): on the host, with an fp32 staging copy of the gradient.
   const double ps = static_cast<double>(p) / z.optimizer;
   add("adam moments", 8.0 * ps, "P x 2 x 4 B" + per(z.optimizer), Lifetime::kStatic, opt_loc);
-  if (bf16 || opt_loc == Location::kHost || z.stage >= 1) {
+  if (separate_masters(bf16, opt_loc == Location::kHost, z.stage)) {
     add("fp32 master weights", 4.0 * ps, "P x 4 B" + per(z.optimizer), Lifetime::kStatic,
         opt_loc);
   }

@@ -76,21 +76,24 @@ int64_t layer_parameter_count(const config::ModelOptions& m);
 
 // ZeRO (zero.stage, over the world = dp x sp ranks; a world of 1 is stage 0) as the model counts
 // it, per rank:
-//   stage 1  AdamW moments and fp32 master weights / world (ZeroOptimizer always keeps an fp32
+//   stage 1  AdamW moments and fp32 master weights / world (ZeroOptimizer keeps a flat fp32
 //            master shard, even for fp32 parameters); gradients and weights whole.
 //   stage 2  as stage 1 and, when kZero2ShardsGradientBuffer, the fp32 gradient buffer / world.
-//   stage 3  also the gradients and the weights / world, plus the all-gathered working set of
-//            the unit being computed and the next one, prefetched (train/zero_partition.h):
+//   stage 3  also the gradients and the weights / world (an fp32 weight shard is its own
+//            master unless the optimizer is offloaded off the device), plus the all-gathered
+//            working set of the unit being computed and the next one, prefetched
+//            (zero/zero_partition.h):
 //            layer + max(layer, V x h) weights (the embedding or the head beside the first or
 //            last layer), and at stages 2 and 3 the fp32 pending gradients of the
 //            unit whose backward is running ([world x S_i] per parameter until its
 //            reduce-scatter): max(layer, V x h) x 4 B.
-// Stage 2 as built (train/zero_partition.h) keeps only this rank's fp32 gradient shard; false
+// Stage 2 as built (zero/zero_partition.h) keeps only this rank's fp32 gradient shard; false
 // models the earlier stage 2 that accumulated into the full buffer.
 inline constexpr bool kZero2ShardsGradientBuffer = true;
 
 // Lower bound of one rank's peak memory for a validated run config with world = dp * sp ranks,
-// above the process's start-up baseline. On CPU (train.device cpu) host memory is the device:
+// above the process's start-up baseline: only state the trainer certainly holds at once (the
+// sweep prunes a configuration whose bound exceeds its limit, so it must never overshoot). On CPU (train.device cpu) host memory is the device:
 // offloads move nothing out of it.
 MemoryEstimate lower_bound_peak(const config::RunConfig& c);
 

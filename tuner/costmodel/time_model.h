@@ -18,7 +18,7 @@ struct StepWork {
                                // 0 at world 1): 2 (w - 1) / w x 4 P
   // ZeRO (world w > 1): zero_reduce = reduce-scatter of the fp32 gradients at stage >= 2, half an
   // all-reduce: (w - 1) / w x 4 P. zero_gather = all-gather of the updated fp32 shards after the
-  // step at stages 1-2, (w - 1) / w x 4 P (train/zero_optimizer.h); at stage 3 the weights in
+  // step at stages 1-2, (w - 1) / w x 4 P (zero/zero_optimizer.h); at stage 3 the weights in
   // the model dtype, gathered for forward, backward and each recompute: (w - 1) / w x d P each.
   double zero_reduce_bytes = 0;
   double zero_gather_bytes = 0;

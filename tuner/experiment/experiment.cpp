@@ -4,9 +4,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "common/error.h"
 #include "common/paths.h"
@@ -137,7 +137,11 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
 
   if (!root["name"].IsDefined()) r.fail("name", "missing");
   r.read(root["name"], "name", e.name);
-  if (e.name.empty()) r.fail("name", "must not be empty");
+  try {
+    check_sweep_name("name", e.name);
+  } catch (const UserError& err) {
+    throw UserError(source + ": " + err.what());
+  }
   if (root["description"].IsDefined()) r.read(root["description"], "description", e.description);
 
   if (!root["hardware"].IsDefined()) r.fail("hardware", "missing (a profiles/hardware/ name)");
@@ -274,13 +278,31 @@ std::string default_profiles_dir() {
 }
 
 Experiment load_experiment(const std::string& path, const std::string& profiles_dir) {
-  std::ifstream in(path);
-  if (!in) throw UserError(path + ": cannot read file");
-  std::stringstream text;
-  text << in.rdbuf();
-  Experiment e = parse_experiment(text.str(), path, profiles_dir);
+  Experiment e = parse_experiment(config::read_yaml_text(path), path, profiles_dir);
   e.path = path;
   return e;
+}
+
+void check_sweep_name(const std::string& field, const std::string& name) {
+  if (name.empty()) throw UserError(field + ": must not be empty");
+  const bool allowed = std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+  });
+  if (allowed && name != "." && name != "..") return;
+  std::string shown;
+  for (char ch : name.substr(0, 64)) {
+    if (std::isprint(static_cast<unsigned char>(ch))) {
+      shown += ch;
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned char>(ch));
+      shown += escaped;
+    }
+  }
+  if (name.size() > 64) shown += "...";
+  throw UserError(field + ": '" + shown +
+                  "' is not a sweep name (letters, digits, '.', '_' and '-' only, not '.' or "
+                  "'..': it names a directory and goes into generated scripts)");
 }
 
 }  // namespace ulysses::experiment

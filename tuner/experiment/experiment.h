@@ -85,7 +85,8 @@ std::string default_profiles_dir();
 
 // Reads and checks an experiment file. Profiles are looked up under `profiles_dir`
 // (profiles/hardware/<name>.yaml, profiles/models/<name>.yaml) unless given as paths.
-// Throws UserError "<file>: <key>: <what is wrong>" for a missing file, invalid YAML, an unknown
+// Throws UserError "<file>: <key>: <what is wrong>" for a missing file, a file over the YAML size
+// limit (config/yaml_reader.h), invalid YAML, a name check_sweep_name refuses, an unknown
 // or duplicate key, a wrong type, an empty space or empty value list, a missing profile, a bad
 // length spec (from > to, step < 1), an unknown objective, method or runner, a budget below zero,
 // or nodes < 1, not dividing world_size, or > 1 with runner: local.
@@ -94,5 +95,11 @@ Experiment load_experiment(const std::string& path, const std::string& profiles_
 // load_experiment on text; `source` names it in errors.
 Experiment parse_experiment(const std::string& text, const std::string& source,
                             const std::string& profiles_dir);
+
+// Sweep names (an experiment's `name`, `sweep --name`) become paths (runs/<name>) and go into
+// generated scripts, so they are one or more of A-Z a-z 0-9 . _ - and neither "." nor "..".
+// Throws UserError "<field>: ..." otherwise (one line: the value is shown with its control
+// characters escaped).
+void check_sweep_name(const std::string& field, const std::string& name);
 
 }  // namespace ulysses::experiment

@@ -49,6 +49,14 @@ const std::map<std::string, std::function<int(const std::string&)>>& memory_orde
   return table;
 }
 
+// Axes whose memory savings need not cost time, left out of dominance (search/space.h): a
+// higher ZeRO stage reduce-scatters instead of all-reducing and steps a 1/world optimizer shard;
+// tiled logits+loss computes each tile's backward inside the forward (no recompute) and never
+// writes the full [bs, T, V] fp32 logits.
+bool saving_may_save_time(const std::string& key) {
+  return key == "zero.stage" || key == "memory.tiled_loss";
+}
+
 config::RunConfig base_config(const Experiment& e, const std::vector<std::string>& overrides) {
   try {
     return config::parse_run_config_yaml(e.base_yaml, overrides);
@@ -108,6 +116,7 @@ search::Space build_space(const Experiment& e) {
     if (auto it = memory_orders().find(axis.key); it != memory_orders().end()) {
       for (const std::string& v : axis.values) axis.saving.push_back(it->second(v));
     }
+    axis.saving_costs_time = !saving_may_save_time(axis.key);
     space.axes.push_back(std::move(axis));
   }
   return space;

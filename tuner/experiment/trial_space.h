@@ -15,7 +15,9 @@ namespace ulysses::experiment {
 // The search space of `e`. Axis keys must be run-config keys (config/field table) or shorthands
 // (memory.offload: none|activations|optimizer|both); `mesh.sp: auto` becomes every sp that
 // divides world_size and fits the model's head counts. Axes whose memory order is known
-// (tiles, checkpointing, offloads, micro-batch, ZeRO stage) get it; others are unordered.
+// (tiles, checkpointing, offloads, micro-batch, ZeRO stage) get it; others are unordered. ZeRO
+// stage and tiled loss save memory without necessarily costing time (Axis::saving_costs_time
+// false: no dominance along them).
 // Throws UserError "<file>: space.<key>: ..." for an unknown key, mesh.dp (derived), or a base
 // run config that is itself invalid ("<file>: base: <config error>").
 search::Space build_space(const Experiment& e);

@@ -10,13 +10,25 @@
 namespace ulysses::exports {
 
 AccelerateExport accelerate_config(const config::RunConfig& run,
-                                   const std::string& deepspeed_config_file) {
+                                   const std::string& deepspeed_config_file, int64_t nodes) {
   TORCH_CHECK(!deepspeed_config_file.empty(), "accelerate_config: empty deepspeed_config_file");
   const MeshSizes mesh = mesh_sizes(run);
+  TORCH_CHECK(nodes >= 1 && mesh.world % nodes == 0, "accelerate_config: ", nodes,
+              " nodes do not divide the world of ", mesh.world);
   AccelerateExport exported;
   if (auto warning = ulysses_torch_version_warning(run)) exported.warnings.push_back(*warning);
   if (auto warning = alst_switches_warning(run, "An Accelerate config")) {
     exported.warnings.push_back(*warning);
+  }
+  for (const std::string& warning : deepspeed_zero_warnings(run)) {
+    exported.warnings.push_back(warning);
+  }
+  if (nodes > 1) {
+    exported.warnings.push_back(
+        "nodes=" + std::to_string(nodes) + ": accelerate_config.yaml says machine_rank 0; on " +
+        "each node set its own machine_rank (0 to " + std::to_string(nodes - 1) +
+        ") and main_process_ip / main_process_port to the first node's address (accelerate " +
+        "launch --machine_rank R --main_process_ip ADDR --main_process_port PORT)");
   }
 
   YAML::Emitter out;
@@ -33,10 +45,10 @@ AccelerateExport accelerate_config(const config::RunConfig& run,
   out << YAML::Key << "deepspeed_config_file" << YAML::Value << deepspeed_config_file;
   out << YAML::EndMap;
   out << YAML::Key << "machine_rank" << YAML::Value << 0;
-  out << YAML::Key << "num_machines" << YAML::Value << 1
-      << YAML::Comment("for N nodes: N, and machine_rank per node; num_processes stays the total");
+  if (nodes > 1) out << YAML::Comment("this node's rank: 0 to " + std::to_string(nodes - 1));
+  out << YAML::Key << "num_machines" << YAML::Value << nodes;
   out << YAML::Key << "num_processes" << YAML::Value << mesh.world
-      << YAML::Comment("world = dp * sp");
+      << YAML::Comment("world = dp * sp, over all machines");
   out << YAML::Key << "use_cpu" << YAML::Value << false;
   out << YAML::Key << "parallelism_config" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "parallelism_config_dp_replicate_size" << YAML::Value << 1;

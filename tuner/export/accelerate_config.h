@@ -2,6 +2,7 @@
 // --config_file FILE train.py`): DeepSpeed with our ds_config.json plus the ParallelismConfig of
 // DeepSpeed's Ulysses SP (SPEC 7, "Recommend / export").
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,8 @@ struct AccelerateExport {
 // The Accelerate config of `run`, keys as accelerate's ClusterConfig and its launcher read them
 // (accelerate/commands/config/config_args.py, commands/launch.py, parallelism_config.py):
 //   compute_environment: LOCAL_MACHINE, distributed_type: DEEPSPEED, debug: false,
-//   use_cpu: false, machine_rank: 0, num_machines: 1, num_processes = world (for N nodes set
-//   num_machines and each node's machine_rank; num_processes stays the total),
+//   use_cpu: false, machine_rank: 0, num_machines = nodes, num_processes = world (the total
+//   over all machines; Accelerate starts world / nodes per machine),
 //   deepspeed_config: {deepspeed_config_file: `deepspeed_config_file`} and nothing else: with a
 //     config file, Accelerate rejects the other deepspeed_config keys and also `mixed_precision`
 //     (DeepSpeedPlugin._deepspeed_config_checks), so precision comes from the file's bf16 block
@@ -32,10 +33,15 @@ struct AccelerateExport {
 //     multiple of sp), parallelism_config_sp_attn_implementation: sdpa.
 // `deepspeed_config_file` is written as given; a relative path resolves against the directory
 // `accelerate launch` runs in.
+// `nodes`: the machines the run spans (the experiment's nodes; a run config does not say).
 // Warnings, in this order: ulysses_torch_version_warning(run);
-// alst_switches_warning(run, "An Accelerate config").
-// REQUIRES: `run` passed config::validate; deepspeed_config_file is not empty.
+// alst_switches_warning(run, "An Accelerate config"); deepspeed_zero_warnings(run) (the file
+// runs the DeepSpeed config); "nodes=N: ..." when nodes > 1 (each machine's machine_rank and
+// the main process address are for the user to set).
+// REQUIRES: `run` passed config::validate; deepspeed_config_file is not empty; nodes >= 1
+// divides the world (TORCH_CHECK).
 AccelerateExport accelerate_config(const config::RunConfig& run,
-                                   const std::string& deepspeed_config_file = "ds_config.json");
+                                   const std::string& deepspeed_config_file = "ds_config.json",
+                                   int64_t nodes = 1);
 
 }  // namespace ulysses::exports

@@ -18,6 +18,15 @@ namespace {
 // The eps of DeepSpeed's FusedAdam and DeepSpeedCPUAdam, which ArcticTraining does not set.
 constexpr double kArcticAdamEps = 1.0e-8;
 
+// `text` with its line breaks (LF, and CR, which YAML also ends a line at) replaced by spaces,
+// to go into a comment.
+std::string one_line(std::string text) {
+  for (char& ch : text) {
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  }
+  return text;
+}
+
 // A yaml-cpp emitter can only emit; this writes one nlohmann::json value (objects, arrays,
 // scalars) as block YAML so that the DeepSpeed part of the recipe is the exporter's own JSON.
 void emit_json(YAML::Emitter& out, const nlohmann::json& value) {
@@ -79,6 +88,7 @@ HfSchedule hf_schedule(const config::RunConfig& run) {
 std::vector<std::string> recipe_warnings(const config::RunConfig& run) {
   std::vector<std::string> warnings;
   if (auto warning = ulysses_torch_version_warning(run)) warnings.push_back(*warning);
+  for (const std::string& warning : deepspeed_zero_warnings(run)) warnings.push_back(warning);
   if (run.model.load.empty()) {
     warnings.push_back(std::string("model.load: empty, so model.name_or_path is the placeholder ") +
                        kArcticModelPlaceholder +
@@ -168,7 +178,7 @@ ArcticRecipeExport arctic_recipe(const config::RunConfig& run) {
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "sources" << YAML::Value << YAML::BeginSeq << kArcticDataPlaceholder
       << YAML::Comment("replace: an HF dataset with a text column (data.source " +
-                       run.data.source + ")")
+                       one_line(run.data.source) + ")")
       << YAML::EndSeq;
   out << YAML::Key << "max_length" << YAML::Value << run.sequence.length;
   out << YAML::Key << "seed" << YAML::Value << run.data.seed;
@@ -176,7 +186,7 @@ ArcticRecipeExport arctic_recipe(const config::RunConfig& run) {
 
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value
-      << (memory.offload_optimizer ? "cpu_adam" : "fused_adam");
+      << (deepspeed_offloads_optimizer(run) ? "cpu_adam" : "fused_adam");
   out << YAML::Key << "learning_rate" << YAML::Value;
   config::emit_value(out, optim.lr);
   out << YAML::Key << "betas" << YAML::Value;
@@ -204,6 +214,11 @@ ArcticRecipeExport arctic_recipe(const config::RunConfig& run) {
   emit_json(out, deepspeed.at("zero_optimization"));
   out << YAML::Key << "gradient_clipping" << YAML::Value;
   config::emit_value(out, optim.grad_clip);
+  for (const char* key : {"data_types", "communication_data_type"}) {  // bf16: fp32 gradients
+    if (!deepspeed.contains(key)) continue;
+    out << YAML::Key << key << YAML::Value;
+    emit_json(out, deepspeed.at(key));
+  }
   out << YAML::Key << "seq_parallel_communication_data_type" << YAML::Value
       << deepspeed.at("seq_parallel_communication_data_type").get<std::string>();
   out << YAML::EndMap;

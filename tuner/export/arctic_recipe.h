@@ -31,17 +31,19 @@ struct ArcticRecipeExport {
 //     disable_activation_checkpoint = !(memory.checkpointing || memory.offload_activations)
 //     (offloading activations offloads the checkpoints, so it implies checkpointing);
 //   data: sources = [kArcticDataPlaceholder], max_length = sequence.length, seed = data.seed;
-//   optimizer: type = cpu_adam when memory.offload_optimizer (DeepSpeed requires its CPU Adam
-//     for offload) else fused_adam, learning_rate, betas, weight_decay from optim;
+//   optimizer: type = cpu_adam when deepspeed_offloads_optimizer(run) (DeepSpeed requires its
+//     CPU Adam for offload) else fused_adam, learning_rate, betas, weight_decay from optim;
 //   scheduler (transformers.get_scheduler names): constant (warmup_steps 0) |
 //     constant_with_warmup | linear | cosine (min_lr 0) | cosine_with_min_lr
 //     {scheduler_specific_kwargs: {min_lr}}, warmup_ratio such that ArcticTraining's
 //     int(warmup_ratio * train_iters) equals optim.warmup_steps (1.0 when warmup_steps >= steps);
-//   deepspeed: zero_optimization exactly as deepspeed_config(run) writes it, gradient_clipping,
+//   deepspeed: zero_optimization, and for bf16 data_types and communication_data_type, exactly
+//     as deepspeed_config(run) writes them, gradient_clipping,
 //     seq_parallel_communication_data_type. ArcticTraining fills in the batch keys and bf16 itself
 //     (train_batch_size = micro_batch_size * gas * WORLD_SIZE / sequence_parallel_size).
 // Warnings, in this order (each only when it applies):
 //   ulysses_torch_version_warning(run);
+//   deepspeed_zero_warnings(run);
 //   "model.load: ..." when the model is the placeholder;
 //   "data.source: ..." always (ulysses-train's sources have no ArcticTraining data source);
 //   "memory.tiled_mlp=N: ..." for a fixed N > 1 (ArcticTraining's tile count is automatic);

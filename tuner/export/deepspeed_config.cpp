@@ -74,9 +74,10 @@ DeepSpeedExport deepspeed_config(const config::RunConfig& run) {
 
   if (auto warning = ulysses_torch_version_warning(run)) out.warnings.push_back(*warning);
   if (auto warning = alst_switches_warning(run, "DeepSpeed JSON")) out.warnings.push_back(*warning);
+  for (const std::string& warning : deepspeed_zero_warnings(run)) out.warnings.push_back(warning);
 
   json zero = {{"stage", zero_stage(run)}};
-  if (run.memory.offload_optimizer) {
+  if (deepspeed_offloads_optimizer(run)) {
     zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
   }
 
@@ -90,6 +91,13 @@ DeepSpeedExport deepspeed_config(const config::RunConfig& run) {
   config["data_parallel_size"] = mesh.dp;
   config["zero_optimization"] = zero;
   config["bf16"] = {{"enabled", bf16}};
+  if (bf16) {
+    // ulysses-train accumulates and reduces gradients in fp32 whatever the weights' dtype.
+    // DeepSpeed keeps bf16 gradients in bf16 unless told (engine.get_data_types); at stage 0 it
+    // refuses fp32 accumulation of bf16 weights (deepspeed_zero_warnings).
+    if (zero_stage(run) >= 1) config["data_types"] = {{"grad_accum_dtype", "fp32"}};
+    config["communication_data_type"] = "fp32";
+  }
   config["seq_parallel_communication_data_type"] = bf16 ? "bf16" : "fp32";
   config["gradient_clipping"] = run.optim.grad_clip;
   config["optimizer"] = {{"type", "AdamW"},

@@ -1,6 +1,6 @@
 // A run config as a DeepSpeed JSON config (ds_config.json, DeepSpeed >= 0.18.2 for ALST/Ulysses):
-// batch arithmetic, Ulysses SP degree, ZeRO stage and optimizer offload, bf16, clipping, AdamW
-// and the learning-rate schedule (SPEC 7, "Recommend / export").
+// batch arithmetic, Ulysses SP degree, ZeRO stage and optimizer offload, bf16 with fp32 gradient
+// accumulation, clipping, AdamW and the learning-rate schedule (SPEC 7, "Recommend / export").
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,9 +22,14 @@ struct DeepSpeedExport {
 //   train_batch_size = mb * gas * dp (DeepSpeed divides the world by the SP degree),
 //   sequence_parallel_size = sp, data_parallel_size = dp (with both keys deepspeed.initialize
 //     builds a (data_parallel, sequence_parallel) device mesh: SP groups of contiguous ranks),
-//   zero_optimization = {stage: zero_stage(run)} plus
-//     offload_optimizer = {device: cpu, pin_memory: true} when memory.offload_optimizer,
+//   zero_optimization = {stage: zero_stage(run)} (zero.stage as run) plus
+//     offload_optimizer = {device: cpu, pin_memory: true} when deepspeed_offloads_optimizer(run)
+//     (memory.offload_optimizer at stage >= 1),
 //   bf16 = {enabled: memory.precision == bf16},
+//   for bf16, as ulysses-train accumulates and reduces gradients in fp32:
+//     data_types = {grad_accum_dtype: fp32} at stages 1-3 (DeepSpeed 0.19: BF16_Optimizer at
+//     stage 1 without offload, the ZeRO optimizers' fp32 accumulation buffers otherwise; stage 0
+//     refuses it), communication_data_type = "fp32",
 //   seq_parallel_communication_data_type = "bf16" when bf16, else "fp32",
 //   gradient_clipping = optim.grad_clip (0 = off, as in DeepSpeed),
 //   optimizer = {type: AdamW, params: {lr, betas, eps, weight_decay}} from optim,
@@ -40,6 +45,7 @@ struct DeepSpeedExport {
 //   ulysses_torch_version_warning(run) (1 < sp < world);
 //   alst_switches_warning(run, "DeepSpeed JSON") (tiled MLP/loss, activation offload,
 //     checkpointing);
+//   deepspeed_zero_warnings(run) (stage 0: no optimizer offload, bf16 gradient accumulation);
 //   "optim.warmup_steps: ..." when a Warmup* scheduler is written with warmup_steps < 2
 //     (DeepSpeed warms up over max(2, warmup_num_steps) steps, warmup_num_steps >= 1);
 //   "optim.min_lr: ..." for linear with min_lr > 0 (WarmupDecayLR warms up from min_lr, not 0);

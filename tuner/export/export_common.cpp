@@ -8,17 +8,6 @@
 namespace ulysses::exports {
 namespace {
 
-// zero.stage when the config type has a `zero` section, else 0. A template so that the check
-// compiles both before and after RunConfig gains the section (SPEC 2 documents `zero.stage`).
-template <typename Config>
-int configured_zero_stage(const Config& run) {
-  if constexpr (requires { run.zero.stage; }) {
-    return static_cast<int>(run.zero.stage);
-  } else {
-    return 0;
-  }
-}
-
 std::string tile_text(const config::TileCount& tiles) {
   return tiles.is_auto() ? "auto" : std::to_string(tiles.value);
 }
@@ -32,9 +21,36 @@ MeshSizes mesh_sizes(const config::RunConfig& run) {
 }
 
 int zero_stage(const config::RunConfig& run) {
-  const int stage = configured_zero_stage(run);
+  const int stage = static_cast<int>(run.zero.stage);
   TORCH_CHECK(stage >= 0 && stage <= 3, "zero_stage: zero.stage must be validated, got ", stage);
-  return run.memory.offload_optimizer ? std::max(stage, 1) : stage;
+  return stage;
+}
+
+bool deepspeed_offloads_optimizer(const config::RunConfig& run) {
+  return run.memory.offload_optimizer && zero_stage(run) >= 1;
+}
+
+std::vector<std::string> deepspeed_zero_warnings(const config::RunConfig& run) {
+  std::vector<std::string> warnings;
+  if (zero_stage(run) != 0) return warnings;
+  const std::string stage1 = mesh_sizes(run).world == 1
+                                 ? " (in a world of 1 stage 1 shards nothing)"
+                                 : " (stage 1 also shards the optimizer state over the ranks)";
+  if (run.memory.offload_optimizer) {
+    warnings.push_back(
+        "memory.offload_optimizer=true, zero.stage=0: DeepSpeed offloads optimizer state only"
+        " inside ZeRO, so this export keeps stage 0 and does not offload; to offload as the"
+        " trial did, set zero_optimization.stage 1 with offload_optimizer {device: cpu,"
+        " pin_memory: true}" + stage1);
+  }
+  if (run.memory.precision == "bf16") {
+    warnings.push_back(
+        "memory.precision=bf16, zero.stage=0: without ZeRO DeepSpeed accumulates bf16 gradients"
+        " in bf16 (it refuses data_types.grad_accum_dtype fp32 at stage 0) where ulysses-train"
+        " accumulates them in fp32; zero_optimization.stage 1 with data_types.grad_accum_dtype"
+        " fp32 accumulates in fp32" + stage1);
+  }
+  return warnings;
 }
 
 std::string hf_attention_implementation(const config::RunConfig& /*run*/) { return "sdpa"; }

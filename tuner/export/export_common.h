@@ -21,14 +21,24 @@ struct MeshSizes {
 // REQUIRES: run.mesh.dp >= 1 and run.mesh.sp >= 1 (a validated RunConfig).
 MeshSizes mesh_sizes(const config::RunConfig& run);
 
-// The DeepSpeed ZeRO stage of the export, 0-3: `zero.stage` when RunConfig has a `zero` section
-// (SPEC 2 documents one; options.h has none yet, so today this is 0), raised to 1 when
-// memory.offload_optimizer is on, because DeepSpeed offloads optimizer state only inside a ZeRO
-// optimizer ("offload_optimizer: valid for ZeRO stage 1, 2, 3", deepspeed/runtime/zero/config.py;
-// at stage 0 there is none and the offload would be silently ignored). Stage 1 is the least
-// change: ZeRO-1 partitions the optimizer states over all dp*sp ranks and keeps the math of
-// AdamW unchanged.
+// The DeepSpeed ZeRO stage of the export, 0-3: zero.stage as the run ran it, never changed.
+// (DeepSpeed offloads optimizer state only inside a ZeRO optimizer, "offload_optimizer: valid for
+// ZeRO stage 1, 2, 3", deepspeed/runtime/zero/config.py: at stage 0 the export does not offload
+// and deepspeed_zero_warnings says so.)
 int zero_stage(const config::RunConfig& run);
+
+// True when the export offloads the optimizer to the CPU: memory.offload_optimizer at a ZeRO
+// stage >= 1.
+bool deepspeed_offloads_optimizer(const config::RunConfig& run);
+
+// What DeepSpeed (0.19) cannot do as the run did at its ZeRO stage, one line each, in this order:
+//   "memory.offload_optimizer=true, zero.stage=0: ..." (no optimizer offload without ZeRO; the
+//     export keeps stage 0 and does not offload);
+//   "memory.precision=bf16, zero.stage=0: ..." (without ZeRO DeepSpeed accumulates bf16
+//     gradients in bf16 and refuses data_types.grad_accum_dtype fp32; ulysses-train accumulates
+//     in fp32). At stages 1-3 the export keeps fp32 accumulation (grad_accum_dtype fp32), so
+//     nothing is said.
+std::vector<std::string> deepspeed_zero_warnings(const config::RunConfig& run);
 
 // The HF/transformers attention implementation for attention.backend: always "sdpa" (every
 // ulysses-train backend is a PyTorch SDPA kernel or the math fallback; none is flash_attn's).

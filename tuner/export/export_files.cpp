@@ -52,10 +52,10 @@ void append_new(std::vector<std::string>& all, const std::vector<std::string>& m
 
 }  // namespace
 
-ExportFiles write_exports(const config::RunConfig& run, const std::string& dir) {
+ExportFiles write_exports(const config::RunConfig& run, const std::string& dir, int64_t nodes) {
   const DeepSpeedExport deepspeed = deepspeed_config(run);
   const ArcticRecipeExport arctic = arctic_recipe(run);
-  const AccelerateExport accelerate = accelerate_config(run, kDeepSpeedConfigFile);
+  const AccelerateExport accelerate = accelerate_config(run, kDeepSpeedConfigFile, nodes);
 
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -2,6 +2,7 @@
 // JSON, the ArcticTraining recipe and the Accelerate config (which names the JSON by its relative
 // file name, so `cd DIR && accelerate launch --config_file accelerate_config.yaml ...` works).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,9 @@ struct ExportFiles {
 // ds_config.json). Each file is written to a temporary name in `dir` and renamed, so no reader
 // ever sees a half-written file; existing files of these names are replaced.
 // Throws UserError "<path>: cannot write (<reason>)" when a directory or file cannot be written.
-// REQUIRES: `run` passed config::validate.
-ExportFiles write_exports(const config::RunConfig& run, const std::string& dir);
+// `nodes`: the machines the run spans (accelerate_config's num_machines).
+// REQUIRES: `run` passed config::validate; nodes >= 1 divides its world.
+ExportFiles write_exports(const config::RunConfig& run, const std::string& dir,
+                          int64_t nodes = 1);
 
 }  // namespace ulysses::exports

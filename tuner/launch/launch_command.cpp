@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "common/error.h"
@@ -41,8 +42,27 @@ std::string resolve_trainer(const LaunchOptions& options) {
   throw UserError("--trainer: " + options.trainer + ": not an executable file");
 }
 
+// Where rank `rank`'s stderr goes: ranks do not print to the terminal, so that one error is not
+// printed once per rank with the collective library's noise around it (see report()).
+fs::path rank_log(const fs::path& logs, int rank) {
+  return logs / ("rank-" + std::to_string(rank) + ".err");
+}
+
+// The line of a rank's stderr that says why it failed: its last "error: " or "out of memory: "
+// line (what every main prints last), else its last non-empty line, else "".
+std::string failure_line(const fs::path& log) {
+  std::ifstream in(log);
+  std::string line, last, last_error;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    last = line;
+    if (line.rfind("error: ", 0) == 0 || line.rfind("out of memory: ", 0) == 0) last_error = line;
+  }
+  return last_error.empty() ? last : last_error;
+}
+
 std::vector<ProcessSpec> rank_specs(const LaunchOptions& options, const std::string& trainer,
-                                    int master_port) {
+                                    int master_port, const fs::path& logs) {
   const std::vector<std::string> base = current_environment();
   std::vector<std::string> argv{trainer};
   for (auto& arg : trainer_arguments(options)) argv.push_back(std::move(arg));
@@ -51,18 +71,29 @@ std::vector<ProcessSpec> rank_specs(const LaunchOptions& options, const std::str
     ProcessSpec spec;
     spec.argv = argv;
     spec.env = merge_environment(base, rank_variables(options, local_rank, master_port, base));
+    spec.stderr_path =
+        rank_log(logs, effective_node_rank(options) * options.nproc + local_rank).string();
     specs.push_back(std::move(spec));
   }
   return specs;
 }
 
-void report(const LaunchOptions& options, const SupervisionResult& result) {
+// After the ranks ended: on a failure, the first failing rank's error line once, then which rank
+// failed and where every rank's stderr is; on success, this node's first rank's stderr (warnings).
+void report(const LaunchOptions& options, const SupervisionResult& result, const fs::path& logs) {
   const int first_rank = effective_node_rank(options) * options.nproc;
   if (result.outcome == Outcome::kFailed) {
     const ProcessExit& failure = *result.first_failure;
+    const std::string why = failure_line(rank_log(logs, first_rank + failure.index));
+    if (!why.empty()) std::cerr << why << "\n";
     std::cerr << "launch: rank " << first_rank + failure.index << " (local rank " << failure.index
               << ", pid " << failure.pid << ") " << describe_exit(failure) << "; stopped "
-              << result.stopped << " other rank(s)" << std::endl;
+              << result.stopped << " other rank(s); every rank's stderr: " << logs.string()
+              << std::endl;
+  } else if (result.outcome == Outcome::kAllSucceeded) {
+    std::ifstream first(rank_log(logs, first_rank));
+    std::cerr << first.rdbuf();
+    std::cerr.clear();  // an empty log sets failbit
   } else if (result.outcome == Outcome::kInterrupted) {
     std::cerr << "launch: interrupted by signal " << result.interrupt_signal << " ("
               << strsignal(result.interrupt_signal) << "); stopped " << result.stopped
@@ -116,6 +147,8 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options) {
       "and (unless --print) its data files, checkpoint.resume and train.device are checked.\n"
       "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and launch exits with that\n"
       "rank's status (128 + signal for a signal death); SIGINT/SIGTERM are forwarded to all ranks.\n"
+      "Each rank's stderr goes to OUTPUT.DIR/logs/rank-<r>.err; launch prints the first failing\n"
+      "rank's error line once (and, after a successful run, the first rank's stderr).\n"
       "Exit status 2: bad options or run config.\n\n"
       "Examples:\n"
       "  ulysses-tune launch experiments/runs/tiny-cpu.yaml --nproc 4 --set train.steps=20\n"
@@ -128,6 +161,11 @@ int run_launch(const LaunchOptions& options) {
   check_launch_options(options);
   config::RunConfig run_config = config::load_run_config(options.config_path, options.overrides);
   validate_for_launch(run_config, options);  // a mesh not fitting the world says what to set
+  if (options.print == "torchrun" && options.nnodes > 1 && options.master_addr == kLocalMasterAddr) {
+    throw UserError("--master-addr: give node 0's address (reachable from every node) for "
+                    "--nnodes " + std::to_string(options.nnodes) + "; " + kLocalMasterAddr +
+                    " would point each node at itself");
+  }
   if (!options.print.empty()) {  // the files and devices are the cluster's: not checked here
     const std::string trainer =
         options.trainer.empty() ? sibling_binary(kTrainerName) : options.trainer;
@@ -145,9 +183,13 @@ int run_launch(const LaunchOptions& options) {
             << options.master_addr << ":" << master_port << ")" << std::endl;
   SupervisorOptions supervisor_options;
   supervisor_options.grace_s = options.grace_s;
+  const fs::path logs = fs::path(run_config.output.dir) / "logs";
+  std::error_code ec;
+  fs::create_directories(logs, ec);
+  if (ec) throw UserError("output.dir: cannot create " + logs.string() + " (" + ec.message() + ")");
   const SupervisionResult result =
-      supervise(rank_specs(options, trainer, master_port), supervisor_options);
-  report(options, result);
+      supervise(rank_specs(options, trainer, master_port, logs), supervisor_options);
+  report(options, result, logs);
   return result.exit_status;
 }
 

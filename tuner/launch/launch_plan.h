@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/shell_quote.h"
+
 namespace ulysses::config {
 struct RunConfig;
 }
@@ -88,8 +90,5 @@ std::vector<std::string> current_environment();
 // REQUIRES: check_launch_options passed and options.print is "torchrun" or "srun".
 std::vector<std::string> cluster_command_lines(const LaunchOptions& options,
                                                const std::string& trainer_path);
-
-// `word` as one shell word: unchanged when it holds only safe characters, else single-quoted.
-std::string shell_quote(const std::string& word);
 
 }  // namespace ulysses::launch

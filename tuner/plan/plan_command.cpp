@@ -9,15 +9,16 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/output_dir.h"
 #include "common/paths.h"
 #include "config/presets.h"
 #include "config/run_config.h"
 #include "tuner/costmodel/calibration.h"
-#include "tuner/plan/calibrated_model.h"
+#include "tuner/results/calibrated_model.h"
 #include "tuner/plan/planner.h"
 #include "tuner/store/store.h"
-#include "tuner/report/sweep_source.h"
-#include "tuner/report/table.h"
+#include "tuner/results/sweep_source.h"
+#include "tuner/results/table.h"
 
 namespace ulysses::plan {
 namespace {
@@ -81,7 +82,12 @@ std::string pct(double predicted, double measured) {
   return fmt("%+.1f%%", 100.0 * (predicted - measured) / measured);
 }
 
+OutputOwner out_owner(const PlanOptions& o) {
+  return OutputOwner{"--out", "ulysses-tune plan", {o.fit_db}};
+}
+
 int run_fit(const PlanOptions& o) {
+  if (!o.out.empty()) check_output_file(o.out, out_owner(o), o.force);  // before the store changes
   store::Database db = report::open_results(o.fit_db);
   const report::SweepData data = report::load_sweep(db, o.sweep);
   std::vector<costmodel::Measured> mem, time;
@@ -186,8 +192,7 @@ int run_fit(const PlanOptions& o) {
           {"ms_per_gb_comm", tk.ms_per_gb_a2a},
           {"overhead_ms", tk.overhead_ms},
           {"rms_relative_error", tfit.rms_relative_error}}}};
-    std::ofstream file(o.out);
-    if (!(file << out.dump(2) << "\n")) throw UserError("--out: cannot write " + o.out);
+    write_output_file(o.out, out.dump(2) + "\n", out_owner(o), o.force);
     std::cout << "calibration written to " << o.out << "\n";
   }
   return kExitOk;
@@ -255,7 +260,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
       ->capture_default_str();
   cmd->add_option("--zero", o->zero,
                   "ZeRO stage 0-3 over the world (dp x sp) for every row whose --features name "
-                  "none (stage 3 as the trainer builds it: train/zero_partition.h)")
+                  "none (stage 3 as the trainer builds it)")
       ->capture_default_str();
   cmd->add_option("--precision", o->precision, "bf16 | fp32 (default bf16 on cuda, fp32 on cpu)");
   cmd->add_option("--calibration", o->calibration, "coefficients written by plan --fit --out");
@@ -270,7 +275,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
                 "also print each row's memory components (bytes, formula, lifetime, location)");
   cmd->add_option("--fit", o->fit_db, "calibrate on this results database's ok trials");
   cmd->add_option("--sweep", o->sweep, "with --fit: the sweep (default: the latest)");
-  cmd->add_option("--out", o->out, "with --fit: write the calibration JSON here");
+  cmd->add_option("--out", o->out,
+                  "with --fit: write the calibration JSON here (an existing file only with --force)");
+  cmd->add_flag("--force", o->force, "with --out: replace the file if it exists");
   return cmd;
 }
 
@@ -365,8 +372,8 @@ int run_plan(const PlanOptions& o) {
             << "\n"
             << report::render_terminal(table);
   if (o.components) print_components(r, rows);
-  std::cout << "cost model: tuner/costmodel/ (formulas in memory_model.cpp, time_model.cpp); "
-               "times are uncalibrated estimates unless --calibration is given\n";
+  std::cout << "times are uncalibrated estimates unless a fit is given (--db DB after "
+               "`plan --fit DB`, or --calibration FILE)\n";
   return kExitOk;
 }
 

@@ -31,6 +31,7 @@ struct PlanOptions {
   std::string fit_db;
   std::string sweep;
   std::string out;                     // calibration JSON to write ("" = none)
+  bool force = false;                  // replace an existing `out`
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanOptions* options);

@@ -12,10 +12,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-std::string default_precision(const calibrate::HardwareProfile& hw) {
-  return hw.device_type == "cuda" ? "bf16" : "fp32";
-}
-
 // Whether a length fits, and if not, what is over.
 std::string check(const PlanRequest& r, const config::RunConfig& c, PlanRow* row) {
   const costmodel::MemoryPrediction m = costmodel::predict_memory(c, r.memory);
@@ -83,31 +79,6 @@ FeatureSet parse_features(const std::string& text) {
   return f;
 }
 
-costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& hw,
-                                              const std::string& precision, int64_t sp,
-                                              int64_t world) {
-  const bool cuda = hw.device_type == "cuda";
-  const double peak = hw.peak_tflops(precision.empty() ? default_precision(hw) : precision);
-  costmodel::TimeCoefficients k;
-  if (peak > 0) {
-    k.ms_per_tflop = 1000.0 / (peak * (cuda ? 0.60 : 0.25));
-    k.ms_per_tflop_attention = 1000.0 / (peak * (cuda ? 0.45 : 0.10));
-  }
-  auto link = [&](int64_t ranks) {
-    const double gbps = ranks <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
-    return gbps > 0 ? 1000.0 / (0.8 * gbps) : 0.0;
-  };
-  k.ms_per_gb_a2a = link(sp);
-  k.ms_per_gb_allreduce = link(world);
-  k.ms_per_gb_offload = hw.host_to_device_gbps > 0 ? 1000.0 / (0.8 * hw.host_to_device_gbps) : 0;
-  k.overhead_ms = 5.0;
-  k.overlap = 0.0;
-  return k;
-}
-
-costmodel::MemoryCoefficients memory_coefficients(const calibrate::HardwareProfile& hw) {
-  return costmodel::default_memory_coefficients(hw.device_type);
-}
 
 int64_t usable_device_bytes(const calibrate::HardwareProfile& hw) {
   const double context = hw.device_type == "cuda" ? 0.6 : 0.0;

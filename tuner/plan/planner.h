@@ -11,6 +11,7 @@
 #include "tuner/calibrate/hardware_profile.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/costmodel/time_model.h"
+#include "tuner/results/calibrated_model.h"
 
 namespace ulysses::plan {
 
@@ -46,16 +47,8 @@ struct PlanRequest {
   int64_t max_search_tokens = int64_t{1} << 27;  // longest length tried by the search
 };
 
-// Time coefficients for a profile and sp: ms per TFLOP from peak x efficiency (GEMM 0.60,
-// attention 0.45 on CUDA; 0.25 / 0.10 on CPU), all-to-all and all-reduce at 0.8 x the link they
-// cross (intra-node when sp (resp. world) <= devices_per_node, else inter-node), offload at
-// 0.8 x host_to_device, 5 ms overhead, no overlap.
-costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& hw,
-                                              const std::string& precision, int64_t sp,
-                                              int64_t world);
-
-// Default memory coefficients: costmodel::default_memory_coefficients(hw.device_type).
-costmodel::MemoryCoefficients memory_coefficients(const calibrate::HardwareProfile& hw);
+// time_coefficients and memory_coefficients (the defaults of a hardware profile) are in
+// results/calibrated_model.h.
 
 struct PlanRow {
   int64_t dp = 1, sp = 1;

@@ -1,21 +1,15 @@
-// Ranking trials and explaining the losers (see ranking.h).
+// Explaining the losers of a ranking (see ranking.h).
 #include "tuner/recommend/ranking.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 
 namespace ulysses::recommend {
 namespace {
 
 double tps(const store::TrialRecord& t) { return t.tokens_per_s_per_rank.value_or(0.0); }
-
-// true when a is better than b under o (both qualify).
-bool better(const store::TrialRecord& a, const store::TrialRecord& b, const Objective& o) {
-  if (o.kind == "max-seqlen" && a.seqlen != b.seqlen) return a.seqlen > b.seqlen;
-  if (tps(a) != tps(b)) return tps(a) > tps(b);
-  return a.id < b.id;
-}
 
 std::string fmt(const char* format, double a, double b = 0, double c = 0) {
   char buffer[256];
@@ -25,30 +19,14 @@ std::string fmt(const char* format, double a, double b = 0, double c = 0) {
 
 }  // namespace
 
-bool qualifies(const store::TrialRecord& t, const Objective& o) {
-  if (t.status != "ok" || t.probe) return false;
-  if (o.check_peak && t.limit_bytes && *t.limit_bytes > 0 && t.peak_mem_bytes) {
-    return static_cast<double>(*t.peak_mem_bytes) <=
-           (1.0 - o.headroom) * static_cast<double>(*t.limit_bytes);
-  }
-  return true;
-}
-
-std::vector<const store::TrialRecord*> rank_trials(const std::vector<store::TrialRecord>& trials,
-                                                   const Objective& o) {
-  std::vector<const store::TrialRecord*> out;
-  for (const store::TrialRecord& t : trials) {
-    if (!qualifies(t, o)) continue;
-    if (o.kind == "throughput" && t.seqlen != o.target_length) continue;
-    out.push_back(&t);
-  }
-  std::sort(out.begin(), out.end(),
-            [&](const store::TrialRecord* a, const store::TrialRecord* b) { return better(*a, *b, o); });
-  return out;
-}
-
 std::vector<PointSummary> summarize_points(const std::vector<store::TrialRecord>& trials,
-                                           const Objective& o, const store::TrialRecord& winner) {
+                                           const Objective& o, const store::TrialRecord& winner,
+                                           const StepsByTrial& steps) {
+  static const std::vector<store::TrialStep> kNone;
+  auto steps_of = [&](const store::TrialRecord& t) -> const std::vector<store::TrialStep>& {
+    const auto it = steps.find(t.id);
+    return it == steps.end() ? kNone : it->second;
+  };
   std::map<std::string, PointSummary> by_point;
   std::map<std::string, std::string> not_run;  // point -> a pruned/skipped/invalid reason
   for (const store::TrialRecord& t : trials) {
@@ -65,12 +43,23 @@ std::vector<PointSummary> summarize_points(const std::vector<store::TrialRecord>
     if (!qualifies(t, o)) continue;
     s.longest_fit = std::max(s.longest_fit, t.seqlen);
     const bool relevant = o.kind == "max-seqlen" || t.seqlen == o.target_length;
-    if (relevant && (!s.best || better(t, *s.best, o))) s.best = &t;
+    if (relevant && (!s.best || report::ranks_before(t, *s.best, o))) s.best = &t;
   }
   std::vector<PointSummary> out;
   for (auto& [point, s] : by_point) {
     if (point == winner.point) {
       s.limited_by = "the winner";
+    } else if (s.best && s.best->seqlen == winner.seqlen &&
+               tied(*s.best, steps_of(*s.best), winner, steps_of(winner))) {
+      s.tied_with_winner = true;
+      const StepRange a = *measured_range(*s.best, steps_of(*s.best));
+      const StepRange w = *measured_range(winner, steps_of(winner));
+      s.limited_by = fmt("tied with the winner: %.0f vs %.0f tokens/s per rank", tps(*s.best),
+                         tps(winner)) +
+                     fmt(" is inside the spread of their measured steps (%.0f-%.0f", a.slowest,
+                         a.fastest) +
+                     fmt(" vs %.0f-%.0f); the winner is first only by its median", w.slowest,
+                         w.fastest);
     } else if (s.best && s.best->seqlen == winner.seqlen) {
       s.limited_by = fmt("slower: %.0f vs %.0f tokens/s per rank (%.1f%% less)", tps(*s.best),
                          tps(winner), 100.0 * (1.0 - tps(*s.best) / std::max(tps(winner), 1e-9)));
@@ -91,10 +80,39 @@ std::vector<PointSummary> summarize_points(const std::vector<store::TrialRecord>
   std::stable_sort(out.begin(), out.end(), [&](const PointSummary& a, const PointSummary& b) {
     if ((a.point == winner.point) != (b.point == winner.point)) return a.point == winner.point;
     if ((a.best != nullptr) != (b.best != nullptr)) return a.best != nullptr;
-    if (a.best && b.best) return better(*a.best, *b.best, o);
+    if (a.best && b.best) return report::ranks_before(*a.best, *b.best, o);
     return a.longest_fit > b.longest_fit;
   });
   return out;
+}
+
+std::optional<StepRange> measured_range(const store::TrialRecord& t,
+                                        const std::vector<store::TrialStep>& steps) {
+  if (!t.step_ms || !(*t.step_ms > 0) || !t.tokens_per_s_per_rank) return std::nullopt;
+  size_t first = 0;  // the warm-up steps come first
+  const nlohmann::json summary = nlohmann::json::parse(t.summary, nullptr, false);
+  if (summary.is_object() && summary.contains("measured_steps") &&
+      summary["measured_steps"].is_number_integer()) {
+    const auto measured = summary["measured_steps"].get<int64_t>();
+    if (measured > 0 && static_cast<size_t>(measured) <= steps.size()) {
+      first = steps.size() - static_cast<size_t>(measured);
+    }
+  }
+  std::optional<StepRange> range;
+  for (size_t i = first; i < steps.size(); ++i) {
+    if (!(steps[i].step_ms > 0)) continue;  // NaN or 0: no time
+    const double value = *t.tokens_per_s_per_rank * *t.step_ms / steps[i].step_ms;
+    if (!range) range = StepRange{value, value};
+    range->slowest = std::min(range->slowest, value);
+    range->fastest = std::max(range->fastest, value);
+  }
+  return range;
+}
+
+bool tied(const store::TrialRecord& a, const std::vector<store::TrialStep>& a_steps,
+          const store::TrialRecord& b, const std::vector<store::TrialStep>& b_steps) {
+  const std::optional<StepRange> ra = measured_range(a, a_steps), rb = measured_range(b, b_steps);
+  return ra && rb && ra->slowest <= rb->fastest && rb->slowest <= ra->fastest;
 }
 
 }  // namespace ulysses::recommend

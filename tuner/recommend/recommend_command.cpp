@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/output_dir.h"
 #include "common/paths.h"
 #include "config/run_config.h"
 #include "config/yaml_values.h"
@@ -21,9 +22,8 @@
 #include "tuner/launch/sbatch.h"
 #include "tuner/recommend/ranking.h"
 #include "tuner/recommend/why.h"
-#include "tuner/report/sweep_source.h"
+#include "tuner/results/sweep_source.h"
 #include "tuner/store/sweep_store.h"
-#include "common/remove_tree.h"
 
 namespace ulysses::recommend {
 namespace {
@@ -60,9 +60,11 @@ std::string launch_script(const config::RunConfig& c, const store::SweepRecord& 
       "# The configuration `ulysses-tune recommend` picked from sweep '" + sweep.name +
       "' (trial #" + std::to_string(t.id) +
       "). Expects ulysses-tune and ulysses-train on PATH (build/bin).\n"
-      "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n\n"
+      "# The run's outputs go under the directory it is started from (output.dir, relative).\n"
+      "set -euo pipefail\nhere=$(dirname \"$0\")\n\n"
       "# This machine, " + std::to_string(world) + " local ranks (extra arguments: --set k=v):\n"
-      "exec ulysses-tune launch recommended.yaml --nproc " + std::to_string(world) + " \"$@\"\n\n";
+      "exec ulysses-tune launch \"$here/recommended.yaml\" --nproc " + std::to_string(world) +
+      " \"$@\"\n\n";
   o.print = "torchrun";
   text += "# torchrun, one node of " + std::to_string(world) + " ranks:\n";
   for (const std::string& line : launch::cluster_command_lines(o, "ulysses-train")) {
@@ -76,12 +78,13 @@ std::string launch_script(const config::RunConfig& c, const store::SweepRecord& 
   return text;
 }
 
-// launch.sbatch: the srun line of launch.sh as a batch job of one node (submit from this
-// directory with the binaries on PATH).
-std::string sbatch_script(const config::RunConfig& c, const store::SweepRecord& sweep) {
+// launch.sbatch: the srun line of launch.sh as a batch job of one node, reading `config_path`
+// (absolute: SLURM runs a copy of the script); outputs go under the directory it is submitted from.
+std::string sbatch_script(const config::RunConfig& c, const store::SweepRecord& sweep,
+                          const std::string& config_path) {
   const int world = static_cast<int>(c.mesh.dp * c.mesh.sp);
   launch::LaunchOptions o;
-  o.config_path = "recommended.yaml";
+  o.config_path = config_path;
   o.nproc = world;
   o.print = "srun";
   launch::SbatchJob job;
@@ -89,7 +92,9 @@ std::string sbatch_script(const config::RunConfig& c, const store::SweepRecord& 
   job.ntasks_per_node = world;
   if (c.train.device == "cuda") job.gpus_per_node = world;  // one GPU per rank
   job.comments = {"The recommended configuration from sweep '" + sweep.name +
-                  "' as a SLURM job: sbatch launch.sbatch (from this directory)."};
+                  "' as a SLURM job: sbatch " + shell_quote(
+                      (fs::path(config_path).parent_path() / "launch.sbatch").string()) +
+                  " (the run's outputs go under the directory it is submitted from)."};
   job.body = {"cd \"${SLURM_SUBMIT_DIR:-.}\""};
   for (const std::string& line : launch::cluster_command_lines(o, "ulysses-train")) {
     job.body.push_back(line);
@@ -108,7 +113,10 @@ CLI::App* add_recommend_command(CLI::App& app, RecommendOptions* options) {
   cmd->add_option("--objective", options->objective, "throughput | max-seqlen (default: the "
                                                      "experiment's)")
       ->check(CLI::IsMember({"throughput", "max-seqlen"}));
-  cmd->add_option("--out", options->out_dir, "Output directory")->required();
+  cmd->add_option("--out", options->out_dir,
+                  "Output directory: new, empty, or an earlier recommendation (replaced); any "
+                  "other directory is refused")
+      ->required();
   return cmd;
 }
 
@@ -119,21 +127,22 @@ CLI::App* add_export_command(CLI::App& app, ExportOptions* options) {
   cmd->add_option("--format", options->format, "native | deepspeed | arctic | accelerate")
       ->check(CLI::IsMember({"native", "deepspeed", "arctic", "accelerate"}))
       ->capture_default_str();
-  cmd->add_option("--out", options->out_path, "Write to this file instead of stdout");
+  cmd->add_option("--out", options->out_path,
+                  "Write to this file instead of stdout (an existing file only with --force)");
+  cmd->add_flag("--force", options->force, "Replace the --out file if it exists");
   return cmd;
 }
 
 int run_recommend(const RecommendOptions& options) {
   store::Database db = report::open_results(options.db_path);  // read-only, never created
+  StagedOutputDir staged(options.out_dir,
+                         OutputOwner{"--out", "ulysses-tune recommend", {options.db_path}});
   store::SweepStore sweeps(db);
   const store::SweepRecord sweep = report::find_sweep(db, options.sweep);
   const experiment::Experiment e = experiment::parse_experiment(
       sweep.experiment_yaml, sweep.experiment_path, experiment::default_profiles_dir());
-  Objective o;
-  o.kind = options.objective.empty() ? e.objective : options.objective;
-  o.target_length = e.target_length;
-  o.headroom = e.headroom;
-  o.check_peak = e.device == "cuda";  // on CPU the trials ran under the reduced limit
+  Objective o = report::sweep_objective(sweep);  // the one every "best" follows
+  if (!options.objective.empty()) o.kind = options.objective;
   const std::vector<store::TrialRecord> trials = sweeps.trials(sweep.id);
   const std::vector<const store::TrialRecord*> ranked = rank_trials(trials, o);
   if (ranked.empty()) {
@@ -144,26 +153,27 @@ int run_recommend(const RecommendOptions& options) {
   }
   const store::TrialRecord& winner = *ranked.front();
   const config::RunConfig tuned = tuned_config(winner, e, sweep.name);
-  const std::vector<PointSummary> summaries = summarize_points(trials, o, winner);
+  StepsByTrial steps;  // the measured steps of every fitting run: their spread decides ties
+  for (const store::TrialRecord& t : trials) {
+    if (t.status == "ok" && !t.probe) steps[t.id] = sweeps.trial_steps(t.id);
+  }
+  const std::vector<PointSummary> summaries = summarize_points(trials, o, winner, steps);
   std::vector<std::vector<store::TrialPhase>> phases;
   for (const PointSummary& s : summaries) {
     phases.push_back(s.best ? sweeps.trial_phases(s.best->id) : std::vector<store::TrialPhase>{});
   }
 
-  // Everything goes into a temporary directory beside --out, renamed at the end.
-  const fs::path out = fs::absolute(options.out_dir);
-  const fs::path tmp = out.parent_path() / (out.filename().string() + ".tmp");
-  std::error_code ec;
-  ulysses::remove_tree(tmp);
-  fs::create_directories(tmp, ec);
-  if (ec) throw UserError("--out: cannot create " + tmp.string() + " (" + ec.message() + ")");
+  // Everything goes into a directory beside --out, renamed into place at the end.
+  const fs::path& tmp = staged.staging();
   write_file(tmp / "recommended.yaml",
              "# Recommended by ulysses-tune from sweep '" + sweep.name + "', trial #" +
                  std::to_string(winner.id) + " (objective " + o.kind + ").\n" +
                  config::to_yaml(tuned));
-  const exports::ExportFiles files = exports::write_exports(tuned, tmp.string());
+  const exports::ExportFiles files = exports::write_exports(tuned, tmp.string(), e.nodes);
   write_file(tmp / "launch.sh", launch_script(tuned, sweep, winner));
-  write_file(tmp / "launch.sbatch", sbatch_script(tuned, sweep));
+  write_file(tmp / "launch.sbatch",
+             sbatch_script(tuned, sweep,
+                           (fs::absolute(staged.target()) / "recommended.yaml").string()));
   fs::permissions(tmp / "launch.sh", fs::perms::owner_exec | fs::perms::group_exec |
                                          fs::perms::others_exec, fs::perm_options::add);
   std::string why = render_why(sweep, o, winner, summaries, phases);
@@ -172,9 +182,8 @@ int run_recommend(const RecommendOptions& options) {
     for (const std::string& w : files.warnings) why += "- " + w + "\n";
   }
   write_file(tmp / "WHY.md", why);
-  ulysses::remove_tree(out);
-  fs::rename(tmp, out, ec);
-  if (ec) throw UserError("--out: cannot write " + out.string() + " (" + ec.message() + ")");
+  staged.commit();
+  const fs::path& out = staged.target();
 
   for (const std::string& w : files.warnings) std::cerr << "warning: " << w << "\n";
   std::cout << "recommended: trial #" << winner.id << " (" << winner.seqlen << " tokens, dp "
@@ -187,6 +196,8 @@ int run_recommend(const RecommendOptions& options) {
 }
 
 int run_export(const ExportOptions& options) {
+  const OutputOwner owner{"--out", "ulysses-tune export", {options.db_path}};
+  if (!options.out_path.empty()) check_output_file(options.out_path, owner, options.force);
   store::Database db = report::open_results(options.db_path);
   store::SweepStore sweeps(db);
   const std::optional<store::TrialRecord> t = sweeps.trial(options.trial_id);
@@ -218,11 +229,7 @@ int run_export(const ExportOptions& options) {
   if (options.out_path.empty()) {
     std::cout << text;
   } else {
-    const fs::path tmp = options.out_path + ".tmp";
-    write_file(tmp, text);
-    std::error_code ec;
-    fs::rename(tmp, options.out_path, ec);
-    if (ec) throw UserError("--out: cannot write " + options.out_path + " (" + ec.message() + ")");
+    write_output_file(options.out_path, text, owner, options.force);
   }
   return kExitOk;
 }

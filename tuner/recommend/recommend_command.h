@@ -27,6 +27,7 @@ struct ExportOptions {
   int64_t trial_id = -1;
   std::string format = "native";
   std::string out_path;  // "" = stdout
+  bool force = false;    // replace an existing out_path
 };
 
 CLI::App* add_recommend_command(CLI::App& app, RecommendOptions* options);

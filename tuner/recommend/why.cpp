@@ -1,8 +1,9 @@
 // The WHY.md text (see why.h).
 #include "tuner/recommend/why.h"
 
-#include "tuner/report/format.h"
-#include "tuner/report/sweep_analysis.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
+#include "tuner/results/sweep_analysis.h"
 
 #include <cstdio>
 #include <sstream>
@@ -39,15 +40,18 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
   md << "Winner: trial #" << winner.id << " — " << report::configuration(winner) << ", "
      << winner.seqlen << " tokens, "
      << num(winner.tokens_per_s_per_rank.value_or(0)) << " tokens/s per rank, peak "
-     << report::gib(winner.peak_mem_bytes) << " GiB";
+     << report::gib(report::peak_above_baseline(winner)) << " GiB";
   if (winner.limit_bytes) {
-    md << " (per-rank limit " << report::gib(winner.limit_bytes) << " GiB";
-    // On CPU the limit caps address space above each rank's start-up baseline, while the peak
-    // is the rank's whole resident set, libraries included.
-    if (!o.check_peak) md << " of address space above the rank's start-up baseline";
-    md << ")";
+    md << " of a per-rank limit of " << report::gib(winner.limit_bytes) << " GiB";
   }
-  md << ".\n\n";
+  md << ".\n\n" << report::memory_basis_note({winner});
+  if (o.check_peak) {
+    md << " A configuration qualifies when that peak stays within " << num(100 * (1 - o.headroom))
+       << "% of its limit.";
+  } else {
+    md << " The trials ran under that limit, the experiment's less the head-room.";
+  }
+  md << "\n\n";
   if (o.kind == "max-seqlen") {
     md << "It trains the longest sequence of every configuration tried; among those that reach "
           "the same length it is the fastest.\n\n";
@@ -55,15 +59,15 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
     md << "It is the fastest configuration that fits at the target length with the head-room.\n\n";
   }
   md << "## Candidates side by side\n\n";
-  md << "| configuration | best trial | length | tokens/s per rank | peak GiB | where time went | "
-        "what limited it |\n|---|---:|---:|---:|---:|---|---|\n";
+  md << "| configuration | best trial | length | tokens/s per rank | peak GiB above baseline | "
+        "where time went | what limited it |\n|---|---:|---:|---:|---:|---|---|\n";
   for (size_t i = 0; i < summaries.size(); ++i) {
     const PointSummary& s = summaries[i];
     md << "| " << report::configuration(*s.first) << " | ";
     if (s.best) {
       md << "#" << s.best->id << " | " << s.best->seqlen << " | "
          << num(s.best->tokens_per_s_per_rank.value_or(0)) << " | "
-         << report::gib(s.best->peak_mem_bytes) << " | "
+         << report::gib(report::peak_above_baseline(*s.best)) << " | "
          << time_split(*s.best, phases[i]) << " | ";
     } else {
       md << "- | " << (s.longest_fit ? std::to_string(s.longest_fit) : "-") << " | - | - | - | ";

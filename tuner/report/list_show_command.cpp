@@ -4,12 +4,15 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/error.h"
-#include "tuner/report/format.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
+#include "tuner/results/objective.h"
 #include "tuner/report/summary_tables.h"
-#include "tuner/report/sweep_analysis.h"
-#include "tuner/report/sweep_source.h"
+#include "tuner/results/sweep_analysis.h"
+#include "tuner/results/sweep_source.h"
 #include "tuner/report/trial_table.h"
 #include "tuner/store/sweep_store.h"
 
@@ -34,9 +37,42 @@ void print_field(std::ostream& out, const std::string& name, const std::string& 
   }
 }
 
+// `text` broken into lines of at most `width` characters at spaces (a longer word stays whole).
+std::string wrap(const std::string& text, size_t width) {
+  std::string out, line;
+  std::istringstream words(text);
+  for (std::string word; words >> word;) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  return out + line + "\n";
+}
+
 std::string pretty_json(const std::string& text) {
   const auto json = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   return json.is_discarded() ? text : json.dump(2);
+}
+
+// (objective, best trial) cells of a sweep: "max-seqlen", "7: 4096 tokens, 812.3 tokens/s per
+// rank" (rank_trials() first, "-" when none qualifies); "?" and "experiment unreadable" when the
+// sweep's experiment cannot be read.
+std::pair<std::string, std::string> best_trial_cells(
+    const store::SweepRecord& sweep, const std::vector<store::TrialRecord>& trials) {
+  Objective o;
+  try {
+    o = sweep_objective(sweep);
+  } catch (const UserError&) {
+    return {sweep.objective + "?", "experiment unreadable"};
+  }
+  const auto ranked = rank_trials(trials, o);
+  if (ranked.empty()) return {describe(o), "-"};
+  const store::TrialRecord& best = *ranked.front();
+  return {describe(o), std::to_string(best.id) + ": " + std::to_string(best.seqlen) +
+                           " tokens, " + fixed(best.tokens_per_s_per_rank, 1) +
+                           " tokens/s per rank"};
 }
 
 Table sweeps_table(store::Database& db) {
@@ -53,7 +89,8 @@ Table sweeps_table(store::Database& db) {
   for (const char* name : {"name", "created", "status"}) table.add_column(name);
   table.add_column("trials", true);
   for (const auto& [status, count] : statuses) table.add_column(status, true);
-  table.add_column("best tokens/s per rank", true);
+  table.add_column("objective");
+  table.add_column("best trial");
   for (const auto& [sweep, trials] : sweeps) {
     std::vector<std::string> row = {std::to_string(sweep.id), sweep.name, sweep.created_at,
                                     sweep.status, std::to_string(trials.size())};
@@ -61,18 +98,24 @@ Table sweeps_table(store::Database& db) {
       row.push_back(std::to_string(std::count_if(trials.begin(), trials.end(),
                                                  [&](auto& t) { return t.status == status; })));
     }
-    const store::TrialRecord* best = nullptr;
-    for (const auto& t : trials) {
-      if (is_measured(t) && (!best || *t.tokens_per_s_per_rank > *best->tokens_per_s_per_rank)) {
-        best = &t;
-      }
-    }
-    row.push_back(best ? fixed(best->tokens_per_s_per_rank, 1) + " (trial " +
-                             std::to_string(best->id) + ")"
-                       : "-");
+    const auto [objective, best] = best_trial_cells(sweep, trials);
+    row.push_back(objective);
+    row.push_back(best);
     table.rows.push_back(std::move(row));
   }
   return table;
+}
+
+// "0.05 GiB (cpu: peak_mem_bytes minus a start-up baseline of 0.12 GiB) of a limit of 0.11 GiB":
+// the stored peak is the whole process on CPU; this is what counts against the limit.
+std::string peak_against_limit(const store::TrialRecord& t) {
+  if (!t.peak_mem_bytes) return "-";
+  const std::string device = trial_device(t);
+  std::string text = gib(peak_above_baseline(t)) + " GiB (" + device +
+                     ": peak_mem_bytes minus a start-up baseline of " +
+                     gib(memory_baseline_bytes(device)) + " GiB)";
+  if (t.limit_bytes) text += " of a limit of " + gib(t.limit_bytes) + " GiB";
+  return text;
 }
 
 void show_trial(store::Database& db, int64_t id, std::ostream& out) {
@@ -84,15 +127,18 @@ void show_trial(store::Database& db, int64_t id, std::ostream& out) {
   const auto sweep = store.sweep(trial->sweep_id);
   out << "trial " << id << " of sweep " << (sweep ? sweep->name : "?") << "\n";
   for (const auto& [name, value] : trial_fields(*trial)) print_field(out, name, value);
+  print_field(out, "peak above baseline", peak_against_limit(*trial));
 
   Table steps;
   steps.add_column("step", true);
-  for (const char* name : {"loss", "grad_norm", "step ms", "tokens/s", "peak GiB"}) {
+  for (const char* name :
+       {"loss", "grad_norm", "step ms", "tokens/s", "peak above baseline GiB"}) {
     steps.add_column(name, true);
   }
   for (const auto& s : store.trial_steps(id)) {
     steps.rows.push_back({std::to_string(s.step), fixed(s.loss, 4), fixed(s.grad_norm, 4),
-                          fixed(s.step_ms, 2), fixed(s.tokens_per_s, 1), gib(s.peak_mem_bytes)});
+                          fixed(s.step_ms, 2), fixed(s.tokens_per_s, 1),
+                          gib(above_baseline(*trial, s.peak_mem_bytes))});
   }
   out << "\nsteps:\n" << (steps.rows.empty() ? "(none recorded)\n" : render_terminal(steps));
   Table phases;
@@ -154,7 +200,10 @@ int run_list(const ListOptions& options, std::ostream& out) {
     const SweepData data = load_sweep(db, options.sweep);
     out << "sweep " << data.sweep.name << " (id " << data.sweep.id << ", " << data.sweep.status
         << "): " << data.trials.size() << " trials: " << status_count_text(data.trials) << "\n";
-    if (!data.trials.empty()) out << render_terminal(trials_table(data.trials), kMaxCell);
+    if (!data.trials.empty()) {
+      out << render_terminal(trials_table(data.trials), kMaxCell)
+          << wrap(memory_basis_note(data.trials), 100);
+    }
     return 0;
   }
   if (!has_sweep_tables(db) || store::SweepStore(db).sweeps().empty()) {

@@ -2,11 +2,15 @@
 #include "tuner/report/plot_script.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
 #include <map>
 #include <set>
 
-#include "tuner/report/format.h"
-#include "tuner/report/sweep_analysis.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
+#include "tuner/results/sweep_analysis.h"
 
 namespace ulysses::report {
 namespace {
@@ -15,19 +19,64 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 double to_gib(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
 
-// Starts one plot: resets settings, opens its PNG with the terminal chosen at the top.
-std::string begin_plot(const std::string& png, const std::string& title, int width, int height) {
-  return "\nreset\neval sprintf('set terminal %s noenhanced size %d,%d', png_terminal, " +
-         std::to_string(width) + ", " + std::to_string(height) + ")\nset output " +
-         gnuplot_quote(png) + "\nset title " + gnuplot_quote(title) + "\nset grid\n";
+// A number for a gnuplot command: six significant digits.
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", value);
+  return text;
 }
 
-// Log scale in x when the lengths span a factor of 4 or more (they usually double).
+// Starts one plot: resets settings, opens its PNG with the terminal chosen at the top. A
+// `subtitle` goes on a second line of the title.
+std::string begin_plot(const std::string& png, const std::string& title, int width, int height,
+                       const std::string& subtitle = "") {
+  return "\nreset\neval sprintf('set terminal %s noenhanced size %d,%d', png_terminal, " +
+         std::to_string(width) + ", " + std::to_string(height) + ")\nset output " +
+         gnuplot_quote(png) + "\nset title " + gnuplot_quote(title) +
+         (subtitle.empty() ? "" : " . \"\\n\" . " + gnuplot_quote(subtitle)) + "\nset grid\n";
+}
+
+// The length axis: log scale in x when the lengths span a factor of 4 or more (they usually
+// double), and a range with a margin either side, so that no point sits on the frame.
+// REQUIRES: lengths non-empty.
 std::string length_axis(const std::vector<int64_t>& lengths) {
   std::string out = "set xlabel 'sequence length (tokens)'\nset format x '%.0f'\n";
-  const auto [lo, hi] = std::minmax_element(lengths.begin(), lengths.end());
-  if (*lo > 0 && *hi >= 4 * *lo) out += "set logscale x 2\n";
-  return out + "set offsets graph 0.05, graph 0.05, 0, 0\n";
+  const auto [lo_it, hi_it] = std::minmax_element(lengths.begin(), lengths.end());
+  double lo = static_cast<double>(*lo_it), hi = static_cast<double>(*hi_it);
+  if (lo > 0 && hi >= 4 * lo) {
+    out += "set logscale x 2\n";
+    const double factor = std::max(1.25, std::pow(hi / lo, 0.05));
+    lo /= factor, hi *= factor;
+  } else {
+    const double margin = hi > lo ? 0.08 * (hi - lo) : std::max(0.1 * hi, 1.0);
+    lo -= margin, hi += margin;
+  }
+  return out + "set xrange [" + number(lo) + ":" + number(hi) + "]\n";
+}
+
+// A y range from 0 to a margin above `highest` (the largest value drawn), so that no point or
+// bar touches the top of the frame ([0:1] when nothing is above 0); it starts a little below 0
+// when `lowest` (the smallest point drawn) is near 0, so that such a point is not cut by the
+// bottom of the frame. Bars, which start at 0, pass lowest = highest.
+std::string y_from_zero(double lowest, double highest) {
+  const double top = highest > 0 ? highest * 1.12 : 1.0;
+  const double bottom = lowest < 0.04 * top ? -0.04 * top : 0.0;
+  return "set yrange [" + number(bottom) + ":" + number(top) + "]\n";
+}
+
+// The x axis of one labelled column per trial (bars, or points at 0, 1, ...): the labels
+// (column 1 of the data) slanted by 40 degrees and, when `rows` columns share `plot_px` pixels too
+// tightly for that, only every k-th, so that no label runs into the next (neighbouring labels need
+// 22 px between them across their slant: spacing x sin 40 degrees). Returns the xlabel and xtics
+// commands; *xtic is the using-column that labels the rows.
+std::string trial_axis(int rows, int plot_px, const std::string& what, std::string* xtic) {
+  const double spacing = static_cast<double>(plot_px) / std::max(rows, 1);
+  const int step = std::max(1, static_cast<int>(std::ceil(22.0 / (spacing * 0.64))));
+  *xtic = step == 1 ? "xtic(1)"
+                    : "xtic(int($0) % " + std::to_string(step) + " == 0 ? stringcolumn(1) : '')";
+  const std::string every = step == 1 ? "" : " (one in " + std::to_string(step) + " labelled)";
+  return "set xlabel " + gnuplot_quote(what + every + ": mesh dp x sp, sequence length") +
+         "\nset xtics rotate by -40\n";
 }
 
 // Measured trials grouped by configuration (first-seen order), each group sorted by length.
@@ -64,6 +113,7 @@ void throughput_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
   }
   dat = "# seqlen tokens_per_s_per_rank trial_id; one block per configuration\n";
   std::vector<int64_t> lengths;
+  double lowest = std::numeric_limits<double>::infinity(), highest = 0.0;
   std::string plot_cmd = "plot ";
   int index = 0;
   for (const auto& [name, group] : by_configuration(trials)) {
@@ -72,6 +122,8 @@ void throughput_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
       dat += std::to_string(t.seqlen) + " " + exact(t.tokens_per_s_per_rank) + " " +
              std::to_string(t.id) + "\n";
       lengths.push_back(t.seqlen);
+      lowest = std::min(lowest, *t.tokens_per_s_per_rank);
+      highest = std::max(highest, *t.tokens_per_s_per_rank);
     }
     dat += "\n\n";
     plot_cmd += std::string(index == 0 ? "'throughput.dat'" : ", \\\n     ''") + " index " +
@@ -80,7 +132,8 @@ void throughput_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
     ++index;
   }
   gp += begin_plot(plot.file, plot.title, 1000, 620) + length_axis(lengths) +
-        "set ylabel 'tokens/s per rank'\nset yrange [0:*]\nset key below\n" + plot_cmd + "\n";
+        "set ylabel 'tokens/s per rank'\n" + y_from_zero(lowest, highest) + "set key below\n" +
+        plot_cmd + "\n";
 }
 
 void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
@@ -101,19 +154,21 @@ void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
   }
   std::vector<std::pair<std::string, std::vector<TrialRecord>>> groups = by_configuration(fit);
   if (!probes.empty()) groups.emplace_back("memory probes", probes);
-  dat = "# seqlen peak_GiB trial_id; blocks: configurations, then probes, then out of memory\n";
+  dat = "# seqlen peak_GiB_above_baseline trial_id; blocks: configurations, then probes, then out "
+        "of memory\n";
   std::vector<int64_t> lengths;
-  double top = 0.0;
+  double lowest = std::numeric_limits<double>::infinity(), top = 0.0;
   std::string plot_cmd = "plot ";
   int index = 0;
   auto add_block = [&](const std::string& name, const std::vector<TrialRecord>& group,
                        const std::string& style) {
     dat += "# " + name + "\n";
     for (const auto& t : group) {
-      const double y = to_gib(t.peak_mem_bytes ? *t.peak_mem_bytes : *t.limit_bytes);
+      // The basis the limit counts (memory_basis.h); an OOM without a peak sits at its limit.
+      const double y = to_gib(t.peak_mem_bytes ? *peak_above_baseline(t) : *t.limit_bytes);
       dat += std::to_string(t.seqlen) + " " + exact(y) + " " + std::to_string(t.id) + "\n";
       lengths.push_back(t.seqlen);
-      top = std::max(top, y);
+      lowest = std::min(lowest, y), top = std::max(top, y);
     }
     dat += "\n\n";
     plot_cmd += std::string(index == 0 ? "'memory.dat'" : ", \\\n     ''") + " index " +
@@ -134,9 +189,9 @@ void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
                    gnuplot_quote("limit " + gib(limit) + " GiB per rank") +
                    " at graph 0.01, first " + y + " offset 0,0.7 tc rgb 'red'\n";
   }
-  gp += begin_plot(plot.file, plot.title, 1000, 620) + length_axis(lengths) +
-        "set ylabel 'peak memory per rank (GiB)'\nset yrange [0:" + fixed(top * 1.15 + 0.01, 2) +
-        "]\nset key below\n" + limit_lines + plot_cmd + "\n";
+  gp += begin_plot(plot.file, plot.title, 1000, 620, memory_basis_caption(data.trials)) +
+        length_axis(lengths) + "set ylabel 'peak per rank above start-up baseline (GiB)'\n" +
+        y_from_zero(lowest, top) + "set key below\n" + limit_lines + plot_cmd + "\n";
 }
 
 void breakdown_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
@@ -149,21 +204,26 @@ void breakdown_plot(const SweepData& data, Plot& plot, std::string& dat, std::st
     return;
   }
   dat = "# label compute_ms comm_ms offload_ms optimizer_ms other_ms trial_id\n";
+  double highest = 0.0;  // the tallest stack
   for (const auto& t : trials) {
     const auto it = data.phases.find(t.id);
     const TimeBreakdown b =
         time_breakdown(t, it == data.phases.end() ? std::vector<TrialPhase>{} : it->second);
+    highest = std::max(highest, b.compute_ms + b.comm_ms + b.offload_ms + b.optimizer_ms +
+                                    b.other_ms);
     dat += "\"" + std::to_string(t.id) + ": " + mesh(t) + " sl=" + std::to_string(t.seqlen) +
            "\" " + exact(b.compute_ms) + " " + exact(b.comm_ms) + " " + exact(b.offload_ms) + " " +
            exact(b.optimizer_ms) + " " + exact(b.other_ms) + " " + std::to_string(t.id) + "\n";
   }
-  const int width = std::clamp(220 + 45 * static_cast<int>(trials.size()), 900, 4000);
-  gp += begin_plot(plot.file, plot.title, width, 620) +
-        "set ylabel 'ms per step'\nset xlabel 'trial: mesh dp x sp, sequence length'\n"
+  const int rows = static_cast<int>(trials.size());
+  const int width = std::clamp(220 + 45 * rows, 900, 4000);
+  std::string xtic;
+  const std::string x_axis = trial_axis(rows, width - 320, "trial", &xtic);  // the key: right
+  gp += begin_plot(plot.file, plot.title, width, 620) + "set ylabel 'ms per step'\n" + x_axis +
         "set style data histograms\nset style histogram rowstacked\n"
-        "set style fill solid 0.85 border -1\nset boxwidth 0.75\nset xtics rotate by -40\n"
-        "set yrange [0:*]\nset key outside right top\n"
-        "plot 'phases.dat' using 2:xtic(1) title 'compute', '' using 3 title 'comm', "
+        "set style fill solid 0.85 border -1\nset boxwidth 0.75\n" +
+        y_from_zero(highest, highest) + "set key outside right top\n"
+        "plot 'phases.dat' using 2:" + xtic + " title 'compute', '' using 3 title 'comm', "
         "'' using 4 title 'offload', '' using 5 title 'optimizer', '' using 6 title 'other'\n";
 }
 
@@ -177,63 +237,73 @@ void pareto_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
     return;
   }
   std::vector<int64_t> lengths;
+  double lowest = std::numeric_limits<double>::infinity(), highest = 0.0;
   dat = "# seqlen tokens_per_s_per_rank trial_id; block 0: measured trials, block 1: the front\n";
   for (const auto& p : points) {
     dat += std::to_string(p.seqlen) + " " + exact(p.tokens_per_s_per_rank) + " " +
            std::to_string(p.trial_id) + "\n";
     lengths.push_back(p.seqlen);
+    lowest = std::min(lowest, p.tokens_per_s_per_rank);
+    highest = std::max(highest, p.tokens_per_s_per_rank);
   }
   dat += "\n\n";
   for (const auto& p : pareto_front(points)) {
     dat += std::to_string(p.seqlen) + " " + exact(p.tokens_per_s_per_rank) + " " +
            std::to_string(p.trial_id) + "\n";
   }
+  // No point labels: front points of nearby lengths and throughputs would overwrite each other.
+  // The README lists the front's trials in a table under the plot.
   gp += begin_plot(plot.file, plot.title, 1000, 620) + length_axis(lengths) +
-        "set ylabel 'tokens/s per rank'\nset yrange [0:*]\nset key below\n"
+        "set ylabel 'tokens/s per rank'\n" + y_from_zero(lowest, highest) + "set key below\n"
         "plot 'pareto.dat' index 0 using 1:2 with points pt 6 ps 1.3 lc rgb 'gray50' "
         "title 'measured trials', \\\n"
         "     '' index 1 using 1:2 with linespoints lw 2 pt 7 ps 1.6 lc rgb 'red' "
-        "title 'Pareto front (longer and faster is better)', \\\n"
-        "     '' index 1 using 1:2:(sprintf('trial %d', $3)) with labels offset 0,1.2 notitle\n";
+        "title 'Pareto front (longer and faster is better; trials in the table below)'\n";
 }
 
-// Error of the cost model's predictions per ok trial (memory and step time), with the +-10 %
-// (memory) and +-20 % (time) bands the model is held to. Returns false when no ok trial has a
-// prediction beside its measurement (then there is no plot).
+// Error of the cost model's predictions per ok trial (memory, both above the start-up baseline,
+// and step time), with the +-10 % (memory) and +-20 % (time) bands the model is held to. Returns
+// false when no ok trial has a prediction beside its measurement (then there is no plot).
 bool prediction_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
   dat = "# label memory_error_pct step_time_error_pct trial_id (? = none)\n";
   int rows = 0;
+  double lowest = -25.0, highest = 25.0;  // the bands stay inside the frame, and every error
   for (const auto& t : data.trials) {
     if (t.status != "ok") continue;
-    const bool mem = t.peak_mem_bytes && t.predicted_peak_bytes && *t.peak_mem_bytes > 0;
+    const std::optional<int64_t> peak = peak_above_baseline(t);
+    const std::optional<int64_t> predicted_peak = above_baseline(t, t.predicted_peak_bytes);
+    const bool mem = peak && predicted_peak && *peak > 0;
     const bool time = t.step_ms && t.predicted_step_ms && *t.step_ms > 0 && !t.probe;
     if (!mem && !time) continue;
-    auto error = [](double predicted, double measured) {
-      return exact(100.0 * (predicted - measured) / measured);
+    auto error = [&](double predicted, double measured) {
+      const double pct = 100.0 * (predicted - measured) / measured;
+      lowest = std::min(lowest, pct), highest = std::max(highest, pct);
+      return exact(pct);
     };
     dat += "\"" + std::to_string(t.id) + ": " + mesh(t) + " sl=" + std::to_string(t.seqlen) +
-           (t.probe ? " probe" : "") + "\" " +
-           (mem ? error(static_cast<double>(*t.predicted_peak_bytes),
-                        static_cast<double>(*t.peak_mem_bytes))
-                : "?") +
-           " " + (time ? error(*t.predicted_step_ms, *t.step_ms) : "?") + " " +
-           std::to_string(t.id) + "\n";
+           (t.probe ? " probe" : "") + "\" ";
+    dat += mem ? error(static_cast<double>(*predicted_peak), static_cast<double>(*peak)) : "?";
+    dat += " ";
+    dat += time ? error(*t.predicted_step_ms, *t.step_ms) : "?";
+    dat += " " + std::to_string(t.id) + "\n";
     ++rows;
   }
   if (rows == 0) return false;
-  const int width = std::clamp(220 + 45 * rows, 900, 4000);
+  const int width = std::clamp(200 + 60 * rows, 900, 4000);
+  std::string xtic;
+  const std::string x_axis = trial_axis(rows, width - 150, "ok trial", &xtic);  // the key: below
+  const double margin = 0.08 * (highest - lowest);  // no marker on the frame
   gp += begin_plot(plot.file, plot.title, width, 620) +
-        "set datafile missing '?'\nset ylabel '(predicted - measured) / measured, %'\n"
-        "set xlabel 'ok trial: mesh dp x sp, sequence length'\nset xtics rotate by -40\n"
-        "set key outside right top\nset grid ytics\n"
-        // The bands stay inside the frame: at least +-25 %, more when an error is larger.
-        "set yrange [*<-25:25<*]\nset offsets 0.5, 0.5, 0, 0\n"
+        "set datafile missing '?'\nset ylabel '(predicted - measured) / measured, %'\n" + x_axis +
+        "set key below horizontal\nset grid ytics\n"
+        "set xrange [-0.6:" + number(rows - 0.4) + "]\nset yrange [" +
+        number(lowest - margin) + ":" + number(highest + margin) + "]\n"
         "set arrow from graph 0, first 10 to graph 1, first 10 nohead dt 2 lc rgb 'blue'\n"
         "set arrow from graph 0, first -10 to graph 1, first -10 nohead dt 2 lc rgb 'blue'\n"
         "set arrow from graph 0, first 20 to graph 1, first 20 nohead dt 2 lc rgb 'red'\n"
         "set arrow from graph 0, first -20 to graph 1, first -20 nohead dt 2 lc rgb 'red'\n"
-        "plot 'prediction.dat' using 0:2:xtic(1) with points pt 7 ps 1.5 lc rgb 'blue' "
-        "title 'peak memory (band +-10 %)', \\\n"
+        "plot 'prediction.dat' using 0:2:" + xtic + " with points pt 7 ps 1.5 lc rgb 'blue' "
+        "title 'peak memory above baseline (band +-10 %)', \\\n"
         "     '' using 0:3 with points pt 5 ps 1.5 lc rgb 'red' "
         "title 'step time (band +-20 %)'\n";
   return true;

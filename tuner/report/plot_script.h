@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "tuner/report/sweep_source.h"
+#include "tuner/results/sweep_source.h"
 
 namespace ulysses::report {
 
@@ -19,12 +19,14 @@ struct Plot {
 
 struct PlotFiles {
   // In this order: throughput_vs_seqlen.png (tokens/s per rank vs length, one line per
-  // configuration, measured trials), memory_vs_seqlen.png (peak GiB vs length, the per-rank
-  // limits as dashed lines, OOM trials as crosses at their peak or, unknown, at their limit),
-  // time_breakdown.png (stacked compute / comm / offload / optimizer / other ms per measured
-  // trial), pareto_front.png (length vs throughput of measured trials, the front highlighted);
-  // then, when ok trials have the cost model's predictions, prediction_error.png (the error of
-  // the predicted peak and step time of each, with the +-10 % and +-20 % bands).
+  // configuration, measured trials), memory_vs_seqlen.png (peak GiB above the start-up baseline
+  // vs length, memory_basis.h, the per-rank limits as dashed lines on the same basis, OOM trials
+  // as crosses at their peak or, unknown, at their limit), time_breakdown.png (stacked compute /
+  // comm / offload / optimizer / other ms per measured trial), pareto_front.png (length vs
+  // throughput of measured trials, the front highlighted, no point labels: the README lists the
+  // front); then, when ok trials have the cost model's predictions, prediction_error.png (the
+  // error of the predicted peak and step time of each, with the +-10 % and +-20 % bands).
+  // Every axis range is set from the data with a margin: no point or bar lies on the frame.
   std::vector<Plot> plots;
   // (file name, content): plots.gp and the .dat files it reads. plots.gp draws exactly the plots
   // whose `omitted` is "", choosing pngcairo when gnuplot has it and png otherwise.

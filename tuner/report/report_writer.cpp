@@ -1,7 +1,10 @@
 // The markdown report (see report_writer.h).
 #include "tuner/report/report_writer.h"
 
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
 #include "tuner/report/summary_tables.h"
+#include "tuner/results/sweep_analysis.h"
 #include "tuner/report/trial_table.h"
 
 namespace ulysses::report {
@@ -28,23 +31,48 @@ std::string sweep_table(const SweepData& data) {
   return render_markdown(table);
 }
 
-std::string plots_section(const std::vector<Plot>& plots) {
+// The trials on the Pareto front of the measured ones (pareto_front()), shortest first.
+Table pareto_table(const std::vector<store::TrialRecord>& trials) {
+  std::vector<LengthThroughput> points;
+  for (const store::TrialRecord& t : trials) {
+    if (is_measured(t)) points.push_back({t.seqlen, *t.tokens_per_s_per_rank, t.id});
+  }
+  Table table;
+  table.add_column("trial", true);
+  table.add_column("seqlen", true);
+  table.add_column("tokens/s per rank", true);
+  table.add_column("configuration");
+  for (const LengthThroughput& p : pareto_front(points)) {
+    for (const store::TrialRecord& t : trials) {
+      if (t.id != p.trial_id) continue;
+      table.rows.push_back({std::to_string(t.id), std::to_string(t.seqlen),
+                            fixed(t.tokens_per_s_per_rank, 1), configuration(t)});
+    }
+  }
+  return table;
+}
+
+std::string plots_section(const SweepData& data, const std::vector<Plot>& plots) {
   std::string out = "## Plots\n\n";
   const char* captions[] = {
       "Tokens/s per rank of every measured trial (status `ok`, not a memory probe), one line per "
       "mesh and configuration.",
-      "Peak memory per rank; dashed: the per-rank limit the trials ran under; crosses: trials "
-      "that ran out of memory (at their measured peak, or at the limit when none was measured).",
+      "Peak memory per rank above the start-up baseline (see Memory above); dashed: the per-rank "
+      "limit the trials ran under, on the same basis; crosses: trials that ran out of memory (at "
+      "their measured peak, or at the limit when none was measured).",
       "Median ms per step of each measured trial by category (trial_phases `compute_ms`, "
       "`comm_ms`, `offload_ms`, `optimizer_ms`); other = step ms minus their sum (0 when the "
       "phases overlap).",
       "Every measured trial in the plane of sequence length and throughput; the Pareto front "
-      "holds the trials no other trial beats in both."};
+      "holds the trials no other trial beats in both:"};
   for (size_t i = 0; i < plots.size(); ++i) {
     out += "### " + plots[i].title + "\n\n";
     if (plots[i].omitted.empty()) {
       out += "![" + plots[i].title + "](" + plots[i].file + ")\n\n";
       if (i < std::size(captions)) out += std::string(captions[i]) + "\n\n";
+      if (plots[i].file == "pareto_front.png") {
+        out += render_markdown(pareto_table(data.trials)) + "\n";
+      }
     } else {
       out += plots[i].omitted + "\n\n";
     }
@@ -59,6 +87,7 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
   std::string out = "# Sweep " + code(data.sweep.name) + "\n\nMade with " + code(command) +
                     ". Every trial, every column: [trials.csv](trials.csv).\n\n";
   out += sweep_table(data) + "\n";
+  out += "**Memory.** " + memory_basis_note(data.trials) + "\n\n";
 
   out += "## Environment\n\n";
   const Table environment = json_table(data.sweep.environment);
@@ -71,15 +100,16 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
     out += "### Comparison with the exhaustive grid\n\n" + render_markdown(grid) + "\n";
   }
 
-  out += "## Best per mesh\n\n";
+  out += "## Fastest and longest per mesh\n\n";
   if (data.trials.empty()) {
     out += "The sweep has no trials.\n\n";
   } else {
-    out += "Measured trials only (status `ok`, not memory probes); tokens/s per rank.\n\n" +
+    out += "Measured trials only (status `ok`, not memory probes); tokens/s per rank. The best "
+           "trial is the objective's pick (search summary above).\n\n" +
            render_markdown(best_per_mesh_table(data.trials)) + "\n";
   }
 
-  out += plots_section(plots);
+  out += plots_section(data, plots);
   out +=
       "Plot data: `throughput.dat`, `memory.dat`, `phases.dat`, `pareto.dat` (those with data); "
       "redraw with `gnuplot plots.gp` in this directory.\n\n";
@@ -89,7 +119,7 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
     out += "## Cost model: predicted vs measured\n\n"
            "Each measured trial (status `ok`) beside the cost model's prediction stored before it "
            "ran (`trials.predicted_peak_bytes`, `predicted_step_ms`; tuner/costmodel/): peak per "
-           "rank (peak RSS on CPU, the allocator's peak on CUDA) and step time; error = "
+           "rank, both above the start-up baseline (see Memory above), and step time; error = "
            "(predicted - measured) / measured. `ulysses-tune plan --fit` recalibrates the model "
            "on these trials.\n\n" +
            render_markdown(predictions) + "\n";
@@ -100,8 +130,8 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
     out += "The sweep has no trials.\n";
   } else {
     out +=
-        "Peak and limit are per rank, in GiB; a probe is a memory probe run "
-        "(`attention.skip_all_but_last`).\n\n" +
+        "Peak (above the start-up baseline, see Memory above) and limit are per rank, in GiB; a "
+        "probe is a memory probe run (`attention.skip_all_but_last`).\n\n" +
         render_markdown(trials_table(data.trials));
   }
 

@@ -1,11 +1,13 @@
-// The report's README.md (SPEC 7 "Report"): the sweep, its environment and search summary, the
-// best trial per mesh, the plots (or why each is missing) and a table of every trial.
+// The report's README.md (SPEC 7 "Report"): the sweep, the basis of its memory figures
+// (memory_basis.h), its environment and search summary (with the objective's best trial), the
+// fastest and longest trial per mesh, the plots (or why each is missing) with the Pareto front's
+// trials, and a table of every trial.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "tuner/report/plot_script.h"
-#include "tuner/report/sweep_source.h"
+#include "tuner/results/sweep_source.h"
 
 namespace ulysses::report {
 

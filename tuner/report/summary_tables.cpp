@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "tuner/report/format.h"
-#include "tuner/report/sweep_analysis.h"
+#include "common/error.h"
+#include "tuner/results/format.h"
+#include "tuner/results/objective.h"
+#include "tuner/results/sweep_analysis.h"
 #include "tuner/report/trial_table.h"
 
 namespace ulysses::report {
@@ -61,6 +63,24 @@ std::string describe_trial(const SweepData& data, const Json& id) {
   return "trial " + id.dump() + " (not in this sweep)";
 }
 
+// ("best trial (objective max-seqlen)", the trial rank_trials() puts first). When the sweep's
+// experiment cannot be read, the best trial the sweep recorded, saying so.
+std::vector<std::string> best_trial_row(const SweepData& data, const Json& summary) {
+  try {
+    const Objective o = sweep_objective(data.sweep);
+    const auto ranked = rank_trials(data.trials, o);
+    return {"best trial (objective " + describe(o) + ")",
+            ranked.empty() ? "none qualifies" : describe_trial(data, Json(ranked.front()->id))};
+  } catch (const UserError& error) {
+    const std::string recorded =
+        summary.is_object() && summary.contains("best_trial")
+            ? describe_trial(data, summary["best_trial"])
+            : std::string("none recorded");
+    return {"best trial (as the sweep recorded it)",
+            recorded + "; the objective is unknown: " + error.what()};
+  }
+}
+
 }  // namespace
 
 Table json_table(const std::string& json_text, const std::vector<std::string>& skip) {
@@ -83,19 +103,23 @@ Table search_summary_table(const SweepData& data) {
       {"skipped", "skipped: outcome known or cannot win (not run)"},
       {"invalid", "invalid configurations (not run)"},
       {"grid_trials", "trials an exhaustive grid would run"},
-      {"best_trial", "best trial"}};
+      {"best_trial", ""}};  // best_trial_row()
   Table table = key_value_table("quantity");
   const Json summary = parse_object(data.sweep.summary);
   table.rows.push_back({"trials stored, by status", std::to_string(data.trials.size()) + ": " +
                                                         status_count_text(data.trials)});
-  if (!summary.is_object()) return table;
+  if (!summary.is_object()) {
+    table.rows.push_back(best_trial_row(data, summary));
+    return table;
+  }
   std::vector<std::string> known;
   for (const auto& [key, label] : kKnown) {
     known.push_back(key);
-    if (!summary.contains(key)) continue;
-    const Json& value = summary[key];
-    table.rows.push_back({label, key == std::string("best_trial") ? describe_trial(data, value)
-                                                                  : scalar_text(value)});
+    if (key == std::string("best_trial")) {
+      table.rows.push_back(best_trial_row(data, summary));
+    } else if (summary.contains(key)) {
+      table.rows.push_back({label, scalar_text(summary[key])});
+    }
   }
   if (summary.contains("trials_run") && summary.contains("grid_trials") &&
       summary["trials_run"].is_number() && summary["grid_trials"].is_number() &&

@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "tuner/report/sweep_source.h"
-#include "tuner/report/table.h"
+#include "tuner/results/sweep_source.h"
+#include "tuner/results/table.h"
 
 namespace ulysses::report {
 
@@ -16,8 +16,9 @@ namespace ulysses::report {
 Table json_table(const std::string& json_text, const std::vector<std::string>& skip = {});
 
 // The search summary (sweeps.summary): the known counts first with readable names (trials_run,
-// pruned, skipped, invalid, grid_trials, best_trial, described with the trial it names), the
-// fraction of the grid that ran, then any other key. grid_comparison is left out: see
+// pruned, skipped, invalid, grid_trials), the best trial (the one rank_trials() puts first under
+// the sweep's objective, objective.h; the one the sweep recorded when its experiment cannot be
+// read), the fraction of the grid that ran, then any other key. grid_comparison is left out: see
 // grid_comparison_table().
 Table search_summary_table(const SweepData& data);
 // summary.grid_comparison as a table; a table without rows when there is none.

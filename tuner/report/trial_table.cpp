@@ -2,9 +2,11 @@
 #include "tuner/report/trial_table.h"
 
 #include <cstdio>
+#include <optional>
 
-#include "tuner/report/format.h"
-#include "tuner/report/sweep_analysis.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
+#include "tuner/results/sweep_analysis.h"
 
 namespace ulysses::report {
 
@@ -60,7 +62,8 @@ Table trials_table(const std::vector<store::TrialRecord>& trials) {
   table.add_column("mesh (dp x sp)");
   table.add_column("seqlen", true);
   for (const auto& header : axis_headers(keys)) table.add_column(header);
-  for (const char* name : {"tokens/s per rank", "step ms", "peak GiB", "limit GiB"}) {
+  for (const char* name :
+       {"tokens/s per rank", "step ms", "peak above baseline GiB", "limit GiB"}) {
     table.add_column(name, true);
   }
   table.add_column("error / reason");
@@ -70,7 +73,7 @@ Table trials_table(const std::vector<store::TrialRecord>& trials) {
     for (const auto& key : keys) row.push_back(axis_value(t, key));
     row.push_back(fixed(t.tokens_per_s_per_rank, 1));
     row.push_back(fixed(t.step_ms, 1));
-    row.push_back(gib(t.peak_mem_bytes));
+    row.push_back(gib(peak_above_baseline(t)));
     row.push_back(gib(t.limit_bytes));
     row.push_back(t.error.empty() ? t.reason : t.error);
     table.rows.push_back(std::move(row));
@@ -83,7 +86,7 @@ Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials) {
   table.add_column("mesh (dp x sp)");
   table.add_column("trials", true);
   table.add_column("measured", true);
-  table.add_column("best tokens/s per rank", true);
+  table.add_column("fastest: tokens/s per rank", true);
   table.add_column("at seqlen", true);
   table.add_column("configuration");
   table.add_column("trial", true);
@@ -128,7 +131,8 @@ Table prediction_table(const std::vector<store::TrialRecord>& trials) {
   table.add_column("mesh");
   table.add_column("seqlen", true);
   table.add_column("probe");
-  for (const char* name : {"peak MiB", "predicted MiB", "error", "step ms", "predicted ms",
+  for (const char* name : {"peak above baseline MiB", "predicted MiB", "error", "step ms",
+                           "predicted ms",
                            "error "}) {
     table.add_column(name, true);
   }
@@ -136,9 +140,11 @@ Table prediction_table(const std::vector<store::TrialRecord>& trials) {
     if (t.status != "ok" || !(t.predicted_peak_bytes || t.predicted_step_ms)) continue;
     std::vector<std::string> row = {std::to_string(t.id), mesh(t), std::to_string(t.seqlen),
                                     t.probe ? "yes" : "no"};
-    if (t.peak_mem_bytes && t.predicted_peak_bytes && *t.peak_mem_bytes > 0) {
-      const double measured = static_cast<double>(*t.peak_mem_bytes);
-      const double predicted = static_cast<double>(*t.predicted_peak_bytes);
+    const std::optional<int64_t> peak = peak_above_baseline(t);
+    const std::optional<int64_t> predicted_peak = above_baseline(t, t.predicted_peak_bytes);
+    if (peak && predicted_peak && *peak > 0) {
+      const double measured = static_cast<double>(*peak);
+      const double predicted = static_cast<double>(*predicted_peak);
       row.insert(row.end(), {mib(measured), mib(predicted), error(predicted, measured)});
     } else {
       row.insert(row.end(), {"-", "-", "-"});

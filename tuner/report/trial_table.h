@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "tuner/report/table.h"
+#include "tuner/results/table.h"
 #include "tuner/store/trial_record.h"
 
 namespace ulysses::report {
@@ -18,18 +18,19 @@ std::vector<std::pair<std::string, std::string>> trial_fields(const store::Trial
 Table trial_fields_table(const std::vector<store::TrialRecord>& trials);
 
 // One row per trial, for people: id, status ("ok (probe)" for probes), mesh dp x sp, seqlen, one
-// column per axis of the space (sweep_analysis.h), tokens/s per rank, step ms, peak memory GiB,
-// limit GiB, and the error (or the reason a trial did not run).
+// column per axis of the space (sweep_analysis.h), tokens/s per rank, step ms, peak GiB above the
+// start-up baseline (memory_basis.h), limit GiB, and the error (or the reason a trial did not run).
 Table trials_table(const std::vector<store::TrialRecord>& trials);
 
 // One row per mesh (best_per_mesh()): trials, measured, the fastest trial (tokens/s per rank,
-// seqlen, configuration, id) and the longest measured sequence with its throughput.
+// seqlen, configuration, id) and the longest measured sequence with its throughput. Neither is
+// "best": that is the sweep's objective's pick (objective.h).
 Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials);
 
 // The cost model beside the measurement, one row per trial that ran to the end (status ok) and
-// has a prediction: id, mesh, seqlen, probe, measured and predicted peak (MiB) and the error,
-// measured and predicted step ms and the error ("-" where either is missing). Error =
-// (predicted - measured) / measured, signed percent.
+// has a prediction: id, mesh, seqlen, probe, measured and predicted peak (MiB, both above the
+// start-up baseline: memory_basis.h) and the error, measured and predicted step ms and the error
+// ("-" where either is missing). Error = (predicted - measured) / measured, signed percent.
 Table prediction_table(const std::vector<store::TrialRecord>& trials);
 
 // "ok 6, oom 1, pruned 2" (status_counts()), "none" for no trials.

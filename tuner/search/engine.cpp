@@ -3,6 +3,7 @@
 #include "tuner/search/engine.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "tuner/search/knowledge.h"
@@ -110,11 +111,16 @@ class Engine {
                        std::to_string(space_.lengths[hi]) + " implied by " + trial_ref(*hi_id));
         continue;
       }
+      std::set<int> failed;  // lengths where a real run of p failed: they bound nothing
       if (best >= 0 && lo < best) {  // one run at the best length decides whether p competes
         std::optional<Result> r = test(p, best, false);
         if (!r) return;
-        if (*r != Result::kFits) continue;
-        lo = best;
+        if (*r == Result::kOom) continue;
+        if (*r == Result::kFits) {
+          lo = best;
+        } else {
+          failed.insert(best);  // undecided: p's own search goes on around it
+        }
       }
       if (options_.probe && hi - lo > 1) {
         int probe_lo = lo, probe_hi = hi;
@@ -124,22 +130,26 @@ class Engine {
         for (int i = hi - 1; i > probe_lo; --i) {
           if (knowledge_.implied_oom(p, i, true)) probe_hi = i;
         }
-        std::optional<int> probe_max = bisect(p, probe_lo, probe_hi, true, false);
-        if (!probe_max) return;
-        hi = std::min(hi, *probe_max + 1);  // a probe's out-of-memory is a real one
+        std::set<int> probe_failed;
+        if (!bisect(p, probe_lo, probe_hi, true, false, probe_failed)) return;
+        hi = std::min(hi, probe_hi);  // a probe's out-of-memory is a real one (not its failure)
       }
-      std::optional<int> max = bisect(p, lo, hi, false, options_.probe);
-      if (!max) return;
-      best = std::max(best, *max);
+      if (!bisect(p, lo, hi, false, options_.probe, failed)) return;
+      if (hi - lo > 1) not_settled(p, lo, hi, failed);
+      best = std::max(best, lo);
     }
   }
 
-  // The largest fitting index in (lo, hi) given lo fits (or is -1) and hi does not (or is n):
-  // brackets upward by doubling the length while no upper bound is known, then bisects.
-  // confirm_first: try hi - 1 first (the longest length a probe fitted at). nullopt: budget spent.
-  std::optional<int> bisect(const Point& p, int lo, int hi, bool probe, bool confirm_first) {
+  // Narrows (lo, hi), where lo fits (or is -1) and hi does not (or is n), to adjacent indices
+  // by running p: brackets upward by doubling the length while no upper bound is known, then
+  // bisects. confirm_first: try hi - 1 first (the longest length a probe fitted at). A run that
+  // fails (not out of memory) bounds nothing: its index joins `failed` and a neighbour is tried
+  // instead (the shorter first); after kMaxFailuresPerPoint failures, or when every index left
+  // in (lo, hi) failed, it stops with the bracket open. False: the budget is spent.
+  bool bisect(const Point& p, int& lo, int& hi, bool probe, bool confirm_first,
+              std::set<int>& failed) {
     bool first = true;
-    while (hi - lo > 1) {
+    while (hi - lo > 1 && static_cast<int>(failed.size()) < kMaxFailuresPerPoint) {
       int mid;
       if (first && confirm_first) {
         mid = hi - 1;
@@ -153,12 +163,43 @@ class Engine {
         mid = (lo + hi) / 2;
       }
       first = false;
+      if (failed.count(mid)) {  // the nearest untried index inside the bracket, shorter first
+        int pick = -1;
+        for (int d = 1; pick < 0 && (mid - d > lo || mid + d < hi); ++d) {
+          if (mid - d > lo && !failed.count(mid - d)) {
+            pick = mid - d;
+          } else if (mid + d < hi && !failed.count(mid + d)) {
+            pick = mid + d;
+          }
+        }
+        if (pick < 0) break;  // every length left inside failed
+        mid = pick;
+      }
       std::optional<Result> r = test(p, mid, probe);
-      if (!r) return std::nullopt;
-      // A failure tells nothing about memory; going longer is not worth it either.
-      (*r == Result::kFits ? lo : hi) = mid;
+      if (!r) return false;
+      if (*r == Result::kFits) {
+        lo = mid;
+      } else if (*r == Result::kOom) {
+        hi = mid;
+      } else {
+        failed.insert(mid);
+      }
     }
-    return lo;
+    return true;
+  }
+
+  // Records that p's longest fitting length is open between lo and hi because runs failed.
+  void not_settled(const Point& p, int lo, int hi, const std::set<int>& failed) {
+    std::string lengths;
+    for (int i : failed) {
+      lengths += (lengths.empty() ? "" : ", ") + std::to_string(space_.lengths[i]);
+    }
+    skip(p, -1,
+         "longest fitting length not settled: " +
+             (lo >= 0 ? "fits at " + std::to_string(space_.lengths[lo]) : "no fit found") +
+             (hi < n_ ? ", out of memory at " + std::to_string(space_.lengths[hi]) : "") +
+             "; runs failed at " + lengths + " (not a memory result)" +
+             (static_cast<int>(failed.size()) >= kMaxFailuresPerPoint ? ", search stopped" : ""));
   }
 
   // The result of p at index i: implied, pruned (does not fit), or run. nullopt: budget spent.

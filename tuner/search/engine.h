@@ -8,8 +8,12 @@
 //     at L implies one for every P that saves at most as much at every length >= L;
 //   - a memory probe (attention in the last layer only) needs no more memory than the real run,
 //     so a probe's out-of-memory is a real one, and its fit bounds the real boundary from above;
-//   - memory savings cost time (assumption, Options::saving_costs_time): a point that saves
-//     more than one that already fits at the same length cannot be faster, so it is skipped.
+//   - memory savings cost time on the axes that say so (Axis::saving_costs_time; assumed,
+//     Options::saving_costs_time): a point that saves more than one that already fits at the
+//     same length, differing only on such axes, cannot be faster, so it is skipped;
+//   - a run that fails for another reason than memory (failed, timeout) says nothing about
+//     memory: it bounds no bisection; a point whose longest fit it leaves open is recorded as
+//     such (and its search stops after kMaxFailuresPerPoint failures).
 // Every point or length it leaves out is recorded with its reason.
 #pragma once
 #include <cstdint>
@@ -56,6 +60,9 @@ class Host {
     return std::nullopt;
   }
 };
+
+// Failed runs (not out of memory) after which the max-length search of a point stops.
+inline constexpr int kMaxFailuresPerPoint = 2;
 
 struct Options {
   std::string method = "smart";  // smart | grid (every valid point at every length)

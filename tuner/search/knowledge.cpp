@@ -28,7 +28,7 @@ std::optional<int64_t> Knowledge::implied_fit(const Point& p, int length_index, 
 std::optional<int64_t> Knowledge::dominating_fit(const Point& p, int length_index) const {
   for (const Fact& f : facts_) {
     if (!f.fits || f.probe || f.length_index != length_index || f.point == p) continue;
-    if (saves_at_least(space_, p, f.point)) return f.trial_id;
+    if (cannot_be_faster(space_, p, f.point)) return f.trial_id;
   }
   return std::nullopt;
 }

@@ -21,8 +21,9 @@ class Knowledge {
   std::optional<int64_t> implied_oom(const Point& p, int length_index, bool probe) const;
   // A fact implying that `p` fits at `length_index`, or nullopt (real fits imply probe fits).
   std::optional<int64_t> implied_fit(const Point& p, int length_index, bool probe) const;
-  // A real measured fit of another point q at exactly `length_index` with p saving at least as
-  // much as q (p then cannot be faster, engine.h), or nullopt.
+  // A real measured fit of another point q at exactly `length_index` that p cannot be faster
+  // than (cannot_be_faster(p, q): p saves at least as much, and only on axes where that costs
+  // time; engine.h), or nullopt.
   std::optional<int64_t> dominating_fit(const Point& p, int length_index) const;
 
  private:

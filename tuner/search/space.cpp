@@ -30,6 +30,13 @@ bool saves_at_least(const Space& space, const Point& a, const Point& b) {
   return true;
 }
 
+bool cannot_be_faster(const Space& space, const Point& a, const Point& b) {
+  for (size_t i = 0; i < space.axes.size(); ++i) {
+    if (a[i] != b[i] && !space.axes[i].saving_costs_time) return false;
+  }
+  return saves_at_least(space, a, b);
+}
+
 int saving_score(const Space& space, const Point& p) {
   int score = 0;
   for (size_t i = 0; i < space.axes.size(); ++i) {

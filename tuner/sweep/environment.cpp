@@ -57,13 +57,13 @@ std::string capture_environment(const std::string& trainer) {
   env["memory_gib"] = memory_gib();
   env["gpus"] = all_output(
       "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader");
-  env["trainer_version"] = all_output(launch::shell_quote(trainer) + " --version");
+  env["trainer_version"] = all_output(shell_quote(trainer) + " --version");
   const std::string home = project_home();
   env["git_revision"] =
-      home.empty() ? "" : command_output("git -C " + launch::shell_quote(home) + " rev-parse HEAD");
+      home.empty() ? "" : command_output("git -C " + shell_quote(home) + " rev-parse HEAD");
   env["git_dirty"] =
       home.empty() ? false
-                   : !all_output("git -C " + launch::shell_quote(home) + " status --porcelain -uno")
+                   : !all_output("git -C " + shell_quote(home) + " status --porcelain -uno")
                           .empty();
   return env.dump();
 }

@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/output_dir.h"
 #include "common/paths.h"
 #include "tuner/experiment/experiment.h"
+#include "tuner/experiment/result_inputs.h"
 #include "tuner/experiment/trial_space.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/sbatch.h"
@@ -68,6 +70,88 @@ std::string runs_dir_of(const SweepOptions& options, const std::string& name) {
              : (fs::absolute(options.db_path).parent_path() / "runs" / name).string();
 }
 
+// Trial directories go only into a directory this sweep created (or an empty one): two sweeps of
+// one name in two databases beside each other would otherwise write the same trial directories.
+// `claim` false: only the checks (nothing is created).
+void claim_runs_dir(const SweepOptions& options, const std::string& name, bool claim = true) {
+  const OutputOwner owner{"--runs-dir", "ulysses-tune sweep", {options.db_path}};
+  const std::string identity = "sweep '" + name + "' of " + fs::absolute(options.db_path).string();
+  if (claim) {
+    claim_output_dir(runs_dir_of(options, name), owner, identity);
+  } else {
+    check_claimable_output(runs_dir_of(options, name), owner, identity);
+  }
+}
+
+// `text` with its line breaks replaced by spaces, to embed in a comment line of a script.
+std::string one_line(std::string text) {
+  for (char& ch : text) {
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  }
+  return text;
+}
+
+// --resume continues only the experiment the sweep started with: its stored results would
+// otherwise be replayed as facts about another configuration (experiment/result_inputs.h).
+// Throws UserError "--resume: <key> ..." naming the first input that differs.
+void check_unchanged(const store::SweepRecord& sweep, const experiment::Experiment& e,
+                     const SweepOptions& options) {
+  const std::string advice =
+      "; resume with the experiment it started with (only budget.max_trials and "
+      "budget.wall_clock_s may change), or start a new sweep with --name";
+  std::vector<experiment::ResultInput> before;
+  try {
+    // Profiles given as relative paths resolve beside the experiment file given now.
+    experiment::Experiment stored = experiment::parse_experiment(
+        sweep.experiment_yaml, options.experiment_path, experiment::default_profiles_dir());
+    stored.method = sweep.search;  // as it ran (--search may have overridden the file)
+    before = experiment::result_inputs(stored);
+  } catch (const UserError& err) {
+    throw UserError("--resume: the experiment sweep '" + sweep.name +
+                    "' started with no longer reads (" + err.what() + ")" + advice);
+  }
+  const std::vector<experiment::ResultInput> now = experiment::result_inputs(e);
+  if (const std::string key = experiment::first_difference(before, now); !key.empty()) {
+    auto value_of = [&](const std::vector<experiment::ResultInput>& inputs) {
+      for (const experiment::ResultInput& input : inputs) {
+        if (input.key == key) return input.value;
+      }
+      return std::string("(none)");
+    };
+    const std::string was = value_of(before), is = value_of(now);
+    const bool short_values = was.size() + is.size() < 120 &&
+                              (was + is).find_first_of("\r\n") == std::string::npos;
+    throw UserError("--resume: " + key + " differs from the experiment sweep '" + sweep.name +
+                    "' started with" + (short_values ? " (" + was + ", now " + is + ")" : "") +
+                    advice);
+  }
+  const nlohmann::json env = nlohmann::json::parse(sweep.environment, nullptr, false);
+  if (!env.is_object() || !env.contains("experiment_digests")) return;  // an older sweep
+  const nlohmann::json& stored = env["experiment_digests"];
+  for (const auto& [what, digest] : experiment::profile_digests(e)) {
+    if (!stored.is_object() || !stored.contains(what) || stored[what] == digest) continue;
+    throw UserError("--resume: " +
+                    (what == "hardware_profile"
+                         ? "hardware: the profile " + e.hardware_path + " changed"
+                         : "base.model: the model (its preset or HF config) changed") +
+                    " since sweep '" + sweep.name + "' started" + advice);
+  }
+}
+
+// The sweep's environment with the digests of what its experiment's text does not hold.
+std::string environment_of(const std::string& trainer, const experiment::Experiment& e) {
+  nlohmann::ordered_json env = nlohmann::ordered_json::parse(capture_environment(trainer));
+  env["experiment_digests"] = experiment::profile_digests(e);
+  return env.dump();
+}
+
+// "a, b" for the sweeps in a database, or "none".
+std::string sweep_names(store::SweepStore& sweeps) {
+  std::string names;
+  for (const store::SweepRecord& s : sweeps.sweeps()) names += (names.empty() ? "" : ", ") + s.name;
+  return names.empty() ? "none" : names;
+}
+
 // --submit: this sweep as one sbatch job of the experiment's size (see sweep_command.h).
 int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
                  const std::string& name, const std::string& trainer, bool resume) {
@@ -76,9 +160,10 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
                     "; add `runner: srun` to it or pass --runner srun)");
   }
   const std::string runs_dir = fs::absolute(runs_dir_of(options, name)).string();
-  std::error_code ec;
-  fs::create_directories(runs_dir, ec);
-  if (ec) throw UserError("--runs-dir: cannot create " + runs_dir + ": " + ec.message());
+  if (runs_dir.find_first_of("\r\n") != std::string::npos) {  // it goes into #SBATCH --output
+    throw UserError(std::string(options.runs_dir.empty() ? "--db" : "--runs-dir") +
+                    ": a path with a line break cannot go into an sbatch script");
+  }
   const std::string db = fs::absolute(options.db_path).string();
   std::vector<std::string> words{sibling_binary("ulysses-tune"), "sweep",
                                  fs::absolute(options.experiment_path).string(),
@@ -91,7 +176,7 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
   }
   if (resume) words.push_back("--resume");
   std::string command = "exec";
-  for (const std::string& word : words) command += " " + launch::shell_quote(word);
+  for (const std::string& word : words) command += " " + shell_quote(word);
 
   launch::SbatchJob job;
   job.job_name = "ulysses-sweep-" + name;
@@ -104,10 +189,10 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
   }
   job.output = runs_dir + "/sweep-%j.log";
   job.comments = {"Written by `ulysses-tune sweep --submit`: sweep '" + name + "' of " +
-                      e.path + " inside one allocation;",
+                      one_line(e.path) + " inside one allocation;",
                   "each trial is one srun job step. scancel the job to stop it; resubmit with "
                   "--resume (or run the exec line with --resume inside salloc) to continue."};
-  job.body = {"cd " + launch::shell_quote(fs::current_path().string()), command};
+  job.body = {"cd " + shell_quote(fs::current_path().string()), command};
   const std::string script = runs_dir + "/sweep.sbatch";
   {
     std::ofstream out(script, std::ios::trunc);
@@ -132,8 +217,8 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
       ->required();
   cmd->add_option("--db", options->db_path, "Results database (SQLite)")->capture_default_str();
   cmd->add_option("--name", options->name,
-                  "Sweep name in the database (default: the experiment's name, + \"-grid\" for "
-                  "--search grid)");
+                  "Sweep name in the database: letters, digits, '.', '_', '-' (default: the "
+                  "experiment's name, + \"-grid\" for --search grid)");
   cmd->add_option("--search", options->method, "smart (default) or grid (every point x length)")
       ->check(CLI::IsMember({"smart", "grid"}));
   cmd->add_option("--runs-dir", options->runs_dir,
@@ -159,6 +244,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
 }
 
 int run_sweep(const SweepOptions& options) {
+  if (!options.name.empty()) experiment::check_sweep_name("--name", options.name);
   experiment::Experiment e =
       experiment::load_experiment(options.experiment_path, experiment::default_profiles_dir());
   if (!options.method.empty()) e.method = options.method;
@@ -182,6 +268,10 @@ int run_sweep(const SweepOptions& options) {
   // Created before anything is written: runner srun checks for an allocation here.
   std::unique_ptr<trial::TrialRunner> runner;
   if (!options.submit) runner = trial::make_trial_runner(e.runner);
+  if (options.submit && find_on_path("sbatch").empty()) {
+    throw UserError("--submit: sbatch is not on PATH (run on a SLURM login node)");
+  }
+  claim_runs_dir(options, name, /*claim=*/false);  // before the database is created
 
   store::Store db = store::Store::open(options.db_path);
   store::SweepStore sweeps(db.db());
@@ -191,8 +281,11 @@ int run_sweep(const SweepOptions& options) {
                     "' exists (use --resume to continue it, or --name for a new one)");
   }
   if (!existing && options.resume) {
-    throw UserError(options.db_path + ": no sweep '" + name + "' to resume");
+    throw UserError(options.db_path + ": no sweep '" + name + "' to resume (its sweeps: " +
+                    sweep_names(sweeps) + "; pass --name, or --search grid for a grid sweep)");
   }
+  if (existing) check_unchanged(*existing, e, options);
+  claim_runs_dir(options, name);
   if (options.submit) return submit_sweep(options, e, name, trainer, options.resume);
   store::SweepRecord sweep;
   if (existing) {
@@ -206,7 +299,7 @@ int run_sweep(const SweepOptions& options) {
     sweep.id = sweeps.create_sweep(sweep);
   }
   sweep.status = "running";
-  sweep.environment = capture_environment(trainer);
+  sweep.environment = environment_of(trainer, e);
   sweeps.update_sweep(sweep);
 
   HostSettings settings;

@@ -16,6 +16,7 @@ struct SweepOptions {
   std::string experiment_path;      // positional
   std::string db_path = "results.db";  // --db
   std::string name;                 // --name; default: the experiment's name (+ "-grid")
+                                    // [A-Za-z0-9._-]+, not . or ..
   std::string method;               // --search smart|grid; "" = the experiment's
   std::string runs_dir;             // --runs-dir; default <db dir>/runs/<sweep name>
   std::string trainer;              // --trainer; default ulysses-train beside ulysses-tune
@@ -33,7 +34,11 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options);
 // Runs the sweep. Returns 0 when it finished (whatever its trials' statuses), kExitInterrupted
 // when SIGINT/SIGTERM stopped it (the sweep is marked `interrupted`; --resume continues it).
 // Throws UserError before anything runs or is written for a bad experiment, a sweep name that
-// exists without --resume, --resume without such a sweep, or a database that is not one.
+// experiment::check_sweep_name refuses (the experiment's name or --name), a sweep name that
+// exists without --resume, --resume without such a sweep, --resume with an experiment that
+// differs from the one the sweep started with in anything that decides trial results
+// (experiment/result_inputs.h: the error names the first key that differs; the budget's
+// max_trials and wall_clock_s may change), or a database that is not one.
 // --dry-run prints the space (each point valid or why not) and writes nothing.
 // Runner srun needs a SLURM allocation (UserError before anything is written otherwise).
 // --submit (runner srun only; needs no allocation: it runs on a login node) checks the experiment,

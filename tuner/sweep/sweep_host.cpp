@@ -12,7 +12,7 @@
 #include "config/run_config.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/experiment/trial_space.h"
-#include "tuner/plan/calibrated_model.h"
+#include "tuner/results/calibrated_model.h"
 #include "tuner/trial/trial_runner.h"
 
 namespace ulysses::sweep {

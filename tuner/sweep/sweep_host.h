@@ -11,7 +11,7 @@
 #include <string>
 
 #include "tuner/experiment/experiment.h"
-#include "tuner/plan/calibrated_model.h"
+#include "tuner/results/calibrated_model.h"
 #include "tuner/search/engine.h"
 #include "tuner/store/sweep_store.h"
 #include "tuner/sweep/progress.h"

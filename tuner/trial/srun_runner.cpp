@@ -275,12 +275,12 @@ void SrunRunner::cancel_leftover_step(const std::string& job_name) const {
   const std::string squeue = srun_sibling(srun_, "squeue");
   const std::string scancel = srun_sibling(srun_, "scancel");
   std::stringstream steps(command_output(
-      launch::shell_quote(squeue) + " --steps --noheader --format='%i %j' --jobs=" +
-      launch::shell_quote(job_id_) + " 2>/dev/null"));
+      shell_quote(squeue) + " --steps --noheader --format='%i %j' --jobs=" +
+      shell_quote(job_id_) + " 2>/dev/null"));
   std::string id, name;
   while (steps >> id >> name) {
     if (name != job_name) continue;
-    command_output(launch::shell_quote(scancel) + " --quiet " + launch::shell_quote(id) +
+    command_output(shell_quote(scancel) + " --quiet " + shell_quote(id) +
                    " 2>/dev/null");
   }
 }

@@ -1,0 +1,161 @@
+// AdamW with torch.optim.AdamW semantics (decoupled weight decay, bias correction, amsgrad=false),
+// over a list of named parameters, with its state exposed as named tensors for checkpoints.
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/options.h"
+
+namespace ulysses::train {
+
+// (name, tensor) pairs, in a fixed order: parameters in, optimizer state out.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// One update of parameter p with gradient g at this parameter's step t (1-based), in torch's op
+// order (torch/csrc/api/src/optim/adamw.cpp, identical to torch.optim.AdamW's single-tensor path):
+//   p   *= 1 - lr * weight_decay
+//   m    = b1 * m + (1 - b1) * g
+//   v    = b2 * v + (1 - b2) * g * g
+//   denom = sqrt(v) / sqrt(1 - b2^t) + eps
+//   p   -= (lr / (1 - b1^t)) * m / denom
+// A parameter whose grad() is undefined is skipped entirely: no decay, and its own step t does not
+// advance (torch keeps one step counter per parameter; so does this class).
+//
+// Precision and placement (SPEC 5.5): fp32/fp64 parameters on kDevice are updated in place in
+// their dtype. bf16/fp16 parameters get an fp32 master copy and fp32 moments: the update runs on
+// the master (the gradient converted to fp32), then the master is copied into the parameter.
+// kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in
+// host memory for every parameter and updates them with one fused, multi-threaded CPU pass
+// (optim/cpu_adam.h: the same results as kDevice's ATen ops on the CPU, bit for bit). Gradients
+// reach that pass as:
+//   - host gradients (of host parameters, or of CUDA parameters accumulated on the host during
+//     backward: GradientBuffers on_host, what the trainer does): read where they are, no copy
+//     (bf16/fp16 converted inline);
+//   - CUDA gradients: non_blocking copies, in the gradient's dtype, into pinned staging buffers on
+//     a side stream (after the work queued on the current stream), started by prefetch_gradient()
+//     as each gradient becomes final or else by step() per parameter; step() waits for the side
+//     stream once, then updates.
+// Afterwards the master goes back into the parameter: host parameters are written by the same
+// pass (an fp32/fp64 contiguous host parameter is its own master: no copy at all); CUDA
+// parameters get a non_blocking copy from the pinned master on the current stream.
+//
+// Not thread-safe. The optimizer holds references to the parameter tensors (shared storage): the
+// caller's module sees every update.
+// Where AdamW keeps master weights and moments.
+enum class OptimizerPlacement {
+  kDevice,  // with the parameters (memory.offload_optimizer: false)
+  kHost,    // host memory, pinned for CUDA parameters; update on the CPU (offload_optimizer: true)
+};
+
+class AdamW {
+ public:
+  // REQUIRES: names unique; every tensor defined, dense, fp32, fp64, bf16 or fp16.
+  // Throws UserError "optim.<key>: ..." when lr < 0, eps < 0, weight_decay < 0 or a beta is
+  // outside [0, 1). State (master copies where needed, exp_avg, exp_avg_sq as zeros) is allocated
+  // here, in host memory for kHost.
+  AdamW(NamedTensors params, const config::OptimOptions& options,
+        OptimizerPlacement placement = OptimizerPlacement::kDevice);
+
+  // One optimizer step at learning rate lr (from lr_at()), using each parameter's .grad().
+  // Parameters with an undefined grad are skipped. Gradients are read, never modified.
+  // REQUIRES: lr >= 0; each defined grad is dense, with the parameter's shape, dtype and device.
+  void step(double lr);
+
+  // The same step with explicit gradients instead of .grad(): grads[i] is the gradient of
+  // parameters()[i]; an undefined grads[i] skips that parameter exactly as an undefined .grad()
+  // does (no decay, its step count does not advance). step(lr) is step(lr, each .grad()).
+  // grads[i] may be in the parameter's dtype or, for a bf16/fp16 parameter, in fp32 (e.g. an fp32
+  // gradient accumulation buffer): the fp32 values then reach the fp32 master unrounded. Gradients
+  // are read, never modified, and may be released by the caller after step() returns.
+  // grad_scale multiplies every gradient (after its conversion to the master dtype) before the
+  // update, without writing it: with clip_coefficient (grad_clip.h) it is clipping folded into the
+  // update, the same result bit for bit as clip_gradients then step for gradients in the master
+  // dtype (e.g. fp32 accumulation buffers). kHost folds it into the fused pass; kDevice scales a
+  // temporary per parameter when grad_scale != 1.
+  // REQUIRES: lr >= 0; grad_scale finite and > 0; grads.size() == parameters().size(); each
+  // defined grads[i] is dense, on the parameter's device (kHost: or in host memory), with its
+  // shape ([param shape]) and its dtype or fp32 as above (violations trip a TORCH_CHECK naming
+  // the parameter).
+  void step(double lr, const std::vector<at::Tensor>& grads, double grad_scale = 1.0);
+
+  // kHost only (no-op otherwise, and for host gradients): starts copying parameters()[index]'s
+  // gradient `grad` to host memory now, so that the copy overlaps the rest of backward. Call it
+  // once that gradient is final (e.g. from a hook after the last micro-batch's accumulation). The
+  // next step() uses the staged copy when its gradient for `index` is this same tensor (else it
+  // copies again); the caller must not modify `grad` until step() returns. Not concurrently
+  // with step(); at most one thread at a time (e.g. the autograd engine's device thread).
+  // REQUIRES: index < parameters().size(); grad as step(lr, grads) requires for that parameter.
+  void prefetch_gradient(size_t index, const at::Tensor& grad);
+
+  // Number of step() calls so far (after load_state: the loaded count plus later calls).
+  int64_t step_count() const { return step_count_; }
+
+  // The parameters, in construction order (for clip_grad_norm and the trainer).
+  std::vector<at::Tensor> parameters() const;
+
+  // Optimizer state for a checkpoint, three entries per parameter in construction order:
+  //   "<param>.exp_avg"     first moment,  [param shape], master dtype, master device
+  //   "<param>.exp_avg_sq"  second moment, [param shape], master dtype, master device
+  //   "<param>.step"        [] int64 on CPU, this parameter's own update count
+  // plus, for bf16/fp16 parameters only, "<param>.master" (fp32 master weights). The master
+  // dtype/device is the parameter's for fp32/fp64 on kDevice, else fp32 (fp64) on the host (kHost)
+  // or on the parameter's device (kDevice).
+  // The moment tensors alias the live state (no copy): write them out before the next step().
+  // The global step count is step_count(), saved by the caller next to these.
+  NamedTensors state_tensors() const;
+
+  // Restores a state written by state_tensors() and the step_count() saved with it, so that later
+  // steps continue bit-for-bit. Values are copied into the existing state tensors (to the
+  // parameters' devices). All checks run before anything is copied: on error nothing changes.
+  // Master copies are taken from "<param>.master" entries when present, else re-read from the
+  // parameters (so load the weights first).
+  // Throws UserError "<source>: ..." naming the entry when an entry is missing, unexpected or
+  // duplicated, or has another shape or dtype than its parameter's state, or when a step is < 0.
+  void load_state(const NamedTensors& state, int64_t step_count,
+                  const std::string& source = "optimizer state");
+
+  // Copies every parameter into its master copy (no-op for parameters updated in place). Call it
+  // after changing the parameters outside step(), e.g. after loading weights without load_state.
+  void reload_parameters();
+
+  const config::OptimOptions& options() const { return options_; }
+  OptimizerPlacement placement() const { return placement_; }
+
+ private:
+  // Invariants: exp_avg and exp_avg_sq have the shape, dtype and device of the tensor the update
+  // runs on: master when defined, else param. master is contiguous; for kHost it is defined, on the
+  // host, and may be param itself (fp32/fp64 contiguous host parameter). step >= 0.
+  struct Slot {
+    std::string name;
+    at::Tensor param;       // [any shape], the module's parameter, updated in place
+    at::Tensor master;      // [param shape] fp32/fp64 master weights, or undefined (update param)
+    at::Tensor host_grad;   // [param shape] pinned staging for a CUDA gradient, in its dtype
+                            // (kHost only; allocated on first use)
+    at::Tensor staged;      // the CUDA gradient whose copy into host_grad is in flight, or undefined
+    at::Tensor exp_avg;     // [param shape] first moment m
+    at::Tensor exp_avg_sq;  // [param shape] second moment v
+    int64_t step = 0;       // updates applied to this parameter (bias-correction exponent)
+  };
+
+  void check_grad(const Slot& slot, const at::Tensor& grad) const;
+  void update_slot(Slot& slot, const at::Tensor& grad, double lr, double grad_scale);
+  // kHost: starts the non_blocking copy of a CUDA gradient into slot.host_grad (side stream).
+  void start_host_copy(Slot& slot, const at::Tensor& grad);
+  // kHost: waits for the staged copies, one fused pass over every slot's host buffers, then
+  // copies the masters back. grads[i]: slots[i]'s gradient (CPU) or its staged source (CUDA).
+  void update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
+                      double lr, double grad_scale);
+
+  std::vector<Slot> slots_;
+  config::OptimOptions options_;
+  OptimizerPlacement placement_;
+  int64_t step_count_ = 0;
+  std::vector<c10::Stream> copy_streams_;  // kHost: one side stream per CUDA device in use
+};
+
+}  // namespace ulysses::train

@@ -1,0 +1,61 @@
+// AdamW as ATen ops (kDevice update, test reference, benchmark baseline); see adamw_aten.h.
+#include "optim/adamw_aten.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace ulysses::train {
+namespace {
+
+// Elements per work item of the chunked update: a multiple of 64, so that ATen's vector/tail
+// split of each chunk lines up with that of a whole tensor.
+constexpr int64_t kAtenChunk = 64 * 1024;
+
+}  // namespace
+
+void adamw_aten_update(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
+                       at::Tensor exp_avg_sq, double lr, int64_t step,
+                       const config::OptimOptions& o) {
+  const double beta1 = o.betas[0];
+  const double beta2 = o.betas[1];
+  if (o.weight_decay != 0.0) {
+    weights.mul_(1.0 - lr * o.weight_decay);
+  }
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+
+  exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1.0 - beta2);
+
+  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+  const double step_size = lr / bias_correction1;
+  weights.addcdiv_(exp_avg, denom, -step_size);
+}
+
+void adamw_aten_chunked_update(const std::vector<AtenHostBuffer>& buffers, double lr,
+                               const config::OptimOptions& options) {
+  struct Chunk {
+    const AtenHostBuffer* buffer;
+    int64_t offset, length;
+  };
+  std::vector<Chunk> chunks;
+  for (const AtenHostBuffer& buffer : buffers) {
+    const int64_t numel = buffer.master.numel();
+    for (int64_t offset = 0; offset < numel; offset += kAtenChunk) {
+      chunks.push_back({&buffer, offset, std::min(kAtenChunk, numel - offset)});
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;  // grad mode is thread-local
+    for (int64_t i = begin; i < end; ++i) {
+      const Chunk& c = chunks[static_cast<size_t>(i)];
+      auto part = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, c.offset, c.length); };
+      adamw_aten_update(part(c.buffer->master), part(c.buffer->grad), part(c.buffer->exp_avg),
+                        part(c.buffer->exp_avg_sq), lr, c.buffer->step, options);
+    }
+  });
+}
+
+}  // namespace ulysses::train

@@ -1,0 +1,283 @@
+// Fused CPU AdamW (see cpu_adam.h). Compiled with -ffp-contract=off and -fno-math-errno (see
+// optim.cmake): every fma below is written out, no other is formed, and sqrt vectorizes.
+#include "optim/cpu_adam.h"
+
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace ulysses::train {
+namespace {
+
+// Elements per work item: its buffers stay in a core's L2 between the two loops, the per-item
+// cost (one ATen sqrt) stays small, and it is a multiple of 64 so that ATen's vector/tail split of
+// each chunk's sqrt lines up with that of the whole tensor (kDevice's sqrt).
+constexpr int64_t kChunk = 64 * 1024;
+
+// The scalars of one update, rounded to the master dtype T as ATen rounds a Scalar argument.
+template <typename T>
+struct Coeffs {
+  T decay;         // 1 - lr * weight_decay (1 when weight_decay is 0: w * 1 == w)
+  T beta1, one_minus_beta1, beta2, one_minus_beta2;
+  T sqrt_bias_correction2;
+  T eps;
+  T neg_step_size;  // -lr / (1 - beta1^t)
+  T grad_scale;     // the clipping coefficient (1: x * 1 == x exactly)
+};
+
+template <typename T>
+Coeffs<T> coeffs_for(double lr, int64_t step, const config::OptimOptions& o, double grad_scale) {
+  const double beta1 = o.betas[0];
+  const double beta2 = o.betas[1];
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  return Coeffs<T>{static_cast<T>(o.weight_decay != 0.0 ? 1.0 - lr * o.weight_decay : 1.0),
+                   static_cast<T>(beta1),
+                   static_cast<T>(1.0 - beta1),
+                   static_cast<T>(beta2),
+                   static_cast<T>(1.0 - beta2),
+                   static_cast<T>(std::sqrt(bias_correction2)),
+                   static_cast<T>(o.eps),
+                   static_cast<T>(-(lr / bias_correction1)),
+                   static_cast<T>(grad_scale)};
+}
+
+struct NoOutput {};  // P of a buffer without param_out
+
+template <typename T, typename G>
+[[gnu::always_inline]] inline T to_master(G g) {
+  if constexpr (std::is_same_v<G, c10::BFloat16>) {
+    return std::bit_cast<float>(static_cast<uint32_t>(g.x) << 16);
+  } else {
+    return static_cast<T>(g);  // same type, or c10::Half's exact conversion
+  }
+}
+
+template <typename P, typename T>
+[[gnu::always_inline]] inline P from_master(T w) {
+  if constexpr (std::is_same_v<P, c10::BFloat16>) {
+    // c10::BFloat16(float): round to nearest even, NaN -> 0x7FC0 (what copy_ gives).
+    const uint32_t bits = std::bit_cast<uint32_t>(w);
+    const uint16_t rounded = static_cast<uint16_t>((bits + ((bits >> 16) & 1u) + 0x7FFFu) >> 16);
+    return c10::BFloat16(std::isnan(w) ? uint16_t{0x7FC0} : rounded, c10::BFloat16::from_bits());
+  } else {
+    return static_cast<P>(w);
+  }
+}
+
+// The update of n <= kChunk elements; see cpu_adam.h for the formula and why each op is where
+// it is. Two loops over the (cache-resident) chunk around ATen's own sqrt, so that sqrt rounds
+// exactly as the ATen path's (its vectorized CPU sqrt is not always correctly rounded).
+template <typename T, typename G, typename P>
+[[gnu::always_inline]] inline void adamw_loop(T* __restrict w, T* __restrict m, T* __restrict v,
+                                              const G* __restrict g, P* __restrict out, int64_t n,
+                                              const Coeffs<T>& c) {
+  thread_local std::vector<T> scratch;  // [kChunk] sqrt(v) of this chunk
+  scratch.resize(static_cast<size_t>(kChunk));
+  T* __restrict root = scratch.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const T grad = to_master<T>(g[i]) * c.grad_scale;
+    m[i] = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
+    v[i] = std::fma(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
+    root[i] = v[i];
+  }
+  at::from_blob(root, {n}, at::TensorOptions(c10::CppTypeToScalarType<T>::value)).sqrt_();
+  for (int64_t i = 0; i < n; ++i) {
+    const T denom = root[i] / c.sqrt_bias_correction2 + c.eps;
+    const T updated = w[i] * c.decay + c.neg_step_size * m[i] / denom;
+    w[i] = updated;
+    if constexpr (!std::is_same_v<P, NoOutput>) {
+      out[i] = from_master<P>(updated);
+    }
+  }
+}
+
+// One chunk: element range [offset, offset + n) of one buffer, type-erased.
+using LoopFn = void (*)(const FusedAdamWBuffer& b, const void* coeffs, int64_t offset, int64_t n);
+
+template <typename T, typename G, typename P>
+[[gnu::always_inline]] inline void run_chunk(const FusedAdamWBuffer& b, const void* coeffs,
+                                             int64_t offset, int64_t n) {
+  P* out = nullptr;
+  if constexpr (!std::is_same_v<P, NoOutput>) {
+    out = b.param_out.data_ptr<P>() + offset;
+  }
+  adamw_loop<T, G, P>(b.master.data_ptr<T>() + offset, b.exp_avg.data_ptr<T>() + offset,
+                      b.exp_avg_sq.data_ptr<T>() + offset, b.grad.data_ptr<G>() + offset, out, n,
+                      *static_cast<const Coeffs<T>*>(coeffs));
+}
+
+template <typename T, typename G, typename P>
+void chunk_baseline(const FusedAdamWBuffer& b, const void* c, int64_t offset, int64_t n) {
+  run_chunk<T, G, P>(b, c, offset, n);
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define ULYSSES_X86_MULTIVERSION 1
+template <typename T, typename G, typename P>
+[[gnu::target("avx2,fma,f16c")]] void chunk_avx2(const FusedAdamWBuffer& b, const void* c,
+                                                 int64_t offset, int64_t n) {
+  run_chunk<T, G, P>(b, c, offset, n);
+}
+template <typename T, typename G, typename P>
+[[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c,prefer-vector-width=512")]] void
+chunk_avx512(const FusedAdamWBuffer& b, const void* c, int64_t offset, int64_t n) {
+  run_chunk<T, G, P>(b, c, offset, n);
+}
+#endif
+
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+#ifdef ULYSSES_X86_MULTIVERSION
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    return Isa::kAvx2;
+  }
+#endif
+  return Isa::kBaseline;
+}
+
+Isa isa() {
+  static const Isa detected = detect_isa();
+  return detected;
+}
+
+template <typename T, typename G, typename P>
+LoopFn pick() {
+#ifdef ULYSSES_X86_MULTIVERSION
+  switch (isa()) {
+    case Isa::kAvx512:
+      return &chunk_avx512<T, G, P>;
+    case Isa::kAvx2:
+      return &chunk_avx2<T, G, P>;
+    case Isa::kBaseline:
+      break;
+  }
+#endif
+  return &chunk_baseline<T, G, P>;
+}
+
+template <typename G>
+LoopFn pick_fp32_master(const at::Tensor& param_out) {
+  if (!param_out.defined()) return pick<float, G, NoOutput>();
+  switch (param_out.scalar_type()) {
+    case at::kFloat:
+      return pick<float, G, float>();
+    case at::kBFloat16:
+      return pick<float, G, c10::BFloat16>();
+    case at::kHalf:
+      return pick<float, G, c10::Half>();
+    default:
+      TORCH_CHECK(false, "fused_adamw_cpu: param_out dtype ", param_out.scalar_type(),
+                  " with an fp32 master");
+  }
+}
+
+// The loop for b's dtypes, after checking b against cpu_adam.h's REQUIRES.
+LoopFn loop_for(const FusedAdamWBuffer& b) {
+  TORCH_CHECK(b.master.defined() && b.exp_avg.defined() && b.exp_avg_sq.defined() &&
+                  b.grad.defined(),
+              "fused_adamw_cpu: undefined buffer");
+  const int64_t n = b.master.numel();
+  for (const at::Tensor* t : {&b.master, &b.exp_avg, &b.exp_avg_sq, &b.grad, &b.param_out}) {
+    if (!t->defined()) continue;
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->numel() == n,
+                "fused_adamw_cpu: buffers must be contiguous CPU tensors of ", n, " elements");
+  }
+  const at::ScalarType master = b.master.scalar_type();
+  TORCH_CHECK(b.exp_avg.scalar_type() == master && b.exp_avg_sq.scalar_type() == master,
+              "fused_adamw_cpu: moments must have the master dtype ", master);
+  if (b.param_out.defined()) {
+    TORCH_CHECK(!b.param_out.is_alias_of(b.master),
+                "fused_adamw_cpu: param_out overlaps master (leave it undefined instead)");
+  }
+  const at::ScalarType grad = b.grad.scalar_type();
+  if (master == at::kDouble) {
+    TORCH_CHECK(grad == at::kDouble, "fused_adamw_cpu: fp64 master needs an fp64 gradient");
+    if (!b.param_out.defined()) return pick<double, double, NoOutput>();
+    TORCH_CHECK(b.param_out.scalar_type() == at::kDouble,
+                "fused_adamw_cpu: fp64 master needs an fp64 param_out");
+    return pick<double, double, double>();
+  }
+  TORCH_CHECK(master == at::kFloat, "fused_adamw_cpu: master dtype ", master,
+              "; fp32 or fp64 required");
+  switch (grad) {
+    case at::kFloat:
+      return pick_fp32_master<float>(b.param_out);
+    case at::kBFloat16:
+      return pick_fp32_master<c10::BFloat16>(b.param_out);
+    case at::kHalf:
+      return pick_fp32_master<c10::Half>(b.param_out);
+    default:
+      TORCH_CHECK(false, "fused_adamw_cpu: gradient dtype ", grad, " with an fp32 master");
+  }
+}
+
+}  // namespace
+
+void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
+                     const config::OptimOptions& options, double grad_scale) {
+  TORCH_CHECK(lr >= 0.0, "fused_adamw_cpu: lr must be >= 0, got ", lr);
+  TORCH_CHECK(std::isfinite(grad_scale) && grad_scale > 0.0,
+              "fused_adamw_cpu: grad_scale must be finite and > 0, got ", grad_scale);
+  struct Prepared {
+    LoopFn loop;
+    Coeffs<float> coeffs32;
+    Coeffs<double> coeffs64;
+  };
+  struct Chunk {
+    size_t buffer;
+    int64_t offset, length;
+  };
+  std::vector<Prepared> prepared;
+  prepared.reserve(buffers.size());
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const FusedAdamWBuffer& b = buffers[i];
+    prepared.push_back({loop_for(b), coeffs_for<float>(lr, b.step, options, grad_scale),
+                        coeffs_for<double>(lr, b.step, options, grad_scale)});
+    const int64_t numel = b.master.numel();
+    for (int64_t offset = 0; offset < numel; offset += kChunk) {
+      chunks.push_back({i, offset, std::min(kChunk, numel - offset)});
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Chunk& c = chunks[static_cast<size_t>(i)];
+      const FusedAdamWBuffer& b = buffers[c.buffer];
+      const Prepared& p = prepared[c.buffer];
+      const void* coeffs = b.master.scalar_type() == at::kDouble
+                               ? static_cast<const void*>(&p.coeffs64)
+                               : static_cast<const void*>(&p.coeffs32);
+      p.loop(b, coeffs, c.offset, c.length);
+    }
+  });
+}
+
+const char* fused_adamw_isa() {
+  switch (isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kBaseline:
+      break;
+  }
+  return "baseline";
+}
+
+}  // namespace ulysses::train

@@ -1,0 +1,288 @@
+// ZeRO-1/2: sharded AdamW over flat gradient buffers, reduce-scatter and all-gather by bucket
+// (see zero_optimizer.h).
+#include "zero/zero_optimizer.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "common/error.h"
+#include "profile/phase_timer.h"
+#include "zero/zero_partition.h"
+
+namespace ulysses::train {
+namespace {
+
+std::string flat_name(size_t f) { return "zero.flat" + std::to_string(f); }
+std::string param_name(size_t i) { return "zero.param" + std::to_string(i); }
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world,
+                             const config::OptimOptions& options, OptimizerPlacement placement,
+                             int64_t bucket_bytes)
+    : buffers_(&buffers), world_(world), stage_(1), bucket_bytes_(bucket_bytes) {
+  TORCH_CHECK(bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1");
+  NamedTensors named;
+  for (size_t f = 0; f < buffers_->flats().size(); ++f) {
+    const at::Tensor& flat = buffers_->flats()[f];  // [world * S_f]
+    TORCH_CHECK(flat.numel() % world_.size() == 0,
+                "ZeroOptimizer: gradient buffers must be padded to the world size");
+    shard_numel_.push_back(flat.numel() / world_.size());
+    at::TensorOptions where = flat.options();
+    if (placement == OptimizerPlacement::kHost) where = where.device(at::kCPU);
+    masters_.push_back(at::zeros({shard_numel_.back()}, where));  // [S_f]
+    named.emplace_back(flat_name(f), masters_.back());
+  }
+  copy_parameters_to_masters();
+  adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+}
+
+ZeroOptimizer::ZeroOptimizer(ZeroPartition& partition, const config::OptimOptions& options,
+                             OptimizerPlacement placement)
+    : partition_(&partition),
+      world_(partition.world()),
+      stage_(partition.stage()),
+      bucket_bytes_(1) {
+  NamedTensors named;
+  for (size_t i = 0; i < partition.params().size(); ++i) {
+    shard_numel_.push_back(partition.shard_numel(i));
+    at::TensorOptions where = partition.grad_shards()[i].options();  // fp32 / fp64
+    if (placement == OptimizerPlacement::kHost) where = where.device(at::kCPU);
+    const at::Tensor values = partition.weight_values(i);  // [S_i]
+    if (partition.stage() == 3 && values.options().dtype() == where.dtype() &&
+        values.device() == where.device()) {
+      masters_.push_back(values);  // fp32 weights are their own masters, as in stage 0
+    } else {
+      masters_.push_back(at::zeros({shard_numel_.back()}, where));  // [S_i]
+    }
+    named.emplace_back(entry_name(i), masters_.back());
+  }
+  copy_parameters_to_masters();
+  adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+}
+
+std::string ZeroOptimizer::entry_name(size_t f) const {
+  return partition_ != nullptr ? param_name(f) : flat_name(f);
+}
+
+ZeroOptimizer::ShardSlice ZeroOptimizer::shard_slice(size_t i) const {
+  ShardSlice slice;
+  if (partition_ != nullptr) {  // parameter i is shard i: elements [rank * S_i, + S_i) of it
+    slice.flat = static_cast<int>(i);
+    slice.param_offset = world_.rank() * shard_numel_[i];
+    slice.length =
+        std::clamp<int64_t>(partition_->param_numel(i) - slice.param_offset, 0, shard_numel_[i]);
+    return slice;
+  }
+  slice.flat = buffers_->flat_index(i);
+  if (slice.flat < 0) return slice;
+  const int64_t begin = world_.rank() * shard_numel_[slice.flat];
+  const int64_t end = begin + shard_numel_[slice.flat];
+  const int64_t p_begin = buffers_->flat_offset(i);
+  const int64_t p_end = p_begin + buffers_->params()[i].numel();
+  const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
+  if (lo >= hi) return slice;
+  slice.shard_offset = lo - begin;
+  slice.param_offset = lo - p_begin;
+  slice.length = hi - lo;
+  return slice;
+}
+
+void ZeroOptimizer::copy_parameters_to_masters() {
+  at::NoGradGuard no_grad;
+  if (partition_ != nullptr) {
+    for (size_t i = 0; i < masters_.size(); ++i) {
+      const at::Tensor values = partition_->weight_values(i);
+      if (!values.is_same(masters_[i])) masters_[i].copy_(values);
+    }
+    return;
+  }
+  const auto& params = buffers_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ShardSlice slice = shard_slice(i);
+    if (slice.length == 0) continue;
+    masters_[slice.flat]
+        .narrow(0, slice.shard_offset, slice.length)
+        .copy_(params[i].detach().reshape({-1}).narrow(0, slice.param_offset, slice.length));
+  }
+}
+
+void ZeroOptimizer::reload_parameters() {
+  if (partition_ != nullptr) partition_->reshard_from_params();
+  copy_parameters_to_masters();
+}
+
+std::vector<at::Tensor> ZeroOptimizer::shard_grads() const {
+  if (partition_ != nullptr) return partition_->grad_shards();
+  std::vector<at::Tensor> out;
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    out.push_back(buffers_->flats()[f].narrow(0, world_.rank() * shard_numel_[f], shard_numel_[f]));
+  }
+  return out;
+}
+
+void ZeroOptimizer::reduce_gradients() {
+  if (world_.size() == 1 || partition_ != nullptr) return;  // the partition reduced per unit
+  profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
+  // Stage 1: all-reduce of every bucket as stage 0 does; only the own shard is read.
+  for (const at::Tensor& flat : buffers_->flats()) {
+    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size(), 1);
+    for (int64_t start = 0; start < flat.numel(); start += bucket) {
+      at::Tensor slice = flat.narrow(0, start, std::min(bucket, flat.numel() - start));
+      world_.all_reduce(slice, comm::ReduceOp::kSum);
+    }
+  }
+}
+
+double ZeroOptimizer::clip(double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads = shard_grads();
+  at::Tensor sum_sq = at::zeros({1}, at::kDouble);  // [1] this rank's sum of squares
+  for (const at::Tensor& g : grads) {
+    const at::ScalarType accumulate = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor norm = at::norm(g, 2, accumulate).to(at::kCPU, at::kDouble);
+    sum_sq += norm * norm;
+  }
+  world_.all_reduce(sum_sq, comm::ReduceOp::kSum);
+  const double total_norm = std::sqrt(sum_sq.item<double>());
+  if (max_norm <= 0.0 || !std::isfinite(total_norm)) return total_norm;
+  const double coef = max_norm / (total_norm + 1e-6);
+  if (coef < 1.0) {
+    for (at::Tensor& g : grads) g.mul_(coef);
+  }
+  return total_norm;
+}
+
+void ZeroOptimizer::step(double lr) {
+  std::vector<at::Tensor> grads = shard_grads();
+  for (size_t f = 0; f < grads.size(); ++f) grads[f] = grads[f].to(masters_[f].device());
+  {
+    profile::ScopedPhase phase("optimizer");
+    adamw_->step(lr, grads);
+  }
+  at::NoGradGuard no_grad;
+  if (partition_ != nullptr) {  // stage 3: into the weight shards; stage 2: all-gathered
+    partition_->set_weights(masters_);
+    return;
+  }
+  // All-gather the updated shards into the (now dead) gradient buffers, bucket by bucket, then
+  // copy each parameter's view into the parameter, converting to its dtype.
+  {
+    profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
+    const int world = world_.size();
+    for (size_t f = 0; f < masters_.size(); ++f) {
+      at::Tensor flat = buffers_->flats()[f];
+      const int64_t shard = shard_numel_[f];
+      const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size() / world, 1);
+      for (int64_t o = 0; o < shard; o += bucket) {
+        const int64_t n = std::min(bucket, shard - o);
+        at::Tensor gathered = world_.all_gather(masters_[f].narrow(0, o, n).to(flat.device()));
+        flat.view({world, shard}).narrow(1, o, n).copy_(gathered);  // [world, n]
+      }
+    }
+  }
+  const auto& params = buffers_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (buffers_->flat_index(i) < 0) continue;
+    params[i].detach().copy_(buffers_->grads()[i]);
+  }
+}
+
+NamedTensors ZeroOptimizer::state_tensors() const {
+  NamedTensors out = adamw_->state_tensors();
+  for (size_t f = 0; f < masters_.size(); ++f) out.emplace_back(entry_name(f) + ".master", masters_[f]);
+  return out;
+}
+
+void ZeroOptimizer::load_state(const NamedTensors& state, int64_t step_count,
+                               const std::string& source) {
+  NamedTensors adam;
+  std::map<std::string, at::Tensor> masters;
+  for (const auto& [name, t] : state) {
+    const std::string suffix = ".master";
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      masters[name] = t;
+    } else {
+      adam.emplace_back(name, t);
+    }
+  }
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    const std::string name = entry_name(f) + ".master";
+    auto it = masters.find(name);
+    if (it == masters.end()) throw UserError(source + ": optimizer entry " + name + " is missing");
+    if (!it->second.sizes().equals(masters_[f].sizes()) ||
+        it->second.scalar_type() != masters_[f].scalar_type()) {
+      throw UserError(source + ": optimizer entry " + name + " has shape " +
+                      c10::str(it->second.sizes()) + ", expected " + c10::str(masters_[f].sizes()) +
+                      " (written on another world size?)");
+    }
+  }
+  if (masters.size() != masters_.size()) {
+    throw UserError(source + ": unexpected ZeRO master entries (written on another layout)");
+  }
+  adamw_->load_state(adam, step_count, source);  // checks everything before copying
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    masters_[f].copy_(masters.at(entry_name(f) + ".master"));
+  }
+}
+
+void ZeroOptimizer::load_full_state(const NamedTensors& state,
+                                    const std::vector<std::string>& names, int64_t step_count,
+                                    const std::string& source) {
+  const size_t count = partition_ != nullptr ? partition_->params().size() : buffers_->params().size();
+  TORCH_CHECK(names.size() == count, "load_full_state: one name per parameter");
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  auto entry = [&](const std::string& key) -> const at::Tensor* {
+    auto it = by_name.find(key);
+    return it == by_name.end() ? nullptr : &it->second;
+  };
+  std::vector<at::Tensor> exp_avg, exp_avg_sq, masters;  // [S_f] each
+  for (const at::Tensor& m : masters_) {
+    exp_avg.push_back(at::zeros_like(m));
+    exp_avg_sq.push_back(at::zeros_like(m));
+    masters.push_back(m.clone());
+  }
+  copy_parameters_to_masters();  // defaults for parameters without a saved master
+  for (size_t f = 0; f < masters_.size(); ++f) masters[f].copy_(masters_[f]);
+  int64_t step = -1;
+  for (size_t i = 0; i < count; ++i) {
+    const ShardSlice slice = shard_slice(i);
+    if (slice.flat < 0) continue;
+    const int64_t numel =
+        partition_ != nullptr ? partition_->param_numel(i) : buffers_->params()[i].numel();
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq", ".step"}) {
+      const at::Tensor* t = entry(names[i] + suffix);
+      if (t == nullptr) throw UserError(source + ": optimizer entry " + names[i] + suffix + " is missing");
+    }
+    const at::Tensor& saved_step = *entry(names[i] + ".step");
+    if (step < 0) step = saved_step.item<int64_t>();
+    if (slice.length == 0) continue;
+    auto slice_into = [&](std::vector<at::Tensor>& dst, const std::string& key) {
+      const at::Tensor& t = *entry(key);
+      if (t.numel() != numel) {
+        throw UserError(source + ": optimizer entry " + key + " has " + std::to_string(t.numel()) +
+                        " elements, expected " + std::to_string(numel));
+      }
+      dst[slice.flat]
+          .narrow(0, slice.shard_offset, slice.length)
+          .copy_(t.reshape({-1}).narrow(0, slice.param_offset, slice.length));
+    };
+    slice_into(exp_avg, names[i] + ".exp_avg");
+    slice_into(exp_avg_sq, names[i] + ".exp_avg_sq");
+    if (entry(names[i] + ".master") != nullptr) slice_into(masters, names[i] + ".master");
+  }
+  NamedTensors adam;
+  for (size_t f = 0; f < masters_.size(); ++f) {
+    adam.emplace_back(entry_name(f) + ".exp_avg", exp_avg[f]);
+    adam.emplace_back(entry_name(f) + ".exp_avg_sq", exp_avg_sq[f]);
+    adam.emplace_back(entry_name(f) + ".step", at::tensor(std::max<int64_t>(step, 0), at::kLong));
+  }
+  adamw_->load_state(adam, step_count, source);
+  for (size_t f = 0; f < masters_.size(); ++f) masters_[f].copy_(masters[f]);
+}
+
+}  // namespace ulysses::train

@@ -1,0 +1,348 @@
+// ZeRO-2/3 parameter and gradient shards, per-unit gathers and reduce-scatters (see
+// zero_partition.h).
+#include "zero/zero_partition.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <regex>
+
+#include <c10/util/accumulate.h>
+
+#include "profile/phase_timer.h"
+
+namespace ulysses::train {
+namespace {
+
+at::ScalarType accumulation_dtype(at::ScalarType param_dtype) {
+  return param_dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Moves each gradient contribution autograd accumulated into .grad() into the owner's pending
+// buffer and releases it, so no full-size gradient outlives its unit's backward.
+struct MoveIntoPending : public torch::autograd::PostAccumulateGradHook {
+  MoveIntoPending(ZeroPartition* owner, size_t index) : owner(owner), index(index) {}
+  void operator()(const torch::autograd::Variable& param) override {
+    at::Tensor& grad = param.mutable_grad();
+    if (!grad.defined()) return;
+    owner->accumulate(index, grad);
+    grad.reset();
+  }
+  ZeroPartition* owner;
+  size_t index;
+};
+
+struct EmbedCall : torch::CustomClassHolder {
+  ZeroPartition* owner = nullptr;
+  size_t index = 0;    // the embedding weight's parameter index
+  int64_t vocab = 0;   // V
+};
+
+// The embedding as its own unit: the weight is an input only so that the output requires grad;
+// backward returns no gradient for it (its AccumulateGrad never runs on the released weight) and
+// adds the dense [V, h] gradient into the pending buffer itself.
+struct ShardedEmbedding : public torch::autograd::Function<ShardedEmbedding> {
+  // weight [V, h] (whole), ids [bs, T] -> [bs, T, h]
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
+                            const at::Tensor& ids, c10::intrusive_ptr<EmbedCall> call) {
+    at::Tensor out = at::embedding(weight, ids);
+    ctx->save_for_backward({ids});
+    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
+    return out;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const c10::intrusive_ptr<torch::CustomClassHolder> holder = ctx->saved_data["call"].toCapsule();
+    auto* call = static_cast<EmbedCall*>(holder.get());
+    if (grads[0].defined()) {
+      const at::Tensor ids = ctx->get_saved_variables().at(0);  // [bs, T]
+      const at::Tensor grad = at::embedding_backward(grads[0], ids, call->vocab, -1, false, false);
+      call->owner->accumulate(call->index, grad);  // [V, h]
+    }
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world, int stage,
+                             int64_t bucket_bytes)
+    : model_(model), world_(world), stage_(stage), bucket_bytes_(bucket_bytes) {
+  TORCH_CHECK(stage == 2 || stage == 3, "ZeroPartition: stage must be 2 or 3, got ", stage);
+  TORCH_CHECK(bucket_bytes >= 1, "ZeroPartition: bucket_bytes must be >= 1");
+  at::NoGradGuard no_grad;
+  const int64_t w = world_.size();
+  layer_units_.resize(static_cast<size_t>(model->model->num_layers()));
+  static const std::regex layer_name("model\\.layers\\.([0-9]+)\\..*");
+  bool has_embedding = false;
+  for (const auto& item : model->named_parameters()) {
+    const size_t i = params_.size();
+    const at::Tensor& p = item.value();
+    TORCH_CHECK(p.requires_grad() && p.is_leaf(), "ZeroPartition: ", item.key(),
+                " must be a leaf that requires grad");
+    params_.push_back(p);
+    names_.push_back(item.key());
+    shapes_.push_back(p.sizes().vec());
+    shard_numel_.push_back((p.numel() + w - 1) / w);
+    whole_.push_back(true);
+    grad_shards_.push_back(at::zeros(
+        {shard_numel_.back()}, p.options().dtype(accumulation_dtype(p.scalar_type()))));
+    pending_.emplace_back();
+    std::smatch match;
+    if (std::regex_match(item.key(), match, layer_name)) {
+      layer_units_.at(std::stoul(match[1])).push_back(i);
+    } else if (item.key() == "model.embed_tokens.weight") {
+      embedding_unit_.push_back(i);
+      embedding_index_ = i;
+      has_embedding = true;
+    } else {  // model.norm.weight, lm_head.weight
+      head_unit_.push_back(i);
+    }
+  }
+  TORCH_CHECK(has_embedding, "ZeroPartition: the model has no model.embed_tokens.weight");
+  if (model->options().tie_embeddings) head_unit_.push_back(embedding_index_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    weight_shards_.push_back(stage_ == 3 ? param_slice(i) : at::Tensor());
+    torch::autograd::impl::set_post_acc_grad_hooks(params_[i],
+                                                   std::make_unique<MoveIntoPending>(this, i));
+  }
+}
+
+ZeroPartition::~ZeroPartition() {
+  for (auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+}
+
+const std::vector<size_t>& ZeroPartition::unit_params(int64_t unit) const {
+  if (unit == kEmbedding) return embedding_unit_;
+  if (unit == kHead) return head_unit_;
+  return layer_units_.at(static_cast<size_t>(unit));
+}
+
+int64_t ZeroPartition::param_numel(size_t i) const { return c10::multiply_integers(shapes_[i]); }
+
+void ZeroPartition::zero_grads() {
+  for (auto& g : grad_shards_) g.zero_();
+  for (auto& p : pending_) p.reset();
+}
+
+at::Tensor ZeroPartition::weight_values(size_t i) const {
+  return stage_ == 3 ? weight_shards_[i] : param_slice(i);
+}
+
+at::Tensor ZeroPartition::param_slice(size_t i) const {
+  TORCH_CHECK(whole_[i], "ZeroPartition: ", names_[i], " is not whole");
+  const at::Tensor flat = params_[i].detach().reshape({-1});  // [n_i]
+  const int64_t shard = shard_numel_[i];
+  at::Tensor out = at::zeros({shard}, flat.options());        // [S_i]
+  const int64_t begin = world_.rank() * shard;
+  const int64_t end = std::min(begin + shard, flat.numel());
+  if (end > begin) out.narrow(0, 0, end - begin).copy_(flat.narrow(0, begin, end - begin));
+  return out;
+}
+
+void ZeroPartition::reshard_from_params() {
+  if (stage_ != 3) return;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK(whole_[i], "ZeroPartition::reshard_from_params: ", names_[i], " is not whole");
+    weight_shards_[i].copy_(param_slice(i));  // in place: the optimizer may alias the shard
+  }
+}
+
+ZeroPartition::UnitGather ZeroPartition::start_gather(int64_t unit) {
+  UnitGather g;
+  g.unit = unit;
+  const int64_t w = world_.size();
+  for (size_t i : unit_params(unit)) {
+    if (whole_[i]) continue;
+    const size_t member = g.members.size();
+    g.members.push_back(i);
+    const at::Tensor& shard = weight_shards_[i];  // [S_i]
+    const int64_t s = shard_numel_[i];
+    g.fulls.push_back(at::empty({w * s}, shard.options()));  // [world * S_i]
+    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / shard.element_size() / w, 1);
+    for (int64_t o = 0; o < s; o += bucket) {  // a parameter larger than the bucket is split
+      const int64_t n = std::min(bucket, s - o);
+      g.parts.push_back({member, o, n, world_.all_gather_start(shard.narrow(0, o, n))});
+    }
+  }
+  return g;
+}
+
+void ZeroPartition::finish_gather(UnitGather& g) {
+  const int64_t w = world_.size();
+  for (auto& part : g.parts) {
+    const size_t i = g.members[part.member];
+    g.fulls[part.member]
+        .view({w, shard_numel_[i]})
+        .narrow(1, part.offset, part.numel)
+        .copy_(part.gather.wait());  // [w, n]
+  }
+  for (size_t m = 0; m < g.members.size(); ++m) {
+    const size_t i = g.members[m];
+    if (whole_[i]) continue;  // made whole meanwhile (a tied weight gathered for another unit)
+    params_[i].set_data(g.fulls[m].narrow(0, 0, param_numel(i)).view(shapes_[i]));
+    whole_[i] = true;
+  }
+}
+
+int64_t ZeroPartition::next_unit(int64_t unit, int64_t previous) const {
+  const int64_t layers = static_cast<int64_t>(layer_units_.size());
+  if (layers == 0) return kNoUnit;
+  if (unit == kEmbedding) return 0;
+  if (unit == kHead) return layers - 1;  // backward runs the layers next
+  const bool forward = previous == unit - 1 || (unit == 0 && previous == kEmbedding);
+  const bool backward = previous == unit + 1 || (unit == layers - 1 && previous == kHead);
+  if (forward) return unit + 1 < layers ? unit + 1 : kHead;
+  if (backward) return unit > 0 ? unit - 1 : kNoUnit;
+  return kNoUnit;
+}
+
+void ZeroPartition::settle_prefetch() {
+  if (!in_flight_) return;
+  UnitGather g = std::move(*in_flight_);
+  in_flight_.reset();
+  finish_gather(g);
+  release_unit(g.unit);
+}
+
+void ZeroPartition::gather_unit(int64_t unit) {
+  if (stage_ != 3) return;
+  at::NoGradGuard no_grad;
+  profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
+  if (in_flight_ && in_flight_->unit == unit) {
+    UnitGather g = std::move(*in_flight_);
+    in_flight_.reset();
+    finish_gather(g);
+    ++prefetch_hits_;
+  } else {
+    settle_prefetch();  // a prefetch of another unit: not what runs next after all
+  }
+  const std::vector<size_t>& members = unit_params(unit);
+  if (!std::all_of(members.begin(), members.end(), [&](size_t i) { return whole_[i]; })) {
+    UnitGather g = start_gather(unit);
+    finish_gather(g);
+  }
+  const int64_t next = pinned_ ? kNoUnit : next_unit(unit, last_gathered_);
+  last_gathered_ = unit;
+  if (next != kNoUnit) {
+    UnitGather g = start_gather(next);
+    if (!g.members.empty()) in_flight_ = std::move(g);
+  }
+}
+
+void ZeroPartition::release_unit(int64_t unit) {
+  if (stage_ != 3 || pinned_) return;
+  for (size_t i : unit_params(unit)) {
+    if (!whole_[i]) continue;
+    params_[i].set_data(at::empty({0}, weight_shards_[i].options()));  // storage of 0 bytes
+    whole_[i] = false;
+  }
+}
+
+void ZeroPartition::accumulate(size_t i, const at::Tensor& grad) {
+  at::NoGradGuard no_grad;
+  if (!pending_[i].defined()) {
+    pending_[i] = at::zeros({world_.size() * shard_numel_[i]}, grad_shards_[i].options());
+  }
+  pending_[i].narrow(0, 0, grad.numel()).view(grad.sizes()).add_(grad);  // fp32 += any dtype
+}
+
+void ZeroPartition::reduce_unit(int64_t unit) {
+  at::NoGradGuard no_grad;
+  profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
+  const int64_t w = world_.size();
+  // Every member is reduced, a zero pending buffer for one without a gradient, so that the ranks'
+  // collectives pair up whatever each rank's autograd produced.
+  for (size_t i : unit_params(unit)) {
+    const int64_t s = shard_numel_[i];
+    if (!pending_[i].defined()) pending_[i] = at::zeros({w * s}, grad_shards_[i].options());
+    at::Tensor pending = pending_[i].view({w, s});  // [world, S_i]
+    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / pending.element_size() / w, 1);
+    for (int64_t o = 0; o < s; o += bucket) {
+      const int64_t n = std::min(bucket, s - o);
+      grad_shards_[i].narrow(0, o, n).add_(world_.reduce_scatter(pending.narrow(1, o, n).contiguous()));
+    }
+    pending_[i].reset();
+  }
+}
+
+void ZeroPartition::reduce_pending() {
+  reduce_unit(kEmbedding);
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    TORCH_CHECK(!pending_[i].defined(), "ZeroPartition: ", names_[i],
+                " has a gradient outside its unit's backward");
+  }
+}
+
+void ZeroPartition::gather_all() {
+  gather_unit(kEmbedding);
+  for (size_t l = 0; l < layer_units_.size(); ++l) gather_unit(static_cast<int64_t>(l));
+  gather_unit(kHead);
+  pinned_ = true;
+}
+
+void ZeroPartition::release_all() {
+  pinned_ = false;
+  settle_prefetch();
+  release_unit(kEmbedding);
+  for (size_t l = 0; l < layer_units_.size(); ++l) release_unit(static_cast<int64_t>(l));
+  release_unit(kHead);
+}
+
+at::Tensor ZeroPartition::embed(const at::Tensor& input_ids) {
+  gather_unit(kEmbedding);
+  auto call = c10::make_intrusive<EmbedCall>();
+  call->owner = this;
+  call->index = embedding_index_;
+  call->vocab = shapes_[embedding_index_].at(0);
+  at::Tensor out = ShardedEmbedding::apply(params_[embedding_index_], input_ids, std::move(call));
+  release_unit(kEmbedding);
+  return out;  // [bs, T, h]
+}
+
+void ZeroPartition::set_weights(const std::vector<at::Tensor>& masters) {
+  TORCH_CHECK(masters.size() == params_.size(), "ZeroPartition::set_weights: one master per parameter");
+  at::NoGradGuard no_grad;
+  if (stage_ == 3) {
+    settle_prefetch();  // a gather in flight reads the shards about to change
+    for (size_t i = 0; i < params_.size(); ++i) {
+      TORCH_CHECK(!whole_[i], "ZeroPartition::set_weights: ", names_[i], " is gathered");
+      if (!weight_shards_[i].is_same(masters[i])) weight_shards_[i].copy_(masters[i]);
+    }
+    return;
+  }
+  profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
+  const int64_t w = world_.size();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t s = shard_numel_[i];
+    at::Tensor full = at::empty({w * s}, params_[i].options());  // [world * S_i]
+    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / full.element_size() / w, 1);
+    for (int64_t o = 0; o < s; o += bucket) {
+      const int64_t n = std::min(bucket, s - o);
+      const at::Tensor mine = masters[i].narrow(0, o, n).to(full.scalar_type());  // [n]
+      full.view({w, s}).narrow(1, o, n).copy_(world_.all_gather(mine));           // [w, n]
+    }
+    params_[i].detach().copy_(full.narrow(0, 0, params_[i].numel()).view(shapes_[i]));
+  }
+}
+
+int64_t ZeroPartition::weight_bytes() const {
+  int64_t total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    total += params_[i].storage().nbytes();
+    if (weight_shards_[i].defined()) total += weight_shards_[i].storage().nbytes();
+  }
+  return total;
+}
+
+int64_t ZeroPartition::grad_bytes() const {
+  int64_t total = 0;
+  for (const auto& g : grad_shards_) total += g.storage().nbytes();
+  for (const auto& p : pending_) total += p.defined() ? p.storage().nbytes() : 0;
+  return total;
+}
+
+}  // namespace ulysses::train

@@ -1,0 +1,42 @@
+// What of an experiment decides its trials' results, so that `sweep --resume` can refuse an
+// experiment that changed since the sweep started (stored results would be replayed as facts
+// about a different configuration). The budget's max_trials and wall_clock_s, the name, the
+// description and the runner (how ranks are started) are not part of it.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tuner/experiment/experiment.h"
+
+namespace ulysses::experiment {
+
+// One input as (experiment key, canonical text of its resolved value).
+struct ResultInput {
+  std::string key;
+  std::string value;
+};
+
+// In a fixed order: world_size, nodes, device, memory_limit_gib, headroom, base (the resolved
+// base run config, model preset or HF config included, less the keys every trial sets itself:
+// train.steps, profile.warmup_steps, memory.limit_gib, sequence.length, mesh.dp, output,
+// checkpoint.dir / resume, eval.source, attention.skip_all_but_last), space (the axis keys in
+// order), space.<key> per axis, space.sequence.length, objective, target_length,
+// budget.trial_timeout_s, trial.warmup_steps, trial.steps, search.method.
+// REQUIRES: `e` from load_experiment / parse_experiment.
+std::vector<ResultInput> result_inputs(const Experiment& e);
+
+// The key of the first input whose value differs between `before` and `now` (or that only one
+// of them has), or "" when they agree.
+std::string first_difference(const std::vector<ResultInput>& before,
+                             const std::vector<ResultInput>& now);
+
+// What the experiment's text does not hold but its trials depend on, as digests to store with
+// a sweep: "hardware_profile" (the profile file's keys and values but name and description;
+// comments and layout ignored) and "model" (the model section of the resolved base run config,
+// i.e. the contents of a model preset or an HF config.json). Digests are "fnv1a64:" + 16 hex
+// digits.
+// Throws UserError when the profile or the base run config cannot be read.
+std::map<std::string, std::string> profile_digests(const Experiment& e);
+
+}  // namespace ulysses::experiment

@@ -1,0 +1,91 @@
+// Peak memory above the start-up baseline (see memory_basis.h).
+#include "tuner/results/memory_basis.h"
+
+#include <algorithm>
+#include <exception>
+#include <nlohmann/json.hpp>
+
+#include "config/run_config.h"
+#include "tuner/costmodel/memory_model.h"
+#include "tuner/results/format.h"
+
+namespace ulysses::report {
+
+std::string trial_device(const store::TrialRecord& trial) {
+  const auto summary = nlohmann::json::parse(trial.summary, nullptr, /*allow_exceptions=*/false);
+  if (summary.is_object() && summary.contains("device") && summary["device"].is_string()) {
+    return summary["device"].get<std::string>().rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+  }
+  if (trial.config_yaml.empty()) return "cpu";
+  try {
+    return config::parse_run_config_yaml(trial.config_yaml).train.device;
+  } catch (const std::exception&) {
+    return "cpu";  // a run config this build cannot read: the default device
+  }
+}
+
+int64_t memory_baseline_bytes(const std::string& device) {
+  return static_cast<int64_t>(costmodel::default_memory_coefficients(device).runtime_bytes);
+}
+
+std::optional<int64_t> above_baseline(const store::TrialRecord& trial,
+                                      std::optional<int64_t> bytes) {
+  if (!bytes) return std::nullopt;
+  return std::max<int64_t>(0, *bytes - memory_baseline_bytes(trial_device(trial)));
+}
+
+std::optional<int64_t> peak_above_baseline(const store::TrialRecord& trial) {
+  return above_baseline(trial, trial.peak_mem_bytes);
+}
+
+namespace {
+
+// Whether trials with a peak or a predicted peak ran on CPU and on CUDA.
+struct Devices {
+  bool cpu = false, cuda = false;
+};
+Devices devices_of(const std::vector<store::TrialRecord>& trials) {
+  Devices d;
+  for (const store::TrialRecord& t : trials) {
+    if (!t.peak_mem_bytes && !t.predicted_peak_bytes) continue;
+    (trial_device(t) == "cuda" ? d.cuda : d.cpu) = true;
+  }
+  return d;
+}
+
+}  // namespace
+
+std::string memory_basis_note(const std::vector<store::TrialRecord>& trials) {
+  const Devices d = devices_of(trials);
+  std::string note =
+      "Peak memory is per rank and above the rank's start-up baseline, the part that "
+      "memory.limit_gib caps; limits are per rank too.";
+  if (d.cpu) {
+    note += " On CPU it is the peak resident set minus a baseline of " +
+            gib(memory_baseline_bytes("cpu")) +
+            " GiB, the resident bytes of a rank before it builds its model (LibTorch, Gloo, the "
+            "OpenMP pool): trials do not record it, so this is the cost model's estimate "
+            "(its runtime term). There the limit caps address space above the baseline and the "
+            "kernel enforces it: a trial that ran to the end fit.";
+  }
+  if (d.cuda) {
+    note += " On CUDA it is the caching allocator's peak, which holds no start-up bytes (the "
+            "CUDA context is outside it): baseline 0.";
+  }
+  return note;
+}
+
+std::string memory_basis_caption(const std::vector<store::TrialRecord>& trials) {
+  const Devices d = devices_of(trials);
+  std::string caption = "peak above the start-up baseline";
+  if (d.cpu) {
+    caption += std::string(d.cuda ? " (CPU: " : " (") + "resident peak minus " +
+               gib(memory_baseline_bytes("cpu")) + " GiB, estimated";
+    caption += d.cuda ? "; CUDA: allocator peak)" : ")";
+  } else if (d.cuda) {
+    caption += " (the CUDA allocator's peak)";
+  }
+  return caption;
+}
+
+}  // namespace ulysses::report
