@@ -105,6 +105,16 @@ TEST(Experiment, TrialConfigCarriesThePointAndTheTrialSettings) {
   EXPECT_TRUE(plan.config.attention.skip_all_but_last);
   EXPECT_EQ(plan.config.model.hidden_size, 256);  // the preset
   EXPECT_NE(plan.yaml.find("skip_all_but_last: true"), std::string::npos);
+  // The hardware profile's peak for the precision (cpu-local), for MFU in summary.json.
+  EXPECT_DOUBLE_EQ(plan.config.profile.peak_tflops, 0.147);  // fp32
+  std::string bf16_text = kValid;
+  const std::string base = "base: {train: {device: cpu";
+  bf16_text.replace(bf16_text.find(base), base.size(),
+                    "base: {memory: {precision: bf16}, train: {device: cuda");
+  const Experiment bf16 = parse_experiment(bf16_text, "x.yaml", profiles());
+  EXPECT_DOUBLE_EQ(plan_trial(bf16, build_space(bf16), {1, 1, 1}, 2048, false, "o")
+                       .config.profile.peak_tflops,
+                   0.294);
 }
 
 TEST(Experiment, InvalidPointsGiveTheirReason) {
@@ -141,6 +151,10 @@ TEST(Experiment, BadInputIsOneLineNamingTheKey) {
   EXPECT_EQ(error_of(with("sequence.length: [2048, 1024]",
                           "sequence.length: {search: max, from: 4096, to: 1024, step: 1}")),
             "x.yaml: space.sequence.length.to: 1024 is below from 4096");
+  EXPECT_EQ(error_of(with("sequence.length: [2048, 1024]",
+                          "sequence.length: {search: max, from: 1024, to: 4096, step: 1024, "
+                          "curve: 17}")),
+            "x.yaml: space.sequence.length.curve: must be 0 to 16 shorter lengths, got 17");
   EXPECT_EQ(error_of(with("target_length: 2048", "target_length: 3000")),
             "x.yaml: target_length: 3000 is not in space.sequence.length");
   EXPECT_EQ(error_of(with("budget: {max_trials: 9", "budget: {max_trials: -1")),
@@ -264,6 +278,7 @@ TEST(Experiment, ShippedExperimentsLoad) {
     ++files;
     const Experiment e = load_experiment(entry.path().string(), profiles());
     const search::Space s = build_space(e);
+    if (entry.path().filename() == "quickstart-cpu.yaml") EXPECT_EQ(s.curve, 3);
     int valid = 0;
     for (const search::Point& p : search::all_points(s)) {
       try {

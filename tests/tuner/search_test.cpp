@@ -4,6 +4,7 @@
 // the grid's answer with fewer runs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -183,6 +184,47 @@ TEST_P(MaxLengthSearch, FindsTheGridsLongestLengthWithAThirdOfItsRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Probe, MaxLengthSearch, ::testing::Bool());
+
+// curve: every point whose longest fit a real run settled is also measured, by real runs, at
+// `curve` shorter lengths round(lo * k / (curve + 1)) (lo the index of its longest fit), each
+// once; points the search skipped get none.
+TEST(SearchEngine, CurveMeasuresEachSettledPointAtShorterLengthsOnce) {
+  Space s = test_space();
+  s.search_max = true;
+  s.curve = 3;
+  Synthetic host(s);
+  host.limit_mib = 4000;
+  Options o;
+  run_search(s, o, host);
+  std::map<std::pair<Point, int64_t>, int> real_runs;
+  for (const auto& [p, length, probe] : host.runs) {
+    if (!probe) ++real_runs[{p, length}];
+  }
+  for (const auto& [key, count] : real_runs) EXPECT_EQ(count, 1) << describe(s, key.first);
+  int settled = 0;
+  for (const Point& p : all_points(s)) {
+    const int64_t truth = host.true_max(p);
+    const auto at_max = host.real_results.find({p, truth});
+    if (truth == 0 || at_max == host.real_results.end()) continue;  // skipped: no curve
+    ++settled;
+    const int lo = static_cast<int>((truth - 1024) / 1024);
+    for (int k = 1; k <= 3; ++k) {
+      const int i = static_cast<int>(std::lround(lo * k / 4.0));
+      if (i == lo) continue;
+      const auto r = host.real_results.find({p, s.lengths[i]});
+      ASSERT_TRUE(r != host.real_results.end()) << describe(s, p) << " at " << s.lengths[i];
+      EXPECT_TRUE(r->second.first);
+    }
+  }
+  EXPECT_GE(settled, 2);
+
+  Space flat = s;  // curve 0 (the default): no run below a settled point's boundary bisection
+  flat.curve = 0;
+  Synthetic without(flat);
+  without.limit_mib = 4000;
+  run_search(flat, o, without);
+  EXPECT_LT(without.runs.size(), host.runs.size());
+}
 
 TEST(SearchEngine, ProbeOutOfMemoryIsNeverConfirmedByARealRun) {
   Space s = test_space();

@@ -93,7 +93,7 @@ LengthSpec read_lengths(const Reader& r, const YAML::Node& node) {
   const std::string key = "space.sequence.length";
   LengthSpec spec;
   if (config::is_mapping(node)) {
-    r.keys(node, key + ".", {"search", "from", "to", "step"});
+    r.keys(node, key + ".", {"search", "from", "to", "step", "curve"});
     std::string search;
     int64_t from = 0, to = 0, step = 0;
     if (!node["search"].IsDefined()) r.fail(key + ".search", "missing (search: max)");
@@ -107,6 +107,13 @@ LengthSpec read_lengths(const Reader& r, const YAML::Node& node) {
     if (step < 1) r.fail(key + ".step", "must be >= 1, got " + std::to_string(step));
     if (to < from) {
       r.fail(key + ".to", std::to_string(to) + " is below from " + std::to_string(from));
+    }
+    if (node["curve"].IsDefined()) {
+      r.read(node["curve"], key + ".curve", spec.curve);
+      if (spec.curve < 0 || spec.curve > 16) {
+        r.fail(key + ".curve",
+               "must be 0 to 16 shorter lengths, got " + std::to_string(spec.curve));
+      }
     }
     spec.search_max = true;
     for (int64_t l = from; l <= to; l += step) spec.values.push_back(l);

@@ -1,4 +1,4 @@
-// Experiment files (SPEC 7): what a sweep explores, as data. A YAML file names the hardware and
+// Experiment files: what a sweep explores, as data. A YAML file names the hardware and
 // model profiles, the ranks per trial, a base run config, the space (run-config key paths ->
 // value lists, plus the sequence length as a list or a max-length search), the objective, the
 // budget and the trial length. load_experiment checks every key before anything runs.
@@ -9,12 +9,14 @@
 //                                  # give base.model inline
 //   world_size: 4                  # ranks per trial (alias: nproc); default: the hardware's
 //   memory_limit_gib: 1.5          # per-rank limit of every trial; default: device memory_gib
-//   base: {train: {device: cpu}}   # any run-config keys (SPEC 2); the space overrides them
+//   base: {train: {device: cpu}}   # any run-config keys; the space overrides them
 //   space:
 //     mesh.sp: auto                # every sp that divides world_size and fits the heads
 //     memory.tiled_mlp: [1, auto]
 //     memory.offload: [none, activations, optimizer, both]   # shorthand for the two offloads
-//     sequence.length: {search: max, from: 512, to: 8192, step: 512}   # or a list
+//     sequence.length: {search: max, from: 512, to: 8192, step: 512, curve: 3}   # or a list
+//       (curve, optional: once a configuration's longest length is found, also measure it at
+//       this many shorter lengths, 0 to 16)
 //   objective: max-seqlen          # or throughput (tokens/s per rank at target_length)
 //   target_length: 4096            # throughput only; default: the longest length listed
 //   headroom: 0.1                  # recommend: peak memory <= (1 - headroom) * limit
@@ -45,6 +47,7 @@ struct AxisSpec {
 struct LengthSpec {
   bool search_max = false;
   std::vector<int64_t> values;  // the list, or the lattice when search_max
+  int64_t curve = 0;  // search_max: also measure each configuration at this many shorter lengths
 };
 
 struct Budget {

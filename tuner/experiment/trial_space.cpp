@@ -8,6 +8,7 @@
 #include "config/overrides.h"
 #include "config/run_config.h"
 #include "config/yaml_values.h"
+#include "tuner/calibrate/hardware_profile.h"
 
 namespace ulysses::experiment {
 namespace {
@@ -31,7 +32,7 @@ int64_t as_int(const std::string& v) {
   return out;
 }
 
-// Memory order of the axes where it is known (SPEC 7: turning on tiling, checkpointing or an
+// Memory order of the axes where it is known (turning on tiling, checkpointing or an
 // offload never raises peak memory; neither does a smaller micro-batch or a higher ZeRO stage).
 // Higher rank = saves at least as much; equal ranks of different values are incomparable.
 const std::map<std::string, std::function<int(const std::string&)>>& memory_orders() {
@@ -92,6 +93,7 @@ search::Space build_space(const Experiment& e) {
   search::Space space;
   space.lengths = e.lengths.values;
   space.search_max = e.lengths.search_max;
+  space.curve = static_cast<int>(e.lengths.curve);
   for (const AxisSpec& spec : e.axes) {
     search::Axis axis{spec.key, spec.values, {}};
     if (spec.key == "mesh.sp" && spec.values.size() == 1 && spec.values[0] == "auto") {
@@ -152,6 +154,13 @@ TrialPlan plan_trial(const Experiment& e, const search::Space& space, const sear
                     std::to_string(e.world_size));
   }
   overrides.push_back("mesh.dp=" + std::to_string(e.world_size / sp));
+  // The device's peak for the trial's precision, so that summary.json has MFU; a peak the base
+  // config sets wins.
+  if (!(first.profile.peak_tflops > 0) && !e.hardware_path.empty()) {
+    const double peak =
+        calibrate::load_hardware_profile(e.hardware_path).peak_tflops(first.memory.precision);
+    if (peak > 0) overrides.push_back("profile.peak_tflops=" + config::format_double(peak));
+  }
   overrides.push_back("sequence.length=" + std::to_string(length));
   overrides.push_back("train.steps=" + std::to_string(e.warmup_steps + e.measured_steps));
   overrides.push_back("profile.warmup_steps=" + std::to_string(e.warmup_steps));

@@ -3,6 +3,7 @@
 #include "tuner/search/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -96,6 +97,7 @@ class Engine {
     // Equal savings: the best predicted value at the longest length first.
     order(valid, /*fewest_savings_first=*/false, space_.lengths.back());
     int best = -1;
+    std::vector<std::pair<Point, int>> settled;  // points and their longest fitting index
     for (const Point& p : valid) {
       int lo = -1, hi = n_;
       std::optional<int64_t> hi_id;
@@ -136,7 +138,28 @@ class Engine {
       }
       if (!bisect(p, lo, hi, false, options_.probe, failed)) return;
       if (hi - lo > 1) not_settled(p, lo, hi, failed);
+      if (hi - lo == 1 && lo >= 0) settled.emplace_back(p, lo);
       best = std::max(best, lo);
+    }
+    curve(settled);
+  }
+
+  // Each settled point at space_.curve shorter lengths, evenly spread below its longest fit
+  // (index round(lo * k / (curve + 1)), k = 1..curve), unless already measured there; in the
+  // order the points settled, so a spent budget leaves the most-saving points' curves whole.
+  void curve(const std::vector<std::pair<Point, int>>& settled) {
+    for (const auto& [p, lo] : settled) {
+      std::set<int> lengths;
+      for (int k = 1; k <= space_.curve; ++k) {
+        const double at = static_cast<double>(lo) * k / (space_.curve + 1);
+        const int i = static_cast<int>(std::lround(at));
+        if (i < lo && !measured_.count({p, i})) lengths.insert(i);
+      }
+      for (int i : lengths) {
+        if (pruned(p, i)) continue;
+        if (!start_run()) return;
+        execute(p, i, false);
+      }
     }
   }
 
@@ -238,6 +261,7 @@ class Engine {
     if (out.result != Result::kFailed) {
       knowledge_.add(p, i, out.result == Result::kFits, probe, out.trial_id);
     }
+    if (out.result == Result::kFits && !probe) measured_.insert({p, i});
     return out;
   }
 
@@ -245,6 +269,7 @@ class Engine {
   const Options& options_;
   Host& host_;
   Knowledge knowledge_;
+  std::set<std::pair<Point, int>> measured_;  // real runs that fit: (point, length index)
   const int n_;
   Summary summary_;
 };

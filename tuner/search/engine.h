@@ -1,4 +1,4 @@
-// The search engine (SPEC 7 "Search"), generic over a Space (space.h): it decides which
+// The search engine, generic over a Space (space.h): it decides which
 // (point, length) to run and which to leave out, and asks a Host to run, record and check.
 // It knows nothing of Ulysses or of processes; tests drive it with synthetic memory functions.
 //
@@ -14,6 +14,8 @@
 //   - a run that fails for another reason than memory (failed, timeout) says nothing about
 //     memory: it bounds no bisection; a point whose longest fit it leaves open is recorded as
 //     such (and its search stops after kMaxFailuresPerPoint failures).
+//   - max-length search only: each point whose longest fit is settled is then measured at
+//     Space::curve shorter lengths, so that throughput can be read against length.
 // Every point or length it leaves out is recorded with its reason.
 #pragma once
 #include <cstdint>

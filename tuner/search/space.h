@@ -1,4 +1,4 @@
-// The search space as data (STYLE 8): named axes with string values, an optional memory order
+// The search space as data: named axes with string values, an optional memory order
 // per axis, and the sequence lengths to try. The engine (engine.h) is generic over it and knows
 // nothing of Ulysses; tuner/experiment/ builds a Space from an experiment file.
 #pragma once
@@ -27,6 +27,9 @@ struct Space {
   std::vector<Axis> axes;
   std::vector<int64_t> lengths;  // ascending, distinct
   bool search_max = false;       // find the longest fitting length instead of trying each
+  // Max-length search: each point whose longest fitting length was found is also measured at
+  // this many shorter lengths (spread evenly below it), for throughput against length.
+  int curve = 0;
 };
 
 // A point: one value index per axis.

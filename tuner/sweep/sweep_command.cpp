@@ -37,7 +37,7 @@ int64_t expected_runs(const search::Space& space, const experiment::Experiment& 
   if (e.method == "grid" || !space.search_max) return points * n;
   int64_t steps = 1;
   while ((int64_t{1} << steps) < n) ++steps;
-  return std::min(points * n, points + (e.probe ? 2 : 1) * steps * 2);
+  return std::min(points * n, points * (1 + space.curve) + (e.probe ? 2 : 1) * steps * 2);
 }
 
 void dry_run(const experiment::Experiment& e, const search::Space& space) {
