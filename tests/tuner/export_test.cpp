@@ -30,6 +30,7 @@
 #include "tuner/export/accelerate_config.h"
 #include "tuner/export/arctic_recipe.h"
 #include "tuner/export/deepspeed_config.h"
+#include "tuner/export/export_common.h"
 #include "tuner/export/export_files.h"
 #include "common/remove_tree.h"
 
@@ -299,6 +300,31 @@ std::vector<Case> matrix(const std::string& model_dir) {
 
 // ---------------------------------------------------------------------------------------------
 // Fields, batch arithmetic and warnings of every case (no Python)
+
+// The PyTorch-version warning is settled against the version found where the export runs:
+// dropped for 2.3 and newer, kept with the version named for older ones, kept as is when unknown.
+TEST(Export, TorchVersionWarningFollowsTheInstalledPyTorch) {
+  TempDir dir;
+  std::optional<config::RunConfig> run;
+  for (const Case& c : matrix(write_model_dir(dir.path() / "model"))) {
+    if (ulysses_torch_version_warning(c.run())) {
+      run = c.run();
+      break;
+    }
+  }
+  ASSERT_TRUE(run.has_value()) << "no case with 1 < sp < world";
+  const std::string warning = *ulysses_torch_version_warning(*run);
+  const std::vector<std::string> warnings = {"other: first", warning, "other: last"};
+  for (const char* version : {"2.3.0", "2.13.0+cpu", "2.11.0+cu128", "3.0.0a0"}) {
+    EXPECT_EQ(settle_torch_version_warning(warnings, *run, std::string(version)),
+              (std::vector<std::string>{"other: first", "other: last"}))
+        << version;
+  }
+  EXPECT_EQ(settle_torch_version_warning(warnings, *run, std::string("2.1.2+cu121"))[1],
+            warning + " (found PyTorch 2.1.2+cu121)");
+  EXPECT_EQ(settle_torch_version_warning(warnings, *run, std::nullopt), warnings);
+  EXPECT_EQ(settle_torch_version_warning(warnings, *run, std::string("unknown")), warnings);
+}
 
 TEST(Export, DeepSpeedConfigOfEveryCase) {
   TempDir dir;

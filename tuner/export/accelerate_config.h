@@ -1,6 +1,6 @@
 // A run config as a Hugging Face Accelerate config file (accelerate 1.15, `accelerate launch
 // --config_file FILE train.py`): DeepSpeed with our ds_config.json plus the ParallelismConfig of
-// DeepSpeed's Ulysses SP (SPEC 7, "Recommend / export").
+// DeepSpeed's Ulysses SP.
 #pragma once
 #include <cstdint>
 #include <string>

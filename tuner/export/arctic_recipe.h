@@ -1,7 +1,7 @@
 // A run config as an ArcticTraining recipe (arctic-training 0.8, `arctic_training RECIPE.yaml`):
 // the ALST switches DeepSpeed JSON cannot express (tiled MLP, activation checkpoint CPU offload)
 // with the SP degree, batch, model, data, optimizer, scheduler and DeepSpeed ZeRO keys of
-// arctic_training.config.trainer.TrainerConfig (SPEC 7, "Recommend / export").
+// arctic_training.config.trainer.TrainerConfig.
 #pragma once
 #include <string>
 #include <vector>

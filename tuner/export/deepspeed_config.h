@@ -1,6 +1,6 @@
 // A run config as a DeepSpeed JSON config (ds_config.json, DeepSpeed >= 0.18.2 for ALST/Ulysses):
 // batch arithmetic, Ulysses SP degree, ZeRO stage and optimizer offload, bf16 with fp32 gradient
-// accumulation, clipping, AdamW and the learning-rate schedule (SPEC 7, "Recommend / export").
+// accumulation, clipping, AdamW and the learning-rate schedule.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>

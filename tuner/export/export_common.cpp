@@ -4,6 +4,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <regex>
+
+#include "common/shell_quote.h"
 
 namespace ulysses::exports {
 namespace {
@@ -63,6 +68,45 @@ std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig
          " ranks in the all_gather backward when the SP group is not the whole world), or else"
          " reduce the loss with a weighted all-reduce over the SP group (sum of token losses and"
          " token count, then divide) instead of all_gather";
+}
+
+std::optional<std::string> local_torch_version() {
+  const char* python = std::getenv("ULYSSES_PYTHON");
+  const std::string command =
+      "timeout 20 " + shell_quote(python && *python ? python : "python3") +
+      " -c 'import torch; print(torch.__version__)' </dev/null 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::string out;
+  char buffer[256];
+  while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
+  const int status = pclose(pipe);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  if (status != 0 || out.empty() || out.find('\n') != std::string::npos) return std::nullopt;
+  return out;
+}
+
+std::vector<std::string> settle_torch_version_warning(
+    std::vector<std::string> warnings, const config::RunConfig& run,
+    const std::optional<std::string>& torch_version) {
+  const std::optional<std::string> warning = ulysses_torch_version_warning(run);
+  std::smatch m;
+  static const std::regex kVersion(R"(^(\d+)\.(\d+)(\.|\+|$|[a-z]))");
+  if (!warning || !torch_version || !std::regex_search(*torch_version, m, kVersion)) {
+    return warnings;
+  }
+  const int major = std::stoi(m[1].str()), minor = std::stoi(m[2].str());
+  const bool new_enough = major > 2 || (major == 2 && minor >= 3);
+  for (auto it = warnings.begin(); it != warnings.end(); ++it) {
+    if (*it != *warning) continue;
+    if (new_enough) {
+      warnings.erase(it);
+    } else {
+      *it += " (found PyTorch " + *torch_version + ")";
+    }
+    break;
+  }
+  return warnings;
 }
 
 std::vector<std::string> alst_only_switches(const config::RunConfig& run) {

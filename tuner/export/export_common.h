@@ -1,6 +1,6 @@
 // What every export format (DeepSpeed JSON, ArcticTraining recipe, Accelerate config) derives the
 // same way from a run config: the mesh sizes, the ZeRO stage, and the warnings that hold for any
-// consumer that runs DeepSpeed's Ulysses (SPEC 7, "Recommend / export").
+// consumer that runs DeepSpeed's Ulysses.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -49,6 +49,17 @@ std::string hf_attention_implementation(const config::RunConfig& run);
 // that is not the whole world) or else a weighted all-reduce of the loss. nullopt when sp == 1
 // (no Ulysses) or sp == world (the SP group is the world). Starts with "mesh: ".
 std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig& run);
+
+// The PyTorch version that `$ULYSSES_PYTHON` (else `python3` on PATH) imports here, e.g.
+// "2.13.0+cpu", or nullopt when none answers within 20 s.
+std::optional<std::string> local_torch_version();
+
+// `warnings` settled against the PyTorch found here (local_torch_version): without
+// ulysses_torch_version_warning(run) when `torch_version` is 2.3 or newer; with it followed by
+// " (found PyTorch <version>)" when older; unchanged when the version is unknown or unreadable.
+std::vector<std::string> settle_torch_version_warning(
+    std::vector<std::string> warnings, const config::RunConfig& run,
+    const std::optional<std::string>& torch_version);
 
 // The run's memory switches that DeepSpeed JSON and an Accelerate config have no key for, as
 // "key=value" in this order: memory.tiled_mlp (!= 1), memory.tiled_loss (!= 1),

@@ -1,4 +1,4 @@
-// Which trial wins a sweep, and why the others did not (SPEC 7 "Recommend"). Pure functions over
+// Which trial wins a sweep, and why the others did not. Pure functions over
 // the stored trials. The ranking itself is report/objective.h, which `list` and `report` use too,
 // so every "best" follows the sweep's objective.
 #pragma once

@@ -17,6 +17,7 @@
 #include "tuner/export/accelerate_config.h"
 #include "tuner/export/arctic_recipe.h"
 #include "tuner/export/deepspeed_config.h"
+#include "tuner/export/export_common.h"
 #include "tuner/export/export_files.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/sbatch.h"
@@ -169,7 +170,9 @@ int run_recommend(const RecommendOptions& options) {
              "# Recommended by ulysses-tune from sweep '" + sweep.name + "', trial #" +
                  std::to_string(winner.id) + " (objective " + o.kind + ").\n" +
                  config::to_yaml(tuned));
-  const exports::ExportFiles files = exports::write_exports(tuned, tmp.string(), e.nodes);
+  exports::ExportFiles files = exports::write_exports(tuned, tmp.string(), e.nodes);
+  files.warnings = exports::settle_torch_version_warning(std::move(files.warnings), tuned,
+                                                         exports::local_torch_version());
   write_file(tmp / "launch.sh", launch_script(tuned, sweep, winner));
   write_file(tmp / "launch.sbatch",
              sbatch_script(tuned, sweep,
@@ -224,6 +227,10 @@ int run_export(const ExportOptions& options) {
   } else {
     exports::AccelerateExport x = exports::accelerate_config(c);
     text = x.yaml, warnings = x.warnings;
+  }
+  if (!warnings.empty()) {
+    warnings = exports::settle_torch_version_warning(std::move(warnings), c,
+                                                     exports::local_torch_version());
   }
   for (const std::string& w : warnings) std::cerr << "warning: " << w << "\n";
   if (options.out_path.empty()) {

@@ -1,4 +1,4 @@
-// `ulysses-tune recommend` and `ulysses-tune export` (SPEC 7 "Recommend / export").
+// `ulysses-tune recommend` and `ulysses-tune export`.
 //   recommend --db F [--sweep NAME] [--objective throughput|max-seqlen] --out DIR
 //     DIR/recommended.yaml (runs as it is under `ulysses-tune launch`), ds_config.json,
 //     arctic_training.yaml, accelerate_config.yaml, launch.sh (local, torchrun, srun lines) and
