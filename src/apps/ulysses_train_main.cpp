@@ -1,6 +1,7 @@
 // ulysses-train: one rank of a training job. Rank and world come from torchrun, SLURM or Open MPI
-// variables (else a world of 1); see README.md and SPEC section 2.
+// variables (else a world of 1); see README.md.
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -51,6 +52,12 @@ int run(const std::string& config_path, const std::vector<std::string>& override
   const std::optional<config::RunConfig> checked = checked_config(env, config_path, overrides);
   if (!checked) return kExitUsage;
   const config::RunConfig& config = *checked;
+  // Long tiled sequences fragment the caching allocator's fixed segments; expandable segments
+  // (what ALST runs with) avoid most of it. Set before the allocator reads its settings, and
+  // only when the user has not chosen.
+  const bool default_alloc_conf =
+      config.train.device == "cuda" && std::getenv("PYTORCH_CUDA_ALLOC_CONF") == nullptr;
+  if (default_alloc_conf) setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", 0);
   const at::Device device = train::select_device(config, env);
   comm::DeviceMesh mesh =
       comm::DeviceMesh::create(env, config.mesh.dp, config.mesh.sp, config.comm, device);
@@ -59,6 +66,10 @@ int run(const std::string& config_path, const std::vector<std::string>& override
             << join(mesh.sp().global_ranks()) << ", dp group " << join(mesh.dp().global_ranks())
             << std::endl;
   // After the process groups (their threads belong to the baseline), before the model is built.
+  if (default_alloc_conf && mesh.rank() == 0) {
+    std::cout << "ulysses-train: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the default;"
+                 " set the variable to choose another)" << std::endl;
+  }
   const memory::MemoryLimit limit = memory::apply_memory_limit(config.memory.limit_gib, device);
   if (limit.limit_bytes > 0) std::cout << "ulysses-train: " << limit.describe() << std::endl;
   const int status = config.train.steps == 0 && config.eval.source.empty()

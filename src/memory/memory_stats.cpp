@@ -8,6 +8,10 @@
 
 #ifdef ULYSSES_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #endif
 
 namespace ulysses::memory {
@@ -27,14 +31,22 @@ int64_t virtual_memory_bytes() {
   return 0;
 }
 
-int64_t peak_device_bytes(const c10::Device& device) {
+DeviceMemory device_memory(const c10::Device& device) {
+  DeviceMemory out;
 #ifdef ULYSSES_WITH_CUDA
   if (device.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    out.peak_allocated = stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
+    out.peak_reserved = stats.reserved_bytes[0].peak;
+    size_t free = 0, total = 0;
+    const c10::cuda::CUDAGuard guard(device);
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      const auto used = static_cast<int64_t>(total - free);
+      out.outside_allocator = std::max<int64_t>(0, used - stats.reserved_bytes[0].current);
+    }
   }
 #endif
-  return 0;
+  return out;
 }
 
 void reset_peak_device_bytes(const c10::Device& device) {

@@ -14,9 +14,20 @@ int64_t peak_host_bytes();
 // what RLIMIT_AS caps. 0 when /proc is unreadable.
 int64_t virtual_memory_bytes();
 
-// Peak bytes allocated on `device` since the last reset_peak_device_bytes(); 0 for CPU devices
-// or CPU-only builds.
-int64_t peak_device_bytes(const c10::Device& device);
+// Starts a new window for DeviceMemory's peaks on a CUDA `device` (nothing otherwise).
 void reset_peak_device_bytes(const c10::Device& device);
+
+// Device memory of this rank on a CUDA `device` (all zero for CPU devices or CPU-only builds).
+// The footprint is what a device of limit_gib must hold: the allocator's reserved peak (what
+// memory.limit_gib caps; reserved - allocated is cached or fragmented) plus the memory outside
+// the allocator (CUDA context, NCCL buffers, cuBLAS workspaces) as the driver reports it.
+struct DeviceMemory {
+  int64_t peak_allocated = 0;     // caching allocator, since reset_peak_device_bytes()
+  int64_t peak_reserved = 0;      // its segments, same window
+  int64_t outside_allocator = 0;  // now: device memory in use minus the allocator's reserved
+                                  // (every process on the device counts)
+  int64_t footprint() const { return peak_reserved + outside_allocator; }
+};
+DeviceMemory device_memory(const c10::Device& device);
 
 }  // namespace ulysses::memory

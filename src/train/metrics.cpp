@@ -139,9 +139,15 @@ void MetricsWriter::write_eval(const nlohmann::json& record) {
 }
 
 void MetricsWriter::write_summary(const nlohmann::json& extra) const {
+  // Warm-up: the first warmup_steps steps this process ran (after a resume the first steps are
+  // cold again), and among the records kept from before a resume, the run's first steps.
   std::vector<const StepMetrics*> measured;
-  for (const auto& s : steps_)
-    if (s.step > warmup_steps_) measured.push_back(&s);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const auto kept = static_cast<size_t>(kept_steps_);
+    const bool warm = i < kept ? steps_[i].step <= warmup_steps_
+                               : static_cast<int64_t>(i - kept) < warmup_steps_;
+    if (!warm) measured.push_back(&steps_[i]);
+  }
   if (measured.empty())
     for (const auto& s : steps_) measured.push_back(&s);
 

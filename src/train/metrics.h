@@ -1,4 +1,4 @@
-// Step metrics (SPEC 5.7): rank 0 appends one JSON object per step to <output.dir>/metrics.jsonl
+// Step metrics: rank 0 appends one JSON object per step to <output.dir>/metrics.jsonl
 // and writes summary.json at the end (medians over the steps after profile.warmup_steps), with
 // per-rank throughput, achieved model TFLOP/s and MFU (profile/flops.h).
 #pragma once
@@ -21,7 +21,7 @@ struct StepMetrics {
   int64_t valid_tokens = 0;   // labels that counted in the loss
   double step_ms = 0.0;
   double tokens_per_s = 0.0;  // whole job
-  int64_t peak_mem_bytes = 0;       // device peak on CUDA, else host RSS peak (this rank)
+  int64_t peak_mem_bytes = 0;       // CUDA: the device footprint (DeviceMemory); else RSS peak
   int64_t peak_host_bytes = 0;
   std::map<std::string, double> phases;  // ms per phase (inclusive, profile/phase_timer.h)
   // Exclusive ms per category; their sum is the time inside timed scopes (<= step_ms).

@@ -1,4 +1,4 @@
-// The per-rank training loop (see trainer.h). The only long file by design (STYLE 10).
+// The per-rank training loop (see trainer.h). The only long file by design.
 #include "train/trainer.h"
 
 #include <chrono>
@@ -91,6 +91,10 @@ at::Device select_device(const config::RunConfig& config, const comm::DistEnv& e
   // with fewer GPUs than ranks; NCCL cannot, so the mesh refuses a LOCAL_RANK beyond the GPUs.
   const int64_t gpus = static_cast<int64_t>(at::getNumGPUs());
   if (config.comm.backend == "gloo" && gpus > 0) index %= gpus;
+  // One visible device (SLURM's --gpus-per-task=1 or --gpu-bind=single:1, or CUDA_VISIBLE_DEVICES
+  // set per rank): it is this rank's, whatever LOCAL_RANK says. Two NCCL ranks on one device are
+  // refused by NCCL itself.
+  if (gpus == 1) index = 0;
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
@@ -278,6 +282,9 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
 
   if (partition) partition->release_all();  // stage 3: only shards from here on
   int64_t consecutive_skips = 0;
+  // Running maxima over every step of this run (the per-step peaks are reset at each step).
+  memory::DeviceMemory run_memory;
+  int64_t run_peak_mem_bytes = 0;
   for (int64_t step = state.step + 1; step <= config.train.steps; ++step) {
     profile::ScopedRange step_range("step", step);  // nsys capture range: step@ulysses
     memory::reset_peak_device_bytes(device);
@@ -330,7 +337,13 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     m.step_ms = step_ms;
     m.tokens_per_s = tokens_per_step / (step_ms / 1000.0);
     m.peak_host_bytes = memory::peak_host_bytes();
-    m.peak_mem_bytes = device.is_cuda() ? memory::peak_device_bytes(device) : m.peak_host_bytes;
+    const memory::DeviceMemory step_memory = memory::device_memory(device);
+    m.peak_mem_bytes = device.is_cuda() ? step_memory.footprint() : m.peak_host_bytes;
+    run_memory.peak_allocated = std::max(run_memory.peak_allocated, step_memory.peak_allocated);
+    run_memory.peak_reserved = std::max(run_memory.peak_reserved, step_memory.peak_reserved);
+    run_memory.outside_allocator =
+        std::max(run_memory.outside_allocator, step_memory.outside_allocator);
+    run_peak_mem_bytes = std::max(run_peak_mem_bytes, m.peak_mem_bytes);
     m.set_times(profile::take_step_times());
     m.model_flops = step_flops;
     m.skipped = skipped;
@@ -364,16 +377,27 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     }
   }
   if (evaluating && config.train.steps == 0) run_eval(0);  // evaluation-only run
-  // The tuner compares peaks against a per-rank limit: the largest rank's peak is what counts.
-  at::Tensor peaks = at::tensor({memory::peak_host_bytes(),
-                                 device.is_cuda() ? memory::peak_device_bytes(device)
-                                                  : memory::peak_host_bytes()},
-                                at::kLong)
-                         .to(device);  // [2]: host, device
+  // The tuner compares peaks against a per-rank limit: the largest rank's peak over every step
+  // (evaluation included) is what counts.
+  const memory::DeviceMemory last = memory::device_memory(device);  // since the last reset
+  const int64_t host_peak = memory::peak_host_bytes();
+  at::Tensor peaks =
+      at::tensor({host_peak,
+                  std::max(run_peak_mem_bytes, device.is_cuda() ? last.footprint() : host_peak),
+                  std::max(run_memory.peak_allocated, last.peak_allocated),
+                  std::max(run_memory.peak_reserved, last.peak_reserved),
+                  std::max(run_memory.outside_allocator, last.outside_allocator)},
+                 at::kLong)
+          .to(device);  // [5]: host, counted peak, allocated, reserved, outside the allocator
   mesh.world().all_reduce(peaks, comm::ReduceOp::kMax);
   peaks = peaks.cpu();
   if (is_rank0 && metrics) {
     nlohmann::json extra = resolved_run_json(config, run);
+    if (device.is_cuda()) {
+      extra.update({{"max_rank_peak_allocated_bytes", peaks[2].item<int64_t>()},
+                    {"max_rank_peak_reserved_bytes", peaks[3].item<int64_t>()},
+                    {"max_rank_outside_allocator_bytes", peaks[4].item<int64_t>()}});
+    }
     extra.update({{"max_rank_peak_host_bytes", peaks[0].item<int64_t>()},
                   {"max_rank_peak_mem_bytes", peaks[1].item<int64_t>()},
                   {"world_size", mesh.world().size()},

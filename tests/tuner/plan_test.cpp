@@ -151,7 +151,7 @@ TEST(Plan, ReportShowsPredictionBesideMeasurement) {
   ok.id = 3, ok.status = "ok", ok.dp = 2, ok.sp = 2, ok.seqlen = 4096;
   ok.peak_mem_bytes = 200 << 20, ok.predicted_peak_bytes = 220 << 20;
   ok.step_ms = 100.0, ok.predicted_step_ms = 85.0;
-  ok.summary = R"({"device": "cuda:0"})";  // the allocator's peak: no start-up baseline to subtract
+  ok.summary = R"({"device": "cuda:0"})";  // the device footprint: no start-up baseline to subtract
   store::TrialRecord no_time = ok;
   no_time.id = 4, no_time.predicted_step_ms.reset();
   store::TrialRecord pruned = ok;

@@ -152,7 +152,7 @@ TEST(MemoryBasis, PeaksCountAboveTheStartUpBaselineOfTheirDevice) {
   EXPECT_EQ(peak_above_baseline(cpu), 200 * kMiB - baseline);
   EXPECT_EQ(above_baseline(cpu, 300 * kMiB), 300 * kMiB - baseline);  // a prediction, same basis
   EXPECT_EQ(peak_above_baseline(with_peak(cpu, "cpu", baseline / 2)), 0);  // never below 0
-  // CUDA: the allocator's peak is already above the baseline.
+  // CUDA: the device footprint counts whole (reserved peak + context and NCCL; baseline 0).
   const TrialRecord cuda = with_peak(trial(2, 1, 2, 1024, "ok", 1), "cuda:0", 5 * kGiB);
   EXPECT_EQ(trial_device(cuda), "cuda");
   EXPECT_EQ(peak_above_baseline(cuda), 5 * kGiB);
@@ -168,7 +168,7 @@ TEST(MemoryBasis, PeaksCountAboveTheStartUpBaselineOfTheirDevice) {
 
   const std::string note = memory_basis_note({cpu, cuda});
   EXPECT_NE(note.find("minus a baseline of " + gib(baseline) + " GiB"), std::string::npos) << note;
-  EXPECT_NE(note.find("On CUDA it is the caching allocator's peak"), std::string::npos) << note;
+  EXPECT_NE(note.find("On CUDA it is the rank's device footprint"), std::string::npos) << note;
   EXPECT_EQ(memory_basis_note({cuda}).find("On CPU"), std::string::npos);
 }
 

@@ -69,8 +69,11 @@ std::string memory_basis_note(const std::vector<store::TrialRecord>& trials) {
             "kernel enforces it: a trial that ran to the end fit.";
   }
   if (d.cuda) {
-    note += " On CUDA it is the caching allocator's peak, which holds no start-up bytes (the "
-            "CUDA context is outside it): baseline 0.";
+    note += " On CUDA it is the rank's device footprint at its peak: the caching allocator's "
+            "reserved peak (cached and fragmented blocks included) plus the memory outside the "
+            "allocator (CUDA context, NCCL buffers) as the driver reports it; nothing is "
+            "subtracted (baseline 0), so a trial that fits leaves that much of a device of the "
+            "limit's size in use.";
   }
   return note;
 }
@@ -81,9 +84,9 @@ std::string memory_basis_caption(const std::vector<store::TrialRecord>& trials) 
   if (d.cpu) {
     caption += std::string(d.cuda ? " (CPU: " : " (") + "resident peak minus " +
                gib(memory_baseline_bytes("cpu")) + " GiB, estimated";
-    caption += d.cuda ? "; CUDA: allocator peak)" : ")";
+    caption += d.cuda ? "; CUDA: device footprint)" : ")";
   } else if (d.cuda) {
-    caption += " (the CUDA allocator's peak)";
+    caption += " (CUDA: reserved peak + context and NCCL)";
   }
   return caption;
 }

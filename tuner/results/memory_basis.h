@@ -1,8 +1,9 @@
 // Peak memory against the per-rank limit, on one basis for every printer (tables, plots, `list`,
 // `show`, recommend's head-room): a rank's peak ABOVE its start-up baseline, which is what
 // memory.limit_gib caps (src/memory/memory_limit.h). What the trials store differs by device:
-//   cuda  peak_mem_bytes is the caching allocator's peak; the CUDA context and libraries are
-//         outside the allocator, so the peak is already above the baseline (baseline 0).
+//   cuda  peak_mem_bytes is the device footprint (memory::DeviceMemory): the allocator's
+//         reserved peak plus what lies outside it (CUDA context, NCCL); baseline 0, so the
+//         context counts against the limit as it would on a device of that size.
 //   cpu   peak_mem_bytes is the rank's whole peak resident set, which includes what the process
 //         held before it built its model (LibTorch, Gloo, the OpenMP pool). Trials do not record
 //         that baseline, so it is the cost model's runtime term (costmodel/memory_model.h,
