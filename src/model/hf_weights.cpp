@@ -43,7 +43,16 @@ std::vector<std::string> weight_files(const std::string& dir) {
       if (!file.is_string()) {
         throw UserError(index_path.string() + ": weight_map value not a string");
       }
-      unique.insert(file.get<std::string>());
+      const fs::path name(file.get<std::string>());
+      // A shard is a file of this directory or below: never absolute, never through "..".
+      const bool escapes = name.empty() || name.is_absolute() ||
+                           std::any_of(name.begin(), name.end(),
+                                       [](const fs::path& part) { return part == ".."; });
+      if (escapes) {
+        throw UserError(index_path.string() + ": weight_map file '" + name.string() +
+                        "' is not a path inside the model directory");
+      }
+      unique.insert(name.string());
     }
     for (const auto& file : unique) files.push_back((fs::path(dir) / file).string());
   } else if (fs::exists(fs::path(dir) / "model.safetensors")) {

@@ -1,4 +1,4 @@
-// Gradient accumulation in fp32 (SPEC 5.5; Megatron / DeepSpeed call it `main_grad`): every
+// Gradient accumulation in fp32 (Megatron / DeepSpeed call it `main_grad`): every
 // parameter's gradient is summed over tiles, recomputes and micro-batches into an fp32 view of one
 // flat buffer, and reduced over ranks from there in buckets, without a gathered copy.
 #pragma once

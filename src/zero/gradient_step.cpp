@@ -20,8 +20,8 @@ model::LossSum head_loss(const at::Tensor& hidden, const at::Tensor& weight,
 }
 
 // One micro-batch under ZeRO stage 2/3 (gradient_step.h, GradientOptions::partition). Returns
-// this rank's loss sum.
-double sharded_micro_batch(model::LlamaForCausalLM& model, const data::Batch& b,
+// this rank's loss sum, [] fp64 on the loss's device (read once per step, not per micro-batch).
+at::Tensor sharded_micro_batch(model::LlamaForCausalLM& model, const data::Batch& b,
                            ZeroPartition& partition, const config::TileCount& loss_tiles,
                            double inv_count) {
   model::AttentionContext ctx;
@@ -41,7 +41,7 @@ double sharded_micro_batch(model::LlamaForCausalLM& model, const data::Batch& b,
     partition.gather_unit(ZeroPartition::kHead);
     loss = head_loss(model->model->norm(head_input), model->lm_head_weight(), b.labels, loss_tiles);
   }
-  const double loss_sum = loss.sum.item<double>();
+  const at::Tensor loss_sum = loss.sum.detach().to(at::kDouble);
   {
     profile::ScopedPhase phase("backward");
     (loss.sum * inv_count).backward();
@@ -76,10 +76,13 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     if (buffers == nullptr) buffers = &temporary.emplace(model->parameters());
     buffers->zero();
   }
-  double local_loss_sum = 0.0;
+  at::Tensor local_loss_sum;  // [] fp64 on the loss's device: no host sync per micro-batch
+  const auto add_loss = [&](const at::Tensor& sum) {
+    local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
+  };
   for (const auto& b : micro_batches) {
     if (partition != nullptr) {
-      local_loss_sum += sharded_micro_batch(model, b, *partition, options.loss_tiles, inv_count);
+      add_loss(sharded_micro_batch(model, b, *partition, options.loss_tiles, inv_count));
       continue;
     }
     model::AttentionContext ctx;
@@ -105,7 +108,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
       profile::ScopedPhase phase("backward");
       (loss.sum * inv_count).backward();
     }
-    local_loss_sum += loss.sum.item<double>();
+    add_loss(loss.sum.detach().to(at::kDouble));
   }
 
   TORCH_CHECK(options.reduce || options.buffers != nullptr || partition != nullptr,
@@ -114,7 +117,8 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     buffers->all_reduce(mesh.world(), options.bucket_bytes);
   }
   if (temporary) temporary->copy_to_param_grads();
-  at::Tensor loss_sum = at::tensor({local_loss_sum}, at::kDouble);
+  at::Tensor loss_sum = at::zeros({1}, at::kDouble);  // [1] host: its own storage, reduced in place
+  if (local_loss_sum.defined()) loss_sum.copy_(local_loss_sum.reshape({1}));
   mesh.world().all_reduce(loss_sum, comm::ReduceOp::kSum);
 
   StepLoss out;

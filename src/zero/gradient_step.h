@@ -1,5 +1,5 @@
 // One optimizer step's forward/backward over all micro-batches, with the loss and gradient
-// semantics of SPEC 5.4: loss = (sum of token cross-entropies over every valid label of the global
+// semantics: loss = (sum of token cross-entropies over every valid label of the global
 // batch) / (number of those labels); the gradients are exactly those of that loss.
 //
 // How: every rank adds up its valid labels over its micro-batches, one all-reduce over the world
@@ -18,7 +18,7 @@
 
 namespace ulysses::train {
 
-// Choices of compute_gradients that change memory use, never the result (SPEC 5.5).
+// Choices of compute_gradients that change memory use, never the result.
 struct GradientOptions {
   // memory.tiled_loss: 1 = model::lm_loss_sum; N or auto = sp::tiled_lm_loss_sum with that many
   // tiles (auto resolved per micro-batch by sp::resolve_loss_tiles).

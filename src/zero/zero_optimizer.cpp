@@ -140,13 +140,16 @@ void ZeroOptimizer::reduce_gradients() {
 double ZeroOptimizer::clip(double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads = shard_grads();
-  at::Tensor sum_sq = at::zeros({1}, at::kDouble);  // [1] this rank's sum of squares
+  // Each shard's norm stays where the shard is; one stacked sum of squares and one copy to the
+  // host per step (not one synchronising copy per shard).
+  std::vector<at::Tensor> norms;  // each [] fp64
   for (const at::Tensor& g : grads) {
     const at::ScalarType accumulate = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    const at::Tensor norm = at::norm(g, 2, accumulate).to(at::kCPU, at::kDouble);
-    sum_sq += norm * norm;
+    norms.push_back(at::norm(g, 2, accumulate).to(grads.front().device(), at::kDouble));
   }
-  world_.all_reduce(sum_sq, comm::ReduceOp::kSum);
+  at::Tensor sum_sq = norms.empty() ? at::zeros({1}, at::kDouble)
+                                    : at::stack(norms).square().sum().reshape({1}).to(at::kCPU);
+  world_.all_reduce(sum_sq, comm::ReduceOp::kSum);  // [1] the world's sum of squares
   const double total_norm = std::sqrt(sum_sq.item<double>());
   if (max_norm <= 0.0 || !std::isfinite(total_norm)) return total_norm;
   const double coef = max_norm / (total_norm + 1e-6);

@@ -150,6 +150,15 @@ TEST(HfWeights, ClearErrors) {
     EXPECT_NE(what.find("'model.layers.2."), std::string::npos) << what;
     EXPECT_NE(what.find("is not a parameter of this model"), std::string::npos) << what;
   }
+  for (const std::string shard : {"../model.safetensors", "/etc/passwd", "sub/../../x"}) {
+    TempDir dir;  // an index naming a file outside the model directory
+    save_safetensors(dir.file("model.safetensors"), hf_state(model));
+    const nlohmann::json index = {{"weight_map", {{"model.embed_tokens.weight", shard}}}};
+    std::ofstream(dir.file("model.safetensors.index.json")) << index.dump();
+    EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
+              dir.file("model.safetensors.index.json") + ": weight_map file '" + shard +
+                  "' is not a path inside the model directory");
+  }
 }
 
 }  // namespace
