@@ -1,5 +1,5 @@
 // A process group over a subset of the job's ranks, with the few blocking collectives the
-// training stack needs (STYLE 5): all_reduce, all_to_all_single, all_gather, reduce_scatter,
+// training stack needs: all_reduce, all_to_all_single, all_gather, reduce_scatter,
 // broadcast, barrier; and all_gather in two halves (start, wait) for ZeRO-3's prefetch.
 // Backed by c10d ProcessGroupGloo (CPU tensors; CUDA tensors work too) or ProcessGroupNCCL (CUDA).
 #pragma once

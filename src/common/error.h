@@ -1,4 +1,4 @@
-// The two kinds of errors (STYLE 3): bad user input is a UserError with one line naming the field
+// The two kinds of errors: bad user input is a UserError with one line naming the field
 // or file; bugs trip TORCH_CHECK / TORCH_INTERNAL_ASSERT with file:line. Exit codes are shared by
 // every binary so that the launcher and the tuner can tell failures apart.
 #pragma once

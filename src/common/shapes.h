@@ -1,4 +1,4 @@
-// The shape vocabulary used in every tensor comment of this project (STYLE 1). Nothing to compile.
+// The shape vocabulary used in every tensor comment of this project. Nothing to compile.
 //
 //   bs   micro-batch size (sequences per rank per micro-step)
 //   sl   full sequence length (padded to a multiple of sp)

@@ -1,4 +1,4 @@
-// What differs between the LibTorch releases we support (>= 2.3, SPEC 4) and the build's
+// What differs between the LibTorch releases we support (>= 2.3) and the build's
 // features. Nothing else in the tree tests TORCH_VERSION_* or USE_* macros (but common/build_info.cpp,
 // which reports them for --version without pulling in LibTorch headers).
 #pragma once

@@ -1,6 +1,6 @@
-// The run config of ulysses-train as plain structs, one per top-level YAML section (SPEC 2, "Run
-// config"). Defaults are written on the fields. Only src/config/ parses YAML into these; the rest
-// of the code sees structs. Field names equal the YAML keys.
+// The run config of ulysses-train as plain structs, one per top-level YAML section. Defaults are
+// written on the fields. Only src/config/ parses YAML into these; the rest of the code sees
+// structs. Field names equal the YAML keys.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 namespace ulysses::config {
 
-// Shapes of a Llama-family decoder (SPEC 5.1).
+// Shapes of a Llama-family decoder.
 struct ModelOptions {
   std::string preset;               // name of profiles/models/<preset>.yaml, "" = inline fields
   int64_t hidden_size = 256;        // h
@@ -56,7 +56,7 @@ struct DataOptions {
   int64_t eod_token = -1;              // document separator for packing; -1 = none
 };
 
-// A tile count: N >= 1, or auto (= 0 here) resolved at run time (SPEC 5.5).
+// A tile count: N >= 1, or auto (= 0 here) resolved at run time.
 struct TileCount {
   int64_t value = 1;  // 0 means auto
   bool is_auto() const { return value == 0; }
@@ -74,7 +74,7 @@ struct MemoryOptions {
 
 struct AttentionOptions {
   std::string backend = "auto";     // auto | math | flash | efficient | cudnn
-  bool skip_all_but_last = false;   // debug: core attention only in the last layer (SPEC 5.2)
+  bool skip_all_but_last = false;   // debug: core attention only in the last layer
   bool disable_in_eval = false;     // evaluation bypasses SP
 };
 
@@ -127,7 +127,7 @@ struct OutputOptions {
   std::string dir = "runs/example";  // metrics.jsonl, summary.json
 };
 
-// Held-out evaluation (SPEC 5.6).
+// Held-out evaluation.
 struct EvalOptions {
   std::string source;  // "" = no evaluation; else a data source string like DataOptions::source
   uint64_t seed = 1;   // for synthetic eval data
@@ -135,7 +135,7 @@ struct EvalOptions {
   int64_t steps = 1;   // eval batches per evaluation
 };
 
-// Distributed runtime (not in SPEC's list; documented in README).
+// Distributed runtime (documented in README).
 struct CommOptions {
   double timeout_s = 300.0;     // collective timeout: a dead peer fails the others after this
   std::string store = "tcp";    // tcp (MASTER_ADDR:MASTER_PORT) | file:PATH

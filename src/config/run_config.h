@@ -1,4 +1,4 @@
-// The run config of ulysses-train (SPEC 2): YAML file + `--set` overrides -> validated RunConfig,
+// The run config of ulysses-train: YAML file + `--set` overrides -> validated RunConfig,
 // and RunConfig -> YAML. This is the one entry point the trainer, the launcher and the tuner use.
 //
 // Resolution order, later wins: options.h defaults; the model preset (`model.preset: NAME`, from
@@ -27,13 +27,13 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 RunConfig parse_run_config_yaml(const std::string& text,
                                 const std::vector<std::string>& overrides = {});
 
-// Every key of `config` as a YAML document, sections in SPEC order, block style. Reading it back
-// with parse_run_config_yaml gives a RunConfig equal field by field (the model preset/load name
-// is kept, and the resolved model fields are written inline so they win over the preset).
+// Every key of `config` as a YAML document, sections in the documented order, block style. Reading
+// it back with parse_run_config_yaml gives a RunConfig equal field by field (the model preset/load
+// name is kept, and the resolved model fields are written inline so they win over the preset).
 std::string to_yaml(const RunConfig& config);
 
 // Resolves model.head_dim 0 to hidden_size / num_heads, then checks every rule (ranges, allowed
-// values, head counts vs mesh.sp (SPEC 5.2), precision vs device, ...). world_size is the number
+// values, head counts vs mesh.sp, precision vs device, ...). world_size is the number
 // of ranks when known (then mesh.dp * mesh.sp must equal it), or -1 when unknown.
 // Throws UserError naming the first offending key. REQUIRES: world_size == -1 or >= 1.
 void validate(RunConfig& config, int world_size = -1);

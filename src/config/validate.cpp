@@ -102,7 +102,7 @@ void validate_model(ModelOptions& m) {
   }
 }
 
-// Mesh vs world and vs the model's head counts (SPEC 5.2).
+// Mesh vs world and vs the model's head counts.
 void validate_mesh(const RunConfig& c, int world_size) {
   const int64_t sp = c.mesh.sp, hq = c.model.num_heads, hkv = c.model.num_kv_heads;
   at_least("mesh.sp", sp, 1);

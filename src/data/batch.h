@@ -1,4 +1,4 @@
-// One micro-batch as one rank sees it (SPEC 5.3): its SP shard of each sample's inputs, labels
+// One micro-batch as one rank sees it: its SP shard of each sample's inputs, labels
 // (shifted before sharding) and global position ids, plus full-sequence document ids when packed.
 #pragma once
 #include <ATen/ATen.h>

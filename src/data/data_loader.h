@@ -1,4 +1,4 @@
-// The training (and evaluation) data of one rank (SPEC 5.3). Step s (1-based) uses global samples
+// The training (and evaluation) data of one rank. Step s (1-based) uses global samples
 // [(s-1)*G, s*G), G = dp * micro_batch * grad_accum (a resumed run continues the stream where the
 // checkpoint left it: continue_from). DP rank d takes the d-th block of mb*ga of
 // them, micro-step m the m-th block of mb within that; SP rank r takes positions
@@ -40,7 +40,7 @@ class DataLoader {
   int64_t local_length() const { return padded_length_ / sp_size_; }  // sl/sp
 
   // Count of valid labels over the whole global batch of `step` (all dp ranks, micro-steps,
-  // shards): the loss denominator of SPEC 5.4. Equal on every rank. REQUIRES: step >= 1.
+  // shards): the loss denominator. Equal on every rank. REQUIRES: step >= 1.
   int64_t global_valid_tokens(int64_t step) const;
 
   // Index of the global sample that row `row` of micro_batch(step, micro) holds on this rank.

@@ -1,4 +1,4 @@
-// Turns one sample's tokens into a training row (SPEC 5.3): next-token labels within the sample,
+// Turns one sample's tokens into a training row: next-token labels within the sample,
 // computed BEFORE any SP sharding; per-document positions and ids when packing; padding to P.
 #pragma once
 #include <ATen/ATen.h>

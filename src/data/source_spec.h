@@ -1,4 +1,4 @@
-// A data source string (SPEC 5.3) parsed into its kind and path: "synthetic", "tokens:PATH" (flat
+// A data source string parsed into its kind and path: "synthetic", "tokens:PATH" (flat
 // uint16/uint32 token file) or "megatron:PREFIX" (Megatron-LM PREFIX.bin + PREFIX.idx).
 #pragma once
 #include <string>

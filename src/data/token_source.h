@@ -1,4 +1,4 @@
-// The interface of every token source (SPEC 5.3): sample i is L tokens, plus the offsets where
+// The interface of every token source: sample i is L tokens, plus the offsets where
 // documents begin inside it (used by packing). Implementations: synthetic_source.h,
 // flat_token_source.h, megatron_source.h; open_token_source() picks one from the run config.
 #pragma once

@@ -1,4 +1,4 @@
-// Per-layer activation checkpointing (SPEC 5.5), installed through
+// Per-layer activation checkpointing, installed through
 // LlamaForCausalLM::set_layer_runner: each decoder layer's forward runs without building a graph
 // and keeps only its input hidden state [bs, T, h] (on the device, or offloaded to host memory);
 // backward recomputes the layer with grad enabled and backpropagates through it (reentrant style:

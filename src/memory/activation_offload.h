@@ -1,4 +1,4 @@
-// CPU offload of checkpointed hidden states (SPEC 5.5): a layer's saved input [bs, T, h] leaves
+// CPU offload of checkpointed hidden states: a layer's saved input [bs, T, h] leaves
 // the device right after the layer's forward and comes back for its recompute in backward.
 //
 // On CUDA the copies run on one side stream per offloader into pinned host buffers, ordered

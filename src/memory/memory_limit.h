@@ -1,4 +1,4 @@
-// The per-rank memory cap `memory.limit_gib` (SPEC 5.5), which makes out-of-memory behaviour
+// The per-rank memory cap `memory.limit_gib`, which makes out-of-memory behaviour
 // testable without a GPU. How the limit is interpreted:
 //   CPU device: the process may use limit_gib of address space *beyond what it had reserved when
 //     the limit was applied* (its "baseline": libraries, Gloo threads, OpenMP pool and their malloc

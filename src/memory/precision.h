@@ -1,4 +1,4 @@
-// memory.precision (SPEC 5.5): the dtype of parameters and activations. bf16 keeps fp32 master
+// memory.precision: the dtype of parameters and activations. bf16 keeps fp32 master
 // weights in the optimizer (optim/adamw.h) and computes the loss, RMSNorm statistics and attention
 // softmax in fp32 (model/); the config accepts bf16 only with train.device cuda, while this
 // function and the code paths behind it also work on CPU for unit tests.

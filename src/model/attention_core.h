@@ -1,4 +1,4 @@
-// The one interface through which a decoder layer computes softmax(QK^T)V (SPEC 5.1), the local
+// The one interface through which a decoder layer computes softmax(QK^T)V, the local
 // (single-process) causal attention every core ends in, and the choice of its backend.
 // The layer keeps the q/k/v projections, RoPE and o_proj; only the core sits behind this
 // interface, so Ulysses SP (src/sp/) plugs in as another AttentionCore.

@@ -1,4 +1,4 @@
-// The Llama-family decoder (SPEC 5.1) with HF module names, so named_parameters() yields
+// The Llama-family decoder with HF module names, so named_parameters() yields
 // "model.embed_tokens.weight", "model.layers.<i>.self_attn.q_proj.weight", ...,
 // "model.norm.weight", "lm_head.weight" (absent with tie_embeddings) in HF's order.
 #pragma once
@@ -50,7 +50,7 @@ class LlamaModelImpl : public torch::nn::Module {
   RMSNorm norm{nullptr};                  // weight [h]
 
   LayerRunner layer_runner;        // empty = layer.forward
-  bool skip_all_but_last = false;  // attention.skip_all_but_last (SPEC 5.2)
+  bool skip_all_but_last = false;  // attention.skip_all_but_last
 
  private:
   RotaryEmbedding rotary_;

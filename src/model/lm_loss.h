@@ -1,5 +1,5 @@
 // The LM head + token cross-entropy as a (sum, count) pair, so that the step loss is
-// sum over all ranks / count over all ranks (SPEC 5.4), never a mean of per-rank means.
+// sum over all ranks / count over all ranks, never a mean of per-rank means.
 #pragma once
 #include <ATen/ATen.h>
 

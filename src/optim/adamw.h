@@ -26,7 +26,7 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // A parameter whose grad() is undefined is skipped entirely: no decay, and its own step t does not
 // advance (torch keeps one step counter per parameter; so does this class).
 //
-// Precision and placement (SPEC 5.5): fp32/fp64 parameters on kDevice are updated in place in
+// Precision and placement: fp32/fp64 parameters on kDevice are updated in place in
 // their dtype. bf16/fp16 parameters get an fp32 master copy and fp32 moments: the update runs on
 // the master (the gradient converted to fp32), then the master is copied into the parameter.
 // kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in

@@ -1,4 +1,4 @@
-// What a profiled scope spends its time on (SPEC 6): the NVTX category of its range and the
+// What a profiled scope spends its time on: the NVTX category of its range and the
 // bucket its exclusive time is summed into in the step's metrics.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Model FLOPs of a Llama training step, for achieved TFLOP/s and MFU (SPEC 5.7, 6), and the
+// Model FLOPs of a Llama training step, for achieved TFLOP/s and MFU, and the
 // hardware peak they are compared with.
 //
 // FLOPs count 2 per multiply-add; a training step is forward + backward = 3 x forward. Per
@@ -38,7 +38,8 @@ TrainingFlops training_flops(const config::ModelOptions& model, int64_t seq_len)
 double causal_attention_forward_flops(int64_t seq_len, int64_t heads, int64_t head_dim);
 
 // The environment variable carrying the peak FLOP/s of one device (one rank) for the run's
-// precision, in TFLOP/s, as the tuner sets it from a hardware profile (profiles/hardware/).
+// precision, in TFLOP/s, when profile.peak_tflops is not set (sweep trials set that key from the
+// hardware profile, profiles/hardware/).
 inline constexpr const char* kPeakTflopsVariable = "ULYSSES_PEAK_TFLOPS";
 
 // Peak FLOP/s per rank from $ULYSSES_PEAK_TFLOPS, or 0 when it is unset or empty (MFU unknown).

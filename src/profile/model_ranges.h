@@ -1,4 +1,4 @@
-// NVTX ranges and timers inside the model (SPEC 6, STYLE 7): one "layer" range per decoder layer
+// NVTX ranges and timers inside the model: one "layer" range per decoder layer
 // call (payload = layer index), one "mlp" phase (compute) per MLP call, and an "attention" phase
 // around a local (non-SP) attention core, installed as wrappers around the model's layer and MLP
 // runners and its attention core. (Ulysses attention times its own core, between its

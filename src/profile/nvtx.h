@@ -1,4 +1,4 @@
-// NVTX3 ranges in domain "ulysses" (SPEC 6): registered strings, the categories of category.h
+// NVTX3 ranges in domain "ulysses": registered strings, the categories of category.h
 // (named comm / compute / offload / optimizer, with one color each) and an integer payload.
 //
 // Compiled in only where ULYSSES_HAS_NVTX is defined (CMake defines it for src/profile when the

@@ -1,4 +1,4 @@
-// Per-step time by phase and by category (SPEC 6), and the NVTX ranges that go with it.
+// Per-step time by phase and by category, and the NVTX ranges that go with it.
 //
 // A ScopedPhase is one scope seen three ways: an NVTX range in domain "ulysses" with its
 // category (profile/nvtx.h), its inclusive time under its name in the step's `phases`, and its

@@ -1,4 +1,4 @@
-// sequence_tiled_compute (SPEC 5.5, ALST's SequenceTiledCompute): runs a function over tiles of
+// sequence_tiled_compute (ALST's SequenceTiledCompute): runs a function over tiles of
 // the sequence dim so that only one tile's activations exist at a time, in forward and backward.
 // TiledMLP (tiled_mlp.h) is built on it.
 #pragma once

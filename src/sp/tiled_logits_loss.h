@@ -1,4 +1,4 @@
-// TiledLogitsLoss (SPEC 5.5): the LM head + summed cross-entropy over tiles of the sequence, with
+// TiledLogitsLoss: the LM head + summed cross-entropy over tiles of the sequence, with
 // each tile's backward computed inside the forward pass, so that the full [bs, T, V] logits never
 // exist: one tile's [bs*T_i, V] logits at a time. Same result as model::lm_loss_sum.
 #pragma once

@@ -1,4 +1,4 @@
-// TiledMLP (SPEC 5.5): each layer's SwiGLU MLP run over sequence tiles through
+// TiledMLP: each layer's SwiGLU MLP run over sequence tiles through
 // sequence_tiled_compute, so its [bs, T, ffn] intermediates exist for one tile at a time in
 // forward and in backward. Installed in a model with LlamaForCausalLM::set_mlp_runner.
 #pragma once

@@ -1,4 +1,4 @@
-// Ulysses sequence-parallel attention (SPEC 5.2): each rank holds sl/sp positions of every head;
+// Ulysses sequence-parallel attention: each rank holds sl/sp positions of every head;
 // one packed all-to-all turns that into all sl positions of hq/sp heads, attention runs over the
 // full sequence locally, and one all-to-all turns the output back.
 #pragma once

@@ -1,4 +1,4 @@
-// Checkpoints (SPEC 5.7): <dir>/step-<N>/ holds model.safetensors with HF Llama names, config.json
+// Checkpoints: <dir>/step-<N>/ holds model.safetensors with HF Llama names, config.json
 // (HF LlamaConfig), the AdamW state and trainer_state.json (step, seeds, data position, mesh), so
 // that resume continues bit-for-bit. A checkpoint is written under a temporary name, fsynced and
 // renamed, so a crash never leaves a half checkpoint that looks whole.

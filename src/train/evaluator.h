@@ -1,4 +1,4 @@
-// Held-out evaluation (SPEC 5.6): loss and perplexity overall and per position bucket
+// Held-out evaluation: loss and perplexity overall and per position bucket
 // (halves of the context from its end: [L/2, L), [L/4, L/2), ...; position_bucket_edges), so a user sees whether the model
 // uses the long context. Runs with SP, or without it (attention.disable_in_eval): then the first
 // rank of each SP group evaluates the group's whole sequences with local attention.

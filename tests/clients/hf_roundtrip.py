@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real-client round trip with Hugging Face transformers (SPEC 5.1, 5.3, 5.4, 5.7).
+"""Real-client round trip with Hugging Face transformers.
 
 Forward direction: ulysses-train trains a small Llama on a flat uint16 token file and writes HF
 checkpoints (initial/, step-1/, step-2/); transformers' LlamaForCausalLM.from_pretrained loads
@@ -33,7 +33,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-LOSS_RTOL = 1e-5   # SPEC 5.4: relative 1e-5 on the loss (fp32)
+LOSS_RTOL = 1e-5   # relative 1e-5 on the loss (fp32)
 NORM_RTOL = 1e-4   # gradients are held to 1e-4
 
 # Model shapes per case, in the run config's `model:` keys (tiny: each case runs in seconds).
@@ -57,7 +57,7 @@ CASES = {
     "forward_gqa": ("forward", dict(GQA, tie_embeddings=False), {"length": 128}),
     "forward_rope_llama3": ("forward", dict(GQA, tie_embeddings=False, **LLAMA3_ROPE),
                             {"length": 128}),
-    # sp 2 over 2 ranks; length 127 is padded to 128 with an ignored label (SPEC 5.3).
+    # sp 2 over 2 ranks; length 127 is padded to 128 with an ignored label.
     "forward_sp2": ("forward", dict(GQA, tie_embeddings=False), {"length": 127, "sp": 2}),
     "reverse_untied": ("reverse", dict(SMALL, tie_embeddings=False), {}),
     "reverse_tied": ("reverse", dict(SMALL, tie_embeddings=True, vocab_size=384), {}),

@@ -90,7 +90,7 @@ TEST(RunConfig, SequenceLengthNotDivisibleBySpIsFine) {
 }
 
 TEST(RunConfig, KvHeadsFewerThanSpAreReplicatedNotRejected) {
-  // tiny: 8 query heads, 2 KV heads; sp 4 and 8 replicate each KV head sp/2 times (SPEC 5.2).
+  // tiny: 8 query heads, 2 KV heads; sp 4 and 8 replicate each KV head sp/2 times.
   for (int sp : {1, 2, 4, 8}) {
     const RunConfig c = parse_run_config_yaml("mesh: {sp: " + std::to_string(sp) + "}\n");
     EXPECT_EQ(c.mesh.sp, sp);

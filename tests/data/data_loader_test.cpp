@@ -1,7 +1,7 @@
 // DataLoader against single-process references: for several (dp, sp, micro_batch, grad_accum) and
 // L not divisible by sp, the shards of all ranks and micro-steps reassemble exactly the dp=1, sp=1,
 // mb=G batch of the same step; labels are shifted before sharding; packing, padding and the global
-// valid-token count follow SPEC 5.3. All comparisons are exact (integer tensors).
+// valid-token count follow the data rules. All comparisons are exact (integer tensors).
 #include "data/data_loader.h"
 
 #include <gtest/gtest.h>
@@ -78,7 +78,7 @@ Assembled assemble(const config::DataOptions& data, int64_t length, const Layout
   return out;
 }
 
-// The rules of SPEC 5.3 checked on a reference batch [G, L] from its own inputs, independently of
+// The data rules checked on a reference batch [G, L] from its own inputs, independently of
 // how the loader computes them: a label is the next input unless the position is the last or the
 // next one restarts its position count; positions restart exactly where doc ids change.
 void expect_consistent_rows(const Batch& reference, bool packed) {

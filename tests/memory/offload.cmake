@@ -1,5 +1,5 @@
-# Activation checkpointing + offload, optimizer offload, bf16 master weights and the memory limit
-# (SPEC 5.5); include()'d from tests/memory/CMakeLists.txt. The memory-limit test runs the
+# Activation checkpointing + offload, optimizer offload, bf16 master weights and the memory limit;
+# include()'d from tests/memory/CMakeLists.txt. The memory-limit test runs the
 # ulysses-train binary.
 ulysses_test(offload_tests SOURCES offload_test.cpp DEPS ulysses_train_lib LABELS memory TIMEOUT 600)
 add_dependencies(offload_tests ulysses_train)

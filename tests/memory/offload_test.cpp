@@ -1,4 +1,4 @@
-// SPEC 5.5 memory features of src/memory and optim/adamw: activation checkpointing, CPU offload
+// The memory features of src/memory and optim/adamw: activation checkpointing, CPU offload
 // of the checkpointed hidden states, optimizer offload, bf16 with fp32 master weights, and the
 // per-rank memory limit. Every feature is held to the plain path: the same loss (fp32: relative
 // 1e-5) and gradients (relative 1e-4 per parameter) through train::compute_gradients, with sp 1
@@ -33,8 +33,8 @@ namespace fs = std::filesystem;
 namespace ulysses {
 namespace {
 
-constexpr double kLossRelTol = 1e-5;  // SPEC 5.4, fp32
-constexpr double kGradRelTol = 1e-4;  // SPEC 5.4, fp32, per parameter tensor (relative L2)
+constexpr double kLossRelTol = 1e-5;  // fp32, the equivalence tolerance
+constexpr double kGradRelTol = 1e-4;  // fp32, per parameter tensor (relative L2)
 // bf16 weights and activations against the fp32 model on the same inputs: bf16 keeps 8 bits of
 // mantissa (relative rounding 2^-9), which grows through two layers and the backward pass.
 // Measured on the test's model: loss 5e-5, gradients at most 1.2e-2 (relative L2).

@@ -1,4 +1,4 @@
-# Sequence tiling (SPEC 5.5): sequence_tiled_compute, TiledMLP, TiledLogitsLoss against the plain
+# Sequence tiling: sequence_tiled_compute, TiledMLP, TiledLogitsLoss against the plain
 # path, alone and through train::compute_gradients on 1 and 2 Gloo ranks;
 # include()'d from tests/memory/CMakeLists.txt.
 ulysses_test(tiling_tests SOURCES tiling_test.cpp DEPS ulysses_train_lib LABELS memory TIMEOUT 300)

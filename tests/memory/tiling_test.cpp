@@ -1,4 +1,4 @@
-// SPEC 5.5 sequence tiling: sequence_tiled_compute, TiledMLP and TiledLogitsLoss equal the plain
+// Sequence tiling: sequence_tiled_compute, TiledMLP and TiledLogitsLoss equal the plain
 // computation (outputs, input and parameter gradients), alone and through
 // train::compute_gradients on 1 and 2 real Gloo ranks (loss rel 1e-5, every gradient rel 1e-4).
 #include <ATen/CPUGeneratorImpl.h>
@@ -22,8 +22,8 @@ namespace {
 using testing::relative_error;
 
 constexpr double kOutputRelTol = 1e-5;  // fp32 tile outputs vs the whole-sequence computation
-constexpr double kLossRelTol = 1e-5;    // SPEC 5.4
-constexpr double kGradRelTol = 1e-4;    // SPEC 5.4, per tensor (relative L2)
+constexpr double kLossRelTol = 1e-5;    // the equivalence tolerance (fp32)
+constexpr double kGradRelTol = 1e-4;    // per tensor (relative L2)
 
 at::Tensor randn(at::IntArrayRef sizes, uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);

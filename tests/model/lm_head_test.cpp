@@ -1,4 +1,4 @@
-// The LM head runs its GEMM in the model's dtype and upcasts only the logits (issue 11 item 6: the
+// The LM head runs its GEMM in the model's dtype and upcasts only the logits (the
 // old head copied W to fp32 and ran fp32 GEMMs); per-token losses equal at::cross_entropy_loss.
 #include <gtest/gtest.h>
 

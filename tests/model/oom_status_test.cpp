@@ -1,4 +1,4 @@
-// Out of memory inside attention keeps its exit status (issue 11 item 3): an allocation failure
+// Out of memory inside attention keeps its exit status: an allocation failure
 // injected while a forced SDPA kernel runs must reach run_with_exit_status as out of memory (12),
 // not as the "attention.backend: ... cannot run these inputs" user error (2).
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // position_bucket_edges: halves of the context from its end at every length, so CPU-sized runs get
-// several buckets too (issue 12 item 10: fixed 1K edges gave a 256-token run one bucket).
+// several buckets too (fixed 1K edges gave a 256-token run one bucket).
 #include <gtest/gtest.h>
 
 #include "train/evaluator.h"

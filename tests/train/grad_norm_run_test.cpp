@@ -20,10 +20,10 @@ namespace fs = std::filesystem;
 namespace ulysses {
 namespace {
 
-// Step 1 starts from identical weights, so its gradients agree to SPEC 5.4's 1e-4 per tensor and
-// their norm far closer. Later steps start from weights that differ by the fp32 rounding
-// differences of earlier updates. Measured: every step of every mesh within 4e-7 of sp 1. An
-// sp-times factor is off by 100% (sp 2) or 300% (sp 4).
+// Step 1 starts from identical weights, so its gradients agree to the equivalence tolerance, 1e-4
+// per tensor and their norm far closer. Later steps start from weights that differ by the fp32
+// rounding differences of earlier updates. Measured: every step of every mesh within 4e-7 of sp 1.
+// An sp-times factor is off by 100% (sp 2) or 300% (sp 4).
 constexpr double kFirstStepRelTol = 1e-5;
 constexpr double kLaterStepRelTol = 1e-4;
 constexpr int64_t kSteps = 6;

@@ -1,9 +1,9 @@
-// An independent reference for SPEC 5.4: the loss and every gradient of one global batch, computed
-// from the model's weights with plain ATen ops in fp64 (embedding, RMSNorm, RoPE, causal softmax
-// attention with GQA and document masks, SwiGLU MLP, LM head, at::cross_entropy_loss with mean
-// reduction and ignore_index -100, backward). No project code sits between the weights and the
-// gradients, so a bug shared by every mesh's compute_gradients (loss scaling, RoPE, masking, GQA
-// grouping) shows here.
+// An independent reference for the equivalence tests: the loss and every gradient of one global
+// batch, computed from the model's weights with plain ATen ops in fp64 (embedding, RMSNorm, RoPE,
+// causal softmax attention with GQA and document masks, SwiGLU MLP, LM head, at::cross_entropy_loss
+// with mean reduction and ignore_index -100, backward). No project code sits between the weights
+// and the gradients, so a bug shared by every mesh's compute_gradients (loss scaling, RoPE,
+// masking, GQA grouping) shows here.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/torch.h>

@@ -1,8 +1,8 @@
-// SPEC 5.4 against an independent reference: every mesh's loss and gradients (compute_gradients on
-// real Gloo ranks, fp32) equal the plain-ATen fp64 computation of reference_llama.h on the whole
-// global batch (full logits -> cross_entropy(mean) -> backward), with no project code in between.
-// Also runs the Ulysses path through SDPA (auto and the forced CPU flash kernel) with packed
-// documents (doc masks) and GQA replication.
+// The equivalence tolerances against an independent reference: every mesh's loss and gradients
+// (compute_gradients on real Gloo ranks, fp32) equal the plain-ATen fp64 computation of
+// reference_llama.h on the whole global batch (full logits -> cross_entropy(mean) -> backward),
+// with no project code in between. Also runs the Ulysses path through SDPA (auto and the forced CPU
+// flash kernel) with packed documents (doc masks) and GQA replication.
 #include <gtest/gtest.h>
 
 #include "comm/mesh.h"
@@ -16,9 +16,9 @@
 namespace ulysses {
 namespace {
 
-// fp32 against an fp64 reference: SPEC 5.4's tolerances (relative 1e-5 on the loss, 1e-4 relative
-// L2 on each parameter gradient); fp32 rounding alone is orders of magnitude below them here,
-// while a wrong RoPE sign moves the loss by 6e-3 and every gradient by > 50%.
+// fp32 against an fp64 reference: the equivalence tolerances (relative 1e-5 on the loss, 1e-4
+// relative L2 on each parameter gradient); fp32 rounding alone is orders of magnitude below them
+// here, while a wrong RoPE sign moves the loss by 6e-3 and every gradient by > 50%.
 constexpr double kLossRelTol = 1e-5;
 constexpr double kGradRelTol = 1e-4;
 
@@ -93,7 +93,7 @@ TEST_P(ReferenceEquivalence, MeshGradientsMatchPlainAtenReference) {
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ReferenceEquivalence,
     ::testing::Values(
-        // issue 11 item 12: the five meshes (1x4 replicates each of 2 KV heads on 2 ranks)
+        // The five meshes (1x4 replicates each of 2 KV heads on 2 ranks)
         RefCase{"1x1", 1, 1, 4, 2}, RefCase{"1x2", 1, 2, 4, 2}, RefCase{"2x1", 2, 1, 4, 2},
         RefCase{"2x2", 2, 2, 4, 2}, RefCase{"1x4", 1, 4, 8, 2},
         // MQA, MHA, tied head, the math core, padding (22 over sp 4), accumulation + bs 2
@@ -102,7 +102,7 @@ INSTANTIATE_TEST_SUITE_P(
         RefCase{"math_2x2", 2, 2, 4, 2, 24, 1, 1, false, false, "math", "ulysses(sp=2, math)"},
         RefCase{"padding_1x4", 1, 4, 8, 4, 22},
         RefCase{"accum_bs2_2x2", 2, 2, 4, 2, 20, 2, 2},
-        // issue 11 item 14: Ulysses through SDPA with doc masks and GQA (replicated at sp 4)
+        // Ulysses through SDPA with doc masks and GQA (replicated at sp 4)
         RefCase{"packed_sdpa_1x1", 1, 1, 4, 2, 24, 2, 1, true, false, "auto", "local(sdpa)"},
         RefCase{"packed_sdpa_2x2", 2, 2, 4, 2, 24, 1, 1, true, false, "auto",
                 "ulysses(sp=2, sdpa)"},

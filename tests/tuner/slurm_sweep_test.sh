@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# runner: srun against a real SLURM (issue 15): starts a private single-node SLURM on this machine
+# runner: srun against a real SLURM: starts a private single-node SLURM on this machine
 # (scripts/slurm-local.sh), then
 #   1. a hanging trial (fake trainer) submitted with `sweep --submit` is killed by its step's time
 #      limit and classified `timeout` (runs while 2. runs: it sleeps);

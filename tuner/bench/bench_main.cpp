@@ -1,4 +1,4 @@
-// ulysses-bench: microbenchmarks on Google Benchmark (SPEC 6, 7 "Cost model"): all-to-all over
+// ulysses-bench: microbenchmarks on Google Benchmark: all-to-all over
 // the SP group, attention per backend and sequence length, GEMMs and MLP (plain, TiledMLP) at the
 // model's shapes, host<->device copies (CUDA). Its JSON output (--benchmark_format=json or
 // --benchmark_out) feeds `ulysses-tune calibrate`. Rank and world come from the environment as for

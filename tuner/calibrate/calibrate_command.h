@@ -1,6 +1,6 @@
 // `ulysses-tune calibrate`: runs ulysses-bench on the ranks a hardware profile describes (a
 // quick set on CPU), and stores the measured bandwidths and throughputs in the results
-// database's `calibrations` table, for the cost model (SPEC 7).
+// database's `calibrations` table, for the cost model.
 #pragma once
 #include <string>
 #include <vector>

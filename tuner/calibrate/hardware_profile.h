@@ -1,6 +1,6 @@
 // Hardware profiles (profiles/hardware/<name>.yaml): what a cluster offers per device and per
 // link, for calibration, MFU (peak FLOP/s) and the cost model's predictions for clusters not at
-// hand (SPEC 7). Figures are vendor peaks unless a comment in the file says otherwise;
+// hand. Figures are vendor peaks unless a comment in the file says otherwise;
 // `ulysses-tune calibrate` measures the achievable ones.
 //
 //   name: h100-sxm                     # defaults to the file stem

@@ -1,4 +1,4 @@
-// Calibration of the cost model from measured trials (SPEC 7): the memory model's runtime bytes
+// Calibration of the cost model from measured trials: the memory model's runtime bytes
 // and allocator fraction, and the time model's throughputs and per-step overhead, each a
 // least-squares fit (fit.h) over trials whose config and measurement are given.
 #pragma once

@@ -1,4 +1,4 @@
-// Calibration of the cost model's free coefficients from measurements (SPEC 7): ordinary least
+// Calibration of the cost model's free coefficients from measurements: ordinary least
 // squares y ~ X b over a handful of columns, solved by the normal equations (Gauss-Jordan with
 // partial pivoting). Used to refine memory and time coefficients from a sweep's own trials.
 #pragma once

@@ -1,4 +1,4 @@
-// The memory model of one rank (SPEC 7 "Cost model"): every component the trainer holds, each
+// The memory model of one rank: every component the trainer holds, each
 // with its formula (kept beside the bytes for reports), and how they combine into the peak.
 // Two entry points:
 //   lower_bound_peak  terms every configuration must hold at once; the sweep prunes with it (a

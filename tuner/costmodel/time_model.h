@@ -1,4 +1,4 @@
-// The time model of one training step (SPEC 7 "Cost model"): work counted from the run config
+// The time model of one training step: work counted from the run config
 // (FLOPs, all-to-all bytes, gradient all-reduce bytes, host-link bytes) and turned into
 // milliseconds by throughputs, calibrated (costmodel/fit.h) or taken from a hardware profile.
 #pragma once

@@ -1,4 +1,4 @@
-// SLURM batch scripts as plain data (SPEC 7 "Runners"): what `ulysses-tune sweep --submit` submits
+// SLURM batch scripts as plain data: what `ulysses-tune sweep --submit` submits
 // and the launch.sbatch that `recommend` writes beside launch.sh; and submitting one with sbatch.
 #pragma once
 #include <optional>

@@ -1,6 +1,6 @@
 // Reads an Nsight Systems SQLite export (`nsys export --type sqlite`) and splits GPU kernel time
 // into communication (NCCL kernels) and compute (all other kernels), with their overlap
-// (SPEC 6). Used by `ulysses-tune profile`; a pure function of the file.
+//. Used by `ulysses-tune profile`; a pure function of the file.
 //
 // Tables read: CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, shortName, demangledName; ns),
 // StringIds (id, value), and, when present, NVTX_EVENTS (push/pop ranges: eventType 59; domain

@@ -1,7 +1,7 @@
 // `ulysses-tune profile`: re-runs a trial (or any run config) under Nsight Systems with the
 // training-step NVTX range as capture range, exports the report to SQLite and stores the
 // kernel-time split (NCCL comm vs compute, their overlap; nsys_ingest.h) in the results
-// database's `profiles` table (SPEC 6).
+// database's `profiles` table.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-// The report's plots as gnuplot input (SPEC 7 "Report"): data files plus one script,
+// The report's plots as gnuplot input: data files plus one script,
 // plots.gp, that draws them as PNGs when run by gnuplot in the report directory. Pure: builds
 // text, writes nothing (plots.h writes the files and runs gnuplot).
 #pragma once

@@ -1,5 +1,5 @@
 // `ulysses-tune report`: turns one sweep of the results database into a report directory that
-// people read (SPEC 7 "Report"): README.md with tables and plots, trials.csv, the PNGs and the
+// people read: README.md with tables and plots, trials.csv, the PNGs and the
 // gnuplot script and data that drew them.
 #pragma once
 #include <string>

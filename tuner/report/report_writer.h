@@ -1,4 +1,4 @@
-// The report's README.md (SPEC 7 "Report"): the sweep, the basis of its memory figures
+// The report's README.md: the sweep, the basis of its memory figures
 // (memory_basis.h), its environment and search summary (with the objective's best trial), the
 // fastest and longest trial per mesh, the plots (or why each is missing) with the Pareto front's
 // trials, and a table of every trial.

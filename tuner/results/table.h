@@ -1,4 +1,4 @@
-// One table, three printers (STYLE 9): a Table of text cells rendered as an aligned terminal
+// One table, three printers: a Table of text cells rendered as an aligned terminal
 // table, a GitHub markdown table or RFC 4180 CSV. Builders in trial_table.h fill Tables from the
 // store's records; nothing here knows about trials.
 #pragma once

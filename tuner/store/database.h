@@ -1,4 +1,4 @@
-// A thin RAII layer over one SQLite connection (SPEC 7 "Store"): open with WAL and a busy
+// A thin RAII layer over one SQLite connection: open with WAL and a busy
 // timeout, run SQL, prepared statements with typed binds and columns, transactions.
 //
 // Every SQLite failure throws UserError("<db path>: <what> (<sqlite message>)"), so a missing,

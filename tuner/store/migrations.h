@@ -1,4 +1,4 @@
-// The store's schema as an ordered list of migrations (SPEC 7 "Store"). PRAGMA user_version
+// The store's schema as an ordered list of migrations. PRAGMA user_version
 // holds the number of migrations applied; opening a store applies the missing ones in order,
 // each in its own transaction, so a killed migration leaves the previous version intact.
 // New tables and columns are added by appending a migration, never by editing an old one.

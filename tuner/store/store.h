@@ -1,4 +1,4 @@
-// The tuner's results database (SPEC 7 "Store"): one SQLite file in WAL mode whose schema is
+// The tuner's results database: one SQLite file in WAL mode whose schema is
 // brought to the latest version on open (migrations.h). This file holds the records of
 // calibration (`ulysses-tune calibrate`) and of nsys profiles (`ulysses-tune profile`); the
 // sweep adds its tables through new migrations and its own accessors.

@@ -1,4 +1,4 @@
-// Sweeps and trials in the results database (SPEC 7 "Store"; records in trial_record.h, schema
+// Sweeps and trials in the results database (records in trial_record.h, schema
 // version 2 in migrations.cpp). Every write is one transaction, so a killed sweep leaves each
 // trial either absent, `running` (re-run by --resume) or complete with its steps and phases.
 // Errors are UserError naming the database file (database.h). Optional fields and "" timestamps

@@ -1,4 +1,4 @@
-// The records of a sweep as the store keeps them (SPEC 7 "Store"; schema in migrations.cpp,
+// The records of a sweep as the store keeps them (schema in migrations.cpp,
 // version 2): one SweepRecord per `ulysses-tune sweep` and one TrialRecord per point of its space
 // that the search ran, pruned, skipped or found invalid. One result schema, many printers
 // (terminal tables, markdown, CSV, JSON): everything that reports on a sweep reads these.

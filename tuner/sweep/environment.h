@@ -1,4 +1,4 @@
-// The environment a sweep ran in (SPEC 7 "Store"): host, CPU, devices, driver, LibTorch and NCCL
+// The environment a sweep ran in: host, CPU, devices, driver, LibTorch and NCCL
 // versions, the trainer's --version, the git revision of the source tree. Stored per sweep.
 #pragma once
 #include <string>

@@ -1,4 +1,4 @@
-// Terminal progress of a sweep (SPEC 7): one line per finished trial with trial i of about N,
+// Terminal progress of a sweep: one line per finished trial with trial i of about N,
 // elapsed time and ETA, and the best result so far.
 #pragma once
 #include <chrono>

@@ -1,4 +1,4 @@
-// How a trial ended (SPEC 7 "Trials"), decided from its ranks' exit statuses only, never from
+// How a trial ended, decided from its ranks' exit statuses only, never from
 // what they printed; the ranks' stderr only supplies the error text. Statuses are the strings of
 // store::kTrialStatuses.
 #pragma once

@@ -1,4 +1,4 @@
-// How a sweep's trials start their ranks (SPEC 7 "Runners"): one interface, two kinds. `local`
+// How a sweep's trials start their ranks: one interface, two kinds. `local`
 // runs the ranks as child processes of this machine (trial_runner.h); `srun` runs each trial as
 // one SLURM job step inside the current allocation (srun_runner.h).
 #pragma once

@@ -1,4 +1,4 @@
-// runner: srun (SPEC 7 "Runners"): a trial as one SLURM job step inside the current allocation.
+// runner: srun: a trial as one SLURM job step inside the current allocation.
 // The step command line, its environment and how its end maps to a trial status are pure
 // functions here (tested without SLURM); SrunRunner runs the step under the supervisor.
 #pragma once

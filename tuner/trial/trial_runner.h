@@ -1,4 +1,4 @@
-// One trial of a sweep (SPEC 7 "Trials", runner: local): the real ulysses-train ranks of one
+// One trial of a sweep (runner: local): the real ulysses-train ranks of one
 // configuration as supervised child processes with a timeout, then how it ended (classify.h) and
 // what it measured (measurements.h), ready for the store (store/trial_record.h).
 #pragma once
