@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/pinned_host.h"
 #include "optim/adamw_aten.h"
 #include "optim/cpu_adam.h"
 
@@ -27,10 +28,10 @@ const char* const kMaster = ".master";
 
 bool is_reduced(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
 
-// A host buffer for `param`'s state in `dtype`: pinned when the parameter lives on a GPU.
-at::Tensor host_buffer(const at::Tensor& param, at::ScalarType dtype) {
-  return at::empty(param.sizes(),
-                   at::TensorOptions(dtype).device(at::kCPU).pinned_memory(param.is_cuda()));
+// A host buffer of `param`'s shape in `dtype`, page-locked (of its exact size) when a GPU copies
+// into or out of it.
+at::Tensor host_buffer(const at::Tensor& param, at::ScalarType dtype, bool pinned) {
+  return zeros_on_host(param.sizes(), dtype, pinned);
 }
 
 void check_options(const config::OptimOptions& options) {
@@ -103,7 +104,7 @@ AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, Optimizer
       if (param.device().is_cpu() && param.is_contiguous() && dtype == master_dtype) {
         slot.master = param;  // its own master: updated in place, nothing to copy back
       } else {
-        slot.master = host_buffer(param, master_dtype);
+        slot.master = host_buffer(param, master_dtype, /*pinned=*/param.is_cuda());
         slot.master.copy_(param);
       }
     } else if (is_reduced(dtype)) {
@@ -131,9 +132,11 @@ void AdamW::check_grad(const Slot& slot, const at::Tensor& grad) const {
   const at::ScalarType param_dtype = slot.param.scalar_type();
   const bool dtype_ok = grad.scalar_type() == param_dtype ||
                         (is_reduced(param_dtype) && grad.scalar_type() == at::kFloat);
-  // kHost also takes host gradients of device parameters (GradientBuffers with on_host).
-  const bool device_ok = grad.device() == slot.param.device() ||
-                         (placement_ == OptimizerPlacement::kHost && grad.is_cpu());
+  // kHost also takes host gradients of device parameters (GradientBuffers with on_host) and device
+  // gradients of host parameters (ZeRO's host masters).
+  const bool device_ok =
+      grad.device() == slot.param.device() ||
+      (placement_ == OptimizerPlacement::kHost && (grad.is_cpu() || slot.param.is_cpu()));
   TORCH_CHECK(grad.sizes() == slot.param.sizes() && dtype_ok && device_ok,
               "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
               grad.scalar_type(), " device ", grad.device(), ", the parameter ",
@@ -155,14 +158,9 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const at::Tensor& grad = grads[i];
-    if (!grad.defined()) {
-      slot.staged = at::Tensor();  // a prefetched gradient that is not used
-      continue;
-    }
+    if (!grad.defined()) continue;
     if (placement_ == OptimizerPlacement::kHost) {
-      if (grad.is_cuda() && !grad.is_same(slot.staged)) {
-        start_host_copy(slot, grad);  // not prefetched: start it now, the others run meanwhile
-      }
+      if (grad.is_cuda()) start_host_copy(slot, grad);  // the others start meanwhile
       on_host.push_back(&slot);
       host_sources.push_back(grad);
     } else {
@@ -175,20 +173,9 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
   ++step_count_;
 }
 
-void AdamW::prefetch_gradient(size_t index, const at::Tensor& grad) {
-  TORCH_CHECK(index < slots_.size(), "AdamW::prefetch_gradient: index ", index, " of ",
-              slots_.size());
-  if (placement_ != OptimizerPlacement::kHost || !grad.defined() || !grad.is_cuda()) {
-    return;  // host gradients are read in place by step()
-  }
-  check_grad(slots_[index], grad);
-  at::NoGradGuard no_grad;
-  start_host_copy(slots_[index], grad);
-}
-
 void AdamW::start_host_copy(Slot& slot, const at::Tensor& grad) {
   if (!slot.host_grad.defined() || slot.host_grad.scalar_type() != grad.scalar_type()) {
-    slot.host_grad = host_buffer(slot.param, grad.scalar_type());
+    slot.host_grad = host_buffer(slot.param, grad.scalar_type(), /*pinned=*/true);
   }
   const c10::Device device = grad.device();
   const c10::impl::VirtualGuardImpl impl(device.type());
@@ -214,12 +201,16 @@ void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr, double gr
       slot.master.defined() ? slot.master.scalar_type() : slot.param.scalar_type();
   at::Tensor g = grad.to(update_dtype);  // [param shape], grad itself when already that dtype
   if (grad_scale != 1.0) g = g.mul(grad_scale);  // a temporary: grad is never written
-  if (!slot.master.defined()) {
-    adamw_aten_update(slot.param, g, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
-    return;
+  at::Tensor& weights = slot.master.defined() ? slot.master : slot.param;
+  // CUDA: one fused kernel per parameter (no temporaries); elsewhere, and where the kernel does not
+  // apply, the ATen ops over pieces (the CPU results stay equal to the host kernel's bit for bit).
+  if (weights.is_cuda() && fused_adamw_applies(weights, g, slot.exp_avg, slot.exp_avg_sq)) {
+    adamw_fused_update(weights, g, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
+  } else {
+    adamw_aten_update_in_pieces(weights, g, slot.exp_avg, slot.exp_avg_sq, lr, slot.step,
+                                options_);
   }
-  adamw_aten_update(slot.master, g, slot.exp_avg, slot.exp_avg_sq, lr, slot.step, options_);
-  slot.param.copy_(slot.master);
+  if (slot.master.defined()) slot.param.copy_(slot.master);
 }
 
 void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,

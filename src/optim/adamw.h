@@ -36,10 +36,10 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 //   - host gradients (of host parameters, or of CUDA parameters accumulated on the host during
 //     backward: GradientBuffers on_host, what the trainer does): read where they are, no copy
 //     (bf16/fp16 converted inline);
-//   - CUDA gradients: non_blocking copies, in the gradient's dtype, into pinned staging buffers on
-//     a side stream (after the work queued on the current stream), started by prefetch_gradient()
-//     as each gradient becomes final or else by step() per parameter; step() waits for the side
-//     stream once, then updates.
+//   - CUDA gradients (ZeRO's gradient shards of host masters): non_blocking copies, in the
+//     gradient's dtype, into page-locked staging buffers on a side stream (after the work queued
+//     on the current stream), all started by step() before it waits for the side stream once and
+//     updates.
 // Afterwards the master goes back into the parameter: host parameters are written by the same
 // pass (an fp32/fp64 contiguous host parameter is its own master: no copy at all); CUDA
 // parameters get a non_blocking copy from the pinned master on the current stream.
@@ -78,19 +78,10 @@ class AdamW {
   // dtype (e.g. fp32 accumulation buffers). kHost folds it into the fused pass; kDevice scales a
   // temporary per parameter when grad_scale != 1.
   // REQUIRES: lr >= 0; grad_scale finite and > 0; grads.size() == parameters().size(); each
-  // defined grads[i] is dense, on the parameter's device (kHost: or in host memory), with its
-  // shape ([param shape]) and its dtype or fp32 as above (violations trip a TORCH_CHECK naming
-  // the parameter).
+  // defined grads[i] is dense, on the parameter's device (kHost: or on the host for a device
+  // parameter, or on a device for a host parameter), with its shape ([param shape]) and its dtype
+  // or fp32 as above (violations trip a TORCH_CHECK naming the parameter).
   void step(double lr, const std::vector<at::Tensor>& grads, double grad_scale = 1.0);
-
-  // kHost only (no-op otherwise, and for host gradients): starts copying parameters()[index]'s
-  // gradient `grad` to host memory now, so that the copy overlaps the rest of backward. Call it
-  // once that gradient is final (e.g. from a hook after the last micro-batch's accumulation). The
-  // next step() uses the staged copy when its gradient for `index` is this same tensor (else it
-  // copies again); the caller must not modify `grad` until step() returns. Not concurrently
-  // with step(); at most one thread at a time (e.g. the autograd engine's device thread).
-  // REQUIRES: index < parameters().size(); grad as step(lr, grads) requires for that parameter.
-  void prefetch_gradient(size_t index, const at::Tensor& grad);
 
   // Number of step() calls so far (after load_state: the loaded count plus later calls).
   int64_t step_count() const { return step_count_; }

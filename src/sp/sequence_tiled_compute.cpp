@@ -3,6 +3,7 @@
 #include "sp/sequence_tiled_compute.h"
 
 #include "common/torch_compat.h"
+#include "sp/contribution_window.h"
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -72,6 +73,9 @@ struct SequenceTiledComputeBackward : public torch::autograd::Node {
     std::vector<at::Tensor> input_grads(inputs.size());  // [bs, T, ...] each, filled per tile
 
     at::AutoGradMode enable_grad(true);
+    // Every tile adds a contribution to fn's weights; a consumer may sum them where they are and
+    // move the sum once, when the last tile is done.
+    ContributionWindow tiles_contribute_together;
     for (const SequenceTile& tile : tiles) {
       std::vector<at::Tensor> shard_leaves;  // [bs, T_i, ...] each
       for (const auto& x : inputs) {

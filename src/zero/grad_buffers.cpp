@@ -1,13 +1,19 @@
 // fp32 gradient accumulation buffers and their bucketed reduction (see grad_buffers.h).
 #include "zero/grad_buffers.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
+#include "common/pinned_host.h"
 #include "profile/phase_timer.h"
+#include "sp/contribution_window.h"
 
 namespace ulysses::train {
 namespace {
@@ -16,25 +22,34 @@ at::ScalarType accumulation_dtype(at::ScalarType param_dtype) {
   return param_dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// Runs after autograd has accumulated a contribution into a parameter's .grad() (half precision,
-// or any parameter whose buffer is on the host): moves it into the fp32 buffer and releases it, so
-// the next contribution starts from nothing.
+// Runs after autograd has accumulated a half-precision contribution into a parameter's .grad():
+// adds it into the fp32 buffer on the same device and releases it, so the next contribution
+// starts from nothing.
 struct AccumulateIntoMainGrad : public torch::autograd::PostAccumulateGradHook {
   explicit AccumulateIntoMainGrad(at::Tensor main_grad) : main_grad(std::move(main_grad)) {}
   void operator()(const torch::autograd::Variable& param) override {
     at::Tensor& grad = param.mutable_grad();
     if (!grad.defined()) return;
-    if (grad.device() != main_grad.device()) {
-      main_grad.add_(grad.to(main_grad.device()));  // device -> host in the grad's dtype, then add
-    } else {
-      main_grad.add_(grad);  // fp32 += bf16, converted element by element
-    }
+    main_grad.add_(grad);  // fp32 += bf16, converted element by element
     grad.reset();
   }
   at::Tensor main_grad;  // [param shape] fp32 view of the flat buffer
 };
 
 }  // namespace
+
+// on_host: hands each contribution to its GradientBuffers and releases it.
+struct AccumulateOnHost : public torch::autograd::PostAccumulateGradHook {
+  AccumulateOnHost(GradientBuffers* owner, size_t index) : owner(owner), index(index) {}
+  void operator()(const torch::autograd::Variable& param) override {
+    at::Tensor& grad = param.mutable_grad();
+    if (!grad.defined()) return;
+    owner->contribute_on_host(index, grad);
+    grad.reset();
+  }
+  GradientBuffers* owner;
+  size_t index;
+};
 
 FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shards) {
   TORCH_CHECK(shards >= 1, "GradientBuffers: shards must be >= 1, got ", shards);
@@ -62,7 +77,12 @@ FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shard
 }
 
 GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards, bool on_host)
-    : params_(std::move(params)), grads_(params_.size()), hooked_(params_.size(), false) {
+    : params_(std::move(params)),
+      grads_(params_.size()),
+      hooked_(params_.size(), false),
+      on_host_(on_host),
+      staged_(params_.size()),
+      host_has_sum_(params_.size(), false) {
   const FlatLayout layout = plan_flat_layout(params_, shards);
   flat_index_ = layout.flat_index;
   flat_offset_ = layout.flat_offset;
@@ -73,22 +93,24 @@ GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards,
     TORCH_CHECK(p.is_leaf(), "GradientBuffers: parameters must be leaf tensors");
     at::Tensor& flat = flats_[flat_index_[i]];
     if (!flat.defined()) {
-      flat = at::zeros({layout.flat_numel[flat_index_[i]]},
-                       at::TensorOptions()
-                           .device(on_host ? at::Device(at::kCPU) : p.device())
-                           .dtype(accumulation_dtype(p.scalar_type())));  // [padded]
-      // Not pinned: nothing copies into it asynchronously, and the caching host allocator would
-      // round a pinned block of this size up to a power of two (up to twice the memory).
+      const int64_t numel = layout.flat_numel[flat_index_[i]];
+      const at::ScalarType dtype = accumulation_dtype(p.scalar_type());
+      flat = on_host ? zeros_on_host({numel}, dtype, /*pinned=*/p.is_cuda())  // [padded]
+                     : at::zeros({numel}, at::TensorOptions().device(p.device()).dtype(dtype));
     }
     grads_[i] = flat.narrow(0, flat_offset_[i], p.numel()).view(p.sizes());  // [param shape]
     if (!on_host && p.scalar_type() == grads_[i].scalar_type()) {
       p.mutable_grad() = grads_[i];
+      continue;
+    }
+    p.mutable_grad().reset();
+    if (on_host) {
+      torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<AccumulateOnHost>(this, i));
     } else {
-      p.mutable_grad().reset();
       torch::autograd::impl::set_post_acc_grad_hooks(
           p, std::make_unique<AccumulateIntoMainGrad>(grads_[i]));
-      hooked_[i] = true;
     }
+    hooked_[i] = true;
   }
 }
 
@@ -96,10 +118,102 @@ GradientBuffers::~GradientBuffers() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (hooked_[i]) torch::autograd::impl::set_post_acc_grad_hooks(params_[i], nullptr);
   }
+  try {
+    for (const c10::Stream& stream : side_streams_) stream.synchronize();  // nothing writes freed memory
+  } catch (...) {
+  }
+}
+
+void GradientBuffers::contribute_on_host(size_t i, const at::Tensor& grad) {
+  at::NoGradGuard no_grad;
+  at::Tensor& staged = staged_[i];
+  const bool first_in_window = !staged.defined();
+  if (first_in_window) {
+    if (host_has_sum_[i]) {
+      staged = at::empty(grads_[i].sizes(), grads_[i].options().device(grad.device()));
+      copy(staged, grads_[i]);  // the host sum so far, back beside the contribution
+      staged.add_(grad);
+    } else {
+      // The sum so far is zero, so it is the contribution in fp32 (for fp32 parameters the
+      // contribution itself: autograd's .grad is ours alone, and released by the hook).
+      staged = grad.to(grads_[i].scalar_type());
+    }
+  } else {
+    staged.add_(grad);  // fp32 += bf16, converted element by element
+  }
+  if (!sp::ContributionWindow::is_open()) {
+    move_to_host(i);
+    return;
+  }
+  if (first_in_window) pending_.push_back(i);
+  const unsigned long long generation = sp::ContributionWindow::generation();
+  if (window_generation_ != generation) {
+    window_generation_ = generation;
+    sp::ContributionWindow::when_closed([this] { move_pending_to_host(); });
+  }
+}
+
+void GradientBuffers::move_to_host(size_t i) {
+  copy(grads_[i], staged_[i]);
+  staged_[i] = at::Tensor();
+  host_has_sum_[i] = true;
+}
+
+void GradientBuffers::move_pending_to_host() {
+  for (size_t i : pending_) {
+    if (staged_[i].defined()) move_to_host(i);
+  }
+  pending_.clear();
+}
+
+c10::Stream GradientBuffers::side_stream(c10::Device device) {
+  auto stream = std::find_if(side_streams_.begin(), side_streams_.end(),
+                             [&](const c10::Stream& s) { return s.device() == device; });
+  if (stream != side_streams_.end()) return *stream;
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  side_streams_.push_back(impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false));
+  return side_streams_.back();
+}
+
+void GradientBuffers::copy(at::Tensor& dst, const at::Tensor& src) {
+  const at::Tensor& on_device = dst.is_cpu() ? src : dst;
+  if (on_device.is_cpu()) {
+    dst.copy_(src);  // host parameters: a plain copy
+    return;
+  }
+  const c10::Device device = on_device.device();
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  const c10::Stream compute = impl.getStream(device);
+  const c10::Stream side = side_stream(device);
+  // The side stream waits for what the compute stream has queued (the kernels that produced the
+  // sum, or the allocation of the tensor it fills), copies without blocking the host, and the
+  // compute stream waits for a copy to the device before it adds to it.
+  c10::Event queued(device.type());
+  queued.record(compute);
+  side.wait(queued);
+  {
+    const c10::StreamGuard on_side(side);
+    profile::ScopedPhase phase("offload", profile::kOverlapped);  // timed on the side stream
+    dst.copy_(src, /*non_blocking=*/true);
+  }
+  on_device.record_stream(side);  // its memory is not reused before the copy is done
+  if (!dst.is_cpu()) {
+    c10::Event copied(device.type());
+    copied.record(side);
+    compute.wait(copied);
+  }
+}
+
+void GradientBuffers::settle() {
+  if (!on_host_) return;
+  move_pending_to_host();
+  for (const c10::Stream& stream : side_streams_) stream.synchronize();
 }
 
 void GradientBuffers::zero() {
+  settle();
   for (auto& flat : flats_) flat.zero_();
+  std::fill(host_has_sum_.begin(), host_has_sum_.end(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads_[i].defined()) continue;
     if (hooked_[i]) {
@@ -112,6 +226,7 @@ void GradientBuffers::zero() {
 
 void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes) {
   TORCH_CHECK(bucket_bytes >= 1, "GradientBuffers::all_reduce: bucket_bytes must be >= 1");
+  settle();
   if (group.size() == 1) return;
   profile::ScopedPhase phase("grad_sync");
   for (auto& flat : flats_) {
@@ -124,6 +239,7 @@ void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes) {
 }
 
 void GradientBuffers::copy_to_param_grads() {
+  settle();
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!hooked_[i]) continue;
     params_[i].mutable_grad() = grads_[i].to(params_[i].device(), params_[i].scalar_type());

@@ -3,6 +3,7 @@
 // flat buffer, and reduced over ranks from there in buckets, without a gathered copy.
 #pragma once
 #include <ATen/ATen.h>
+#include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <vector>
@@ -44,17 +45,29 @@ class GradientBuffers {
   // entry in grads() is undefined); shards >= 1. Allocates zeroed buffers, each padded at its end
   // with zeros to a multiple of `shards` elements (ZeRO splits them into `shards` equal parts;
   // the padding is never written by autograd and stays zero until ZeRO reuses the buffer).
-  // on_host: the buffers live in host memory (pageable) whatever the
-  // parameters' device, and every parameter goes through the hook: each contribution leaves the
-  // device as autograd produces it (a blocking copy, during backward) and is added in fp32 on the
-  // CPU. With optimizer offload this is where the fused host AdamW reads them, so no fp32
-  // gradient (4 bytes per parameter) ever occupies device memory (DeepSpeed's ZeRO-Offload keeps
-  // its fp32 gradients on the host too). The sums are the same, bit for bit, as on the device.
+  // on_host: the buffers live in host memory whatever the parameters' device (page-locked when
+  // the parameters are on a GPU), and every parameter goes through the hook. With optimizer
+  // offload this is where the fused host AdamW reads them, so no fp32 gradient of the whole model
+  // ever occupies device memory (DeepSpeed's ZeRO-Offload keeps its fp32 gradients on the host
+  // too). A parameter's contributions are summed in fp32 beside the parameter, starting from its
+  // host sum so far, and the sum goes back to the host buffer: at once, or, for contributions that
+  // arrive while an sp::ContributionWindow is open (the tiles of a tiled MLP), once when the window
+  // closes, so a tiled layer's weights leave the device once per micro-batch and not once per tile.
+  // On a GPU both copies are non_blocking on a side stream, so backward does not wait for them
+  // (settle() does). Device memory: the fp32 sums of the parameters of one open window (one tiled
+  // MLP's weights) plus those in flight. The sums are the same, bit for bit, as on the device: the
+  // same fp32 additions in the same order.
   explicit GradientBuffers(std::vector<at::Tensor> params, int64_t shards = 1,
                            bool on_host = false);
   ~GradientBuffers();
   GradientBuffers(const GradientBuffers&) = delete;
   GradientBuffers& operator=(const GradientBuffers&) = delete;
+
+  // on_host: waits until every contribution is in the host buffers (moves the sums still beside
+  // the parameters, waits for the copies in flight). A no-op without on_host, and when nothing is
+  // pending. compute_gradients calls it after the last micro-batch; zero(), all_reduce() and
+  // copy_to_param_grads() call it first. grads() must not be read on the host before it.
+  void settle();
 
   // Zeros every buffer, and points each fp32/fp64 parameter's .grad() at its view again (in case
   // someone replaced it) and releases any bf16/fp16 .grad() left behind.
@@ -90,6 +103,21 @@ class GradientBuffers {
   std::vector<at::Tensor> flats_;   // [sum of numel, padded] one per (device, dtype)
   std::vector<int> flat_index_;     // per parameter: its flat in flats_, or -1
   std::vector<int64_t> flat_offset_;  // per parameter: its first element in that flat
+
+  // on_host: parameter i's contribution `grad` (its dtype, its device) into its fp32 sum.
+  friend struct AccumulateOnHost;
+  void contribute_on_host(size_t i, const at::Tensor& grad);
+  void move_to_host(size_t i);  // staged_[i] -> grads_[i] (replaces it), then drops staged_[i]
+  void move_pending_to_host();
+  void copy(at::Tensor& dst, const at::Tensor& src);  // device <-> host, on the side stream
+  c10::Stream side_stream(c10::Device device);
+
+  bool on_host_ = false;
+  std::vector<at::Tensor> staged_;     // per parameter: [param shape] fp32 sum beside the param
+  std::vector<bool> host_has_sum_;     // per parameter: grads_[i] may be non-zero
+  std::vector<size_t> pending_;        // staged in the open window, moved when it closes
+  unsigned long long window_generation_ = 0;  // the window pending_ is registered with
+  std::vector<c10::Stream> side_streams_;     // one per device, for the copies
 };
 
 }  // namespace ulysses::train

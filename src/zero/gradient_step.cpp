@@ -111,6 +111,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     add_loss(loss.sum.detach().to(at::kDouble));
   }
 
+  if (buffers != nullptr) buffers->settle();  // optimizer offload: every sum is on the host
   TORCH_CHECK(options.reduce || options.buffers != nullptr || partition != nullptr,
               "compute_gradients: reduce = false needs options.buffers");
   if (options.reduce && partition == nullptr) {

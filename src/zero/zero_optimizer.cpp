@@ -9,6 +9,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "common/pinned_host.h"
 #include "profile/phase_timer.h"
 #include "zero/zero_partition.h"
 
@@ -31,9 +32,11 @@ ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world,
     TORCH_CHECK(flat.numel() % world_.size() == 0,
                 "ZeroOptimizer: gradient buffers must be padded to the world size");
     shard_numel_.push_back(flat.numel() / world_.size());
-    at::TensorOptions where = flat.options();
-    if (placement == OptimizerPlacement::kHost) where = where.device(at::kCPU);
-    masters_.push_back(at::zeros({shard_numel_.back()}, where));  // [S_f]
+    if (placement == OptimizerPlacement::kHost) {  // page-locked: the step's copies are async
+      masters_.push_back(zeros_on_host({shard_numel_.back()}, flat.scalar_type(), flat.is_cuda()));
+    } else {
+      masters_.push_back(at::zeros({shard_numel_.back()}, flat.options()));  // [S_f]
+    }
     named.emplace_back(flat_name(f), masters_.back());
   }
   copy_parameters_to_masters();
@@ -55,6 +58,9 @@ ZeroOptimizer::ZeroOptimizer(ZeroPartition& partition, const config::OptimOption
     if (partition.stage() == 3 && values.options().dtype() == where.dtype() &&
         values.device() == where.device()) {
       masters_.push_back(values);  // fp32 weights are their own masters, as in stage 0
+    } else if (placement == OptimizerPlacement::kHost) {  // page-locked: the copies are async
+      masters_.push_back(zeros_on_host({shard_numel_.back()}, where.dtype().toScalarType(),
+                                       partition.grad_shards()[i].is_cuda()));  // [S_i]
     } else {
       masters_.push_back(at::zeros({shard_numel_.back()}, where));  // [S_i]
     }
@@ -160,8 +166,9 @@ double ZeroOptimizer::clip(double max_norm) {
 }
 
 void ZeroOptimizer::step(double lr) {
-  std::vector<at::Tensor> grads = shard_grads();
-  for (size_t f = 0; f < grads.size(); ++f) grads[f] = grads[f].to(masters_[f].device());
+  // Device shards of host masters (optimizer offload) stay where they are: AdamW copies them to
+  // page-locked host buffers without blocking, all before its host pass waits for them.
+  const std::vector<at::Tensor> grads = shard_grads();
   {
     profile::ScopedPhase phase("optimizer");
     adamw_->step(lr, grads);

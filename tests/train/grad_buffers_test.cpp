@@ -4,7 +4,11 @@
 // exact in fp32, so no tolerance.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "comm/mesh.h"
+#include "sp/contribution_window.h"
+#include "sp/sequence_tiled_compute.h"
 #include "support/multi_rank.h"
 #include "zero/grad_buffers.h"
 
@@ -98,8 +102,8 @@ TEST(GradientBuffers, BucketedAllReduceSumsEveryElement) {
 // on_host (optimizer offload): every parameter, fp32 ones too, goes through the hook, so .grad()
 // is released after each contribution and the sums live in the host buffers. The sums equal the
 // on-device buffers' bit for bit (same fp32 adds in the same order; random values, no tolerance).
-// On this CPU-only machine the host is the parameters' device; the device-to-host copy in the
-// hook runs on CUDA only.
+// With host parameters the sums beside the parameters and their moves to the host buffers are
+// plain copies; with CUDA parameters the same steps are asynchronous copies on a side stream.
 TEST(GradientBuffers, OnHostSumsEqualTheDeviceBuffersBitForBit) {
   at::manual_seed(5);
   const at::Tensor init32 = at::randn({5, 3});
@@ -126,6 +130,75 @@ TEST(GradientBuffers, OnHostSumsEqualTheDeviceBuffersBitForBit) {
   host_buffers.copy_to_param_grads();  // the parameter's device and dtype
   EXPECT_EQ(a_host.grad().scalar_type(), at::kFloat);
   EXPECT_EQ(b_host.grad().scalar_type(), at::kBFloat16);
+}
+
+// Contributions that arrive while a ContributionWindow is open are summed beside the parameter and
+// reach the host buffer once, when the outermost window closes; outside a window each one reaches
+// it at once. The sums stay equal to the device buffers' bit for bit, starting from the host sum
+// so far. (256 + 255 ones: 511 is exact in fp32, where bf16 accumulation would stop at 256.)
+TEST(GradientBuffers, OnHostContributionsOfAWindowReachTheHostOnceItCloses) {
+  at::Tensor w = at::zeros({4}, at::kBFloat16).requires_grad_(true);
+  at::Tensor reference = at::zeros({4}, at::kBFloat16).requires_grad_(true);
+  GradientBuffers host({w}, /*shards=*/1, /*on_host=*/true);
+  GradientBuffers device({reference});
+  const auto both = [&](double scale) {
+    contribute(w, scale);
+    contribute(reference, scale);
+  };
+  both(1.0);
+  EXPECT_TRUE(at::equal(host.grads()[0], at::full({4}, 1.0f))) << "outside a window: at once";
+  {
+    sp::ContributionWindow outer;
+    both(256.0);
+    {
+      sp::ContributionWindow inner;
+      for (int i = 0; i < 255; ++i) both(1.0);
+    }
+    EXPECT_TRUE(at::equal(host.grads()[0], at::full({4}, 1.0f)))
+        << "moved before the outermost window closed";
+    EXPECT_FALSE(w.grad().defined());
+  }
+  EXPECT_TRUE(at::equal(host.grads()[0], at::full({4}, 512.0f))) << host.grads()[0];
+  EXPECT_TRUE(at::equal(host.grads()[0], device.grads()[0]));
+
+  // A window closed by an exception moves nothing; settle() moves what it left.
+  try {
+    sp::ContributionWindow window;
+    both(2.0);
+    throw std::runtime_error("backward failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_TRUE(at::equal(host.grads()[0], at::full({4}, 512.0f)));
+  host.settle();
+  EXPECT_TRUE(at::equal(host.grads()[0], at::full({4}, 514.0f)));
+  EXPECT_TRUE(at::equal(host.grads()[0], device.grads()[0]));
+  both(1.0);  // the next window registers again
+  EXPECT_TRUE(at::equal(host.grads()[0], at::full({4}, 515.0f)));
+}
+
+// A tiled computation (one backward per tile) opens the window itself: its weight gets the tiles'
+// sum in one move, equal bit for bit to the device buffers' tile-by-tile sum (random values).
+TEST(GradientBuffers, OnHostTiledWeightsMatchTheDeviceBuffersBitForBit) {
+  at::manual_seed(11);
+  const at::Tensor init = at::randn({6, 6}).to(at::kBFloat16);  // [h, h]
+  const at::Tensor x = at::randn({2, 10, 6}).to(at::kBFloat16);  // [bs, T, h]
+  at::Tensor w_host = init.clone().requires_grad_(true);
+  at::Tensor w_device = init.clone().requires_grad_(true);
+  GradientBuffers host({w_host}, /*shards=*/1, /*on_host=*/true);
+  GradientBuffers device({w_device});
+  for (at::Tensor* w : {&w_host, &w_device}) {
+    const at::Tensor weight = *w;
+    const sp::TiledFn fn = [weight](const std::vector<at::Tensor>& shards,
+                                    const std::vector<at::Tensor>&) {
+      return at::matmul(shards[0], weight).tanh();  // [bs, T_i, h]
+    };
+    for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+      sp::sequence_tiled_compute(fn, /*shards=*/4, {x}).to(at::kFloat).sum().backward();
+    }
+  }
+  EXPECT_FALSE(w_host.grad().defined());
+  EXPECT_TRUE(at::equal(host.grads()[0], device.grads()[0]))
+      << (host.grads()[0] - device.grads()[0]).abs().max();
 }
 
 }  // namespace
