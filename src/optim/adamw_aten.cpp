@@ -34,6 +34,50 @@ void adamw_aten_update(at::Tensor weights, const at::Tensor& grad, at::Tensor ex
   weights.addcdiv_(exp_avg, denom, -step_size);
 }
 
+void adamw_aten_update_in_pieces(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
+                                 at::Tensor exp_avg_sq, double lr, int64_t step,
+                                 const config::OptimOptions& options) {
+  const int64_t numel = weights.numel();
+  const bool flat = weights.is_contiguous() && grad.is_contiguous() && exp_avg.is_contiguous() &&
+                    exp_avg_sq.is_contiguous();
+  if (!flat || numel <= kDevicePiece) {
+    adamw_aten_update(weights, grad, exp_avg, exp_avg_sq, lr, step, options);
+    return;
+  }
+  for (int64_t offset = 0; offset < numel; offset += kDevicePiece) {
+    const int64_t length = std::min(kDevicePiece, numel - offset);
+    auto piece = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, offset, length); };
+    adamw_aten_update(piece(weights), piece(grad), piece(exp_avg), piece(exp_avg_sq), lr, step,
+                      options);
+  }
+}
+
+bool fused_adamw_applies(const at::Tensor& weights, const at::Tensor& grad,
+                         const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  const at::ScalarType dtype = weights.scalar_type();
+  const bool floating = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+                        dtype == at::kHalf;
+  for (const at::Tensor* t : {&weights, &grad, &exp_avg, &exp_avg_sq}) {
+    if (t->scalar_type() != dtype || t->device() != weights.device() || !t->is_contiguous()) {
+      return false;
+    }
+  }
+  return floating;
+}
+
+void adamw_fused_update(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
+                        at::Tensor exp_avg_sq, double lr, int64_t step,
+                        const config::OptimOptions& o) {
+  TORCH_CHECK(fused_adamw_applies(weights, grad, exp_avg, exp_avg_sq),
+              "adamw_fused_update: tensors of different dtypes, devices or not contiguous");
+  // The kernel reads the (already incremented) step from a float tensor on the device.
+  const at::Tensor steps =
+      at::full({}, static_cast<double>(step), at::TensorOptions(at::kFloat).device(weights.device()));
+  at::_fused_adamw_({weights}, {grad}, {exp_avg}, {exp_avg_sq}, /*max_exp_avg_sqs=*/{}, {steps},
+                    lr, o.betas[0], o.betas[1], o.weight_decay, o.eps, /*amsgrad=*/false,
+                    /*maximize=*/false);
+}
+
 void adamw_aten_chunked_update(const std::vector<AtenHostBuffer>& buffers, double lr,
                                const config::OptimOptions& options) {
   struct Chunk {

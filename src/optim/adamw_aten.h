@@ -18,6 +18,28 @@ void adamw_aten_update(at::Tensor weights, const at::Tensor& grad, at::Tensor ex
                        at::Tensor exp_avg_sq, double lr, int64_t step,
                        const config::OptimOptions& options);
 
+// adamw_aten_update over contiguous pieces of kDevicePiece elements in turn, so the temporaries
+// of the update (the denominator: two at a time) are a piece's size, not the parameter's (4 GB for
+// a 128K x 8K embedding in fp32). The same results, element for element (elementwise ops; a piece
+// is a multiple of 64 elements, so ATen's vectorized/tail split lines up). Non-contiguous tensors
+// are updated whole.
+inline constexpr int64_t kDevicePiece = int64_t{1} << 22;  // 4M elements: 16 MiB in fp32
+void adamw_aten_update_in_pieces(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
+                                 at::Tensor exp_avg_sq, double lr, int64_t step,
+                                 const config::OptimOptions& options);
+
+// The same update as one fused kernel per call (ATen's _fused_adamw_, what
+// torch.optim.AdamW(fused=True) runs): one pass over memory, no temporaries. Equal to
+// adamw_aten_update up to rounding (it computes in a different order). The trainer uses it on
+// CUDA. REQUIRES: fused_adamw_applies(weights, grad, exp_avg, exp_avg_sq).
+void adamw_fused_update(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
+                        at::Tensor exp_avg_sq, double lr, int64_t step,
+                        const config::OptimOptions& options);
+// The fused kernel's conditions: one device, one floating dtype (fp32, fp64, bf16, fp16) for all
+// four, all contiguous.
+bool fused_adamw_applies(const at::Tensor& weights, const at::Tensor& grad,
+                         const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+
 // One buffer of the chunked host update: all [n] contiguous CPU tensors of the master dtype.
 struct AtenHostBuffer {
   at::Tensor master;      // [n] updated in place

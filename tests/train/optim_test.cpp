@@ -428,6 +428,52 @@ TEST(AdamW, ExplicitGradientsOfTheWrongCountOrDtypeAreRejected) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The device updates: the ATen ops in pieces, and ATen's fused kernel (CUDA's; its CPU twin here)
+
+// Five steps from equal random state (weight decay on; a size of two whole pieces and a tail).
+// The pieces are the whole-tensor ops element for element: tolerance 0.
+TEST(AdamW, UpdateInPiecesEqualsTheWholeTensorUpdateBitForBit) {
+  const config::OptimOptions options = adamw_options();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const int64_t n = 2 * kDevicePiece + 1000;
+  at::Tensor w = at::randn({n}, gen), m = at::zeros({n}), v = at::zeros({n});
+  at::Tensor w2 = w.clone(), m2 = m.clone(), v2 = v.clone();
+  for (int step = 1; step <= 5; ++step) {
+    const at::Tensor grad = at::randn({n}, gen);
+    adamw_aten_update(w, grad, m, v, lr_of_step(step), step, options);
+    adamw_aten_update_in_pieces(w2, grad, m2, v2, lr_of_step(step), step, options);
+  }
+  EXPECT_TRUE(torch::equal(w, w2));
+  EXPECT_TRUE(torch::equal(m, m2));
+  EXPECT_TRUE(torch::equal(v, v2));
+}
+
+// The fused kernel implements the same AdamW (decoupled weight decay, bias corrections, eps after
+// the square root, the incremented step): after 5 steps from equal state, weights within 1e-6
+// relative (it rounds in another order: a few fp32 ulps per step), moments within 1e-6 of their
+// largest value.
+TEST(AdamW, FusedKernelMatchesTheAtenOps) {
+  config::OptimOptions options = adamw_options();
+  options.weight_decay = 0.1;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const int64_t n = 4097;
+  at::Tensor w = at::randn({n}, gen), m = at::zeros({n}), v = at::zeros({n});
+  at::Tensor w2 = w.clone(), m2 = m.clone(), v2 = v.clone();
+  ASSERT_TRUE(fused_adamw_applies(w2, w2, m2, v2));
+  EXPECT_FALSE(fused_adamw_applies(w2, w2.to(at::kDouble), m2, v2));
+  for (int step = 1; step <= 5; ++step) {
+    const at::Tensor grad = at::randn({n}, gen);
+    adamw_aten_update(w, grad, m, v, lr_of_step(step), step, options);
+    adamw_fused_update(w2, grad, m2, v2, lr_of_step(step), step, options);
+  }
+  const double weight_error = ((w2 - w).abs() / w.abs().clamp_min(1e-3)).max().item<double>();
+  EXPECT_LT(weight_error, 1e-6);
+  // Moments near zero differ by rounding of the running sum: relative to their largest value.
+  EXPECT_LT(((m2 - m).abs().max() / m.abs().max()).item<double>(), 1e-6);
+  EXPECT_LT(((v2 - v).abs().max() / v.abs().max()).item<double>(), 1e-6);
+}
+
+// ---------------------------------------------------------------------------------------------
 // fused_adamw_cpu (the kHost kernel) against the ATen-op update
 
 // fused_adamw_cpu rounds like the ATen ops (adamw_aten_update), sqrt included: from the same
