@@ -34,7 +34,7 @@ LossSum lm_loss_sum(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
   LossSum out;
   out.sum =
       at::cross_entropy_loss(logits, flat_labels, /*weight=*/{}, at::Reduction::Sum, kIgnoreLabel);
-  out.count = flat_labels.ne(kIgnoreLabel).sum().item<int64_t>();
+  out.count = flat_labels.ne(kIgnoreLabel).sum();  // [] int64
   return out;
 }
 

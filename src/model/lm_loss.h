@@ -8,8 +8,9 @@ namespace ulysses::model {
 inline constexpr int64_t kIgnoreLabel = -100;
 
 struct LossSum {
-  at::Tensor sum;     // scalar fp32 (fp64 for fp64 operands), differentiable
-  int64_t count = 0;  // number of valid labels (label != -100)
+  at::Tensor sum;    // scalar fp32 (fp64 for fp64 operands), differentiable
+  at::Tensor count;  // [] int64 on the labels' device: the valid labels (label != -100); not read
+                     // on the host here, so computing a loss never waits for the device
 };
 
 // The LM head of one tile of rows: hidden @ lm_head_weight^T as one GEMM in the operands' dtype
@@ -29,7 +30,7 @@ at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& label
 // valid labels gives sum 0.
 //   hidden [bs, T, h], lm_head_weight [V, h], labels [bs, T] int64 (-100 or in [0, V))
 // The full [bs*T, V] logits exist in memory; TiledLogitsLoss (src/sp) avoids that.
-// Synchronizes with the device once to read count.
+// No device sync.
 LossSum lm_loss_sum(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
                     const at::Tensor& labels);
 

@@ -121,7 +121,7 @@ model::LossSum tiled_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& lm_
   out.sum = TiledLogitsLossFunction::apply(hidden, lm_head_weight, long_labels, tiles,
                                            grad_mode && hidden.requires_grad(),
                                            grad_mode && lm_head_weight.requires_grad());
-  out.count = long_labels.ne(model::kIgnoreLabel).sum().item<int64_t>();
+  out.count = long_labels.ne(model::kIgnoreLabel).sum();  // [] int64
   return out;
 }
 

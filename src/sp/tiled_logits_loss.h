@@ -24,7 +24,7 @@ inline constexpr int64_t kAutoLossTileBytes = int64_t{1} << 30;  // 1 GiB
 // dtype; it keeps grad_hidden [bs, T, h] and grad_weight [V, h] in the model's dtype (bf16 for a
 // bf16 model), and backward returns them times the actual incoming gradient. Gradients are computed only when grad mode is on and hidden / the weight
 // require grad. A tied weight (the embedding's) receives this gradient on top of the
-// embedding's, through the graph. Synchronizes with the device once to read count.
+// embedding's, through the graph. No device sync.
 // REQUIRES: tiles >= 1, T >= 1; shapes as above (TORCH_CHECK).
 model::LossSum tiled_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
                                  const at::Tensor& labels, int64_t tiles);

@@ -271,7 +271,7 @@ TEST_P(TiledLoss, MatchesPlainLossSum) {
 
   model::LossSum got = sp::tiled_lm_loss_sum(hidden_of(), head, labels, lc.tiles);
   (got.sum * kOuterScale).backward();
-  EXPECT_EQ(got.count, want.count);
+  EXPECT_EQ(got.count.item<int64_t>(), want.count.item<int64_t>());
   EXPECT_EQ(got.sum.scalar_type(), want.sum.scalar_type());
   EXPECT_LT(relative_error(got.sum, want.sum), kLossRelTol);
   EXPECT_LT(relative_error(take_grad(scale), want_scale), kGradRelTol) << "hidden path";
@@ -296,7 +296,7 @@ TEST(TiledLossEdge, AllLabelsIgnoredGivesZeroLossAndZeroGradients) {
   at::Tensor weight = randn({13, 8}, 42).requires_grad_(true);    // [V, h]
   at::Tensor labels = at::full({2, 5}, model::kIgnoreLabel, at::kLong);
   model::LossSum got = sp::tiled_lm_loss_sum(hidden, weight, labels, 2);
-  EXPECT_EQ(got.count, 0);
+  EXPECT_EQ(got.count.item<int64_t>(), 0);
   EXPECT_EQ(got.sum.item<double>(), 0.0);
   got.sum.backward();
   EXPECT_EQ(hidden.grad().abs().max().item<double>(), 0.0);

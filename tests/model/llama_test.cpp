@@ -173,7 +173,7 @@ TEST(LmLoss, SumAndCountMatchExplicitCrossEntropy) {
   at::Tensor weight = torch::randn({10, 6});    // [V, h]
   at::Tensor labels = torch::tensor({{3, -100, 9, 0}, {-100, -100, 5, 1}}, at::kLong);
   LossSum loss = lm_loss_sum(hidden, weight, labels);
-  EXPECT_EQ(loss.count, 5);
+  EXPECT_EQ(loss.count.item<int64_t>(), 5);
   EXPECT_EQ(loss.sum.scalar_type(), at::kFloat);
   double expected = 0;
   for (int64_t b = 0; b < 2; ++b)
@@ -185,7 +185,7 @@ TEST(LmLoss, SumAndCountMatchExplicitCrossEntropy) {
     }
   EXPECT_NEAR(loss.sum.item<double>(), expected, 1e-5 * std::abs(expected));
   LossSum none = lm_loss_sum(hidden, weight, torch::full({2, 4}, kIgnoreLabel, at::kLong));
-  EXPECT_EQ(none.count, 0);
+  EXPECT_EQ(none.count.item<int64_t>(), 0);
   EXPECT_EQ(none.sum.item<double>(), 0.0);
 }
 
@@ -205,7 +205,7 @@ void check_gradients_by_finite_differences(bool tied) {
   auto loss_of = [&]() {
     LossSum l = lm_loss_sum(model->forward_hidden(ids, pos, ctx), model->lm_head_weight(), labels);
     EXPECT_EQ(l.sum.scalar_type(), at::kDouble);
-    return l.sum / static_cast<double>(l.count);
+    return l.sum / static_cast<double>(l.count.item<int64_t>());
   };
   model->zero_grad();
   loss_of().backward();
