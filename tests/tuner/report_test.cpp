@@ -222,10 +222,14 @@ TEST(Plots, ATrialThatFitIsDrawnUnderItsLimitLine) {
   EXPECT_NEAR(limit_y, 0.108, 1e-9);
   std::map<int64_t, const TrialRecord*> by_id;
   for (const TrialRecord& t : data.trials) by_id[t.id] = &t;
-  int fit = 0;
+  int fit = 0, oom = 0;
   for (const auto& row : dat_rows(plot_file(files, "memory.dat"))) {
     ASSERT_EQ(row.size(), 3u);
     const TrialRecord& t = *by_id.at(static_cast<int64_t>(row[2]));
+    if (t.status == "oom") {  // on the limit it exceeded, whatever peak it measured before
+      EXPECT_NEAR(row[1], limit_y, 1e-9) << "trial " << t.id;
+      ++oom;
+    }
     if (t.status != "ok") continue;
     ++fit;
     // Whole-process peak 0.14..0.21 GiB; what the limit counts is the peak above the baseline.
@@ -233,6 +237,7 @@ TEST(Plots, ATrialThatFitIsDrawnUnderItsLimitLine) {
     EXPECT_NEAR(row[1], *peak_above_baseline(t) / kGiB, 1e-9) << "trial " << t.id;
   }
   EXPECT_EQ(fit, 16);  // 15 trials and the probe
+  EXPECT_EQ(oom, 2);
   // The basis and the baseline are named on the plot.
   EXPECT_NE(memory.find("peak above the start-up baseline (resident peak minus " +
                         gib(memory_baseline_bytes("cpu")) + " GiB, estimated)"),

@@ -163,9 +163,12 @@ void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
   auto add_block = [&](const std::string& name, const std::vector<TrialRecord>& group,
                        const std::string& style) {
     dat += "# " + name + "\n";
+    const bool at_limit = name == "out of memory";
     for (const auto& t : group) {
-      // The basis the limit counts (memory_basis.h); an OOM without a peak sits at its limit.
-      const double y = to_gib(t.peak_mem_bytes ? *peak_above_baseline(t) : *t.limit_bytes);
+      // The basis the limit counts (memory_basis.h). An out-of-memory trial sits on the limit it
+      // exceeded: the peak it measured before the failing allocation can lie below it.
+      const bool on_limit = at_limit && t.limit_bytes && *t.limit_bytes > 0;
+      const double y = to_gib(on_limit ? *t.limit_bytes : *peak_above_baseline(t));
       dat += std::to_string(t.seqlen) + " " + exact(y) + " " + std::to_string(t.id) + "\n";
       lengths.push_back(t.seqlen);
       lowest = std::min(lowest, y), top = std::max(top, y);

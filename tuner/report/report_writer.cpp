@@ -58,8 +58,10 @@ std::string plots_section(const SweepData& data, const std::vector<Plot>& plots)
       "Tokens/s per rank of every measured trial (status `ok`, not a memory probe), one line per "
       "mesh and configuration.",
       "Peak memory per rank above the start-up baseline (see Memory above); dashed: the per-rank "
-      "limit the trials ran under, on the same basis; crosses: trials that ran out of memory (at "
-      "their measured peak, or at the limit when none was measured).",
+      "limit the trials ran under, on the same basis; crosses: trials that ran out of memory, on the "
+      "limit they exceeded (the peak they measured before the failing allocation can be lower: on "
+      "a CPU the limit caps address space, which grows ahead of resident memory), or at their "
+      "measured peak when no limit was recorded.",
       "Median ms per step of each measured trial by category (trial_phases `compute_ms`, "
       "`comm_ms`, `offload_ms`, `optimizer_ms`); other = step ms minus their sum (0 when the "
       "phases overlap).",
