@@ -54,7 +54,8 @@ std::string describe_comm_failure(const std::string& op, const std::string& grou
   std::string what = "collective " + op + " on group " + group;
   if (mentions_any(lower, {"timed out", "timeout", "time out"})) {
     what += " timed out after " + format_seconds(timeout_s) +
-            " s (a peer rank probably died or stopped calling collectives)";
+            " s (comm.collective_timeout_s; a peer rank probably died or stopped calling "
+            "collectives)";
   } else if (mentions_any(lower, {"closed by peer", "connection reset", "connection refused",
                                   "broken pipe", "connection closed", "socket closed",
                                   "remote process exited", "nccl communicator was aborted"})) {

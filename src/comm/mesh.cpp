@@ -125,7 +125,8 @@ DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
   wait_for_all_ranks(*mesh.store_, key_prefix, env.world_size, opts.timeout_s,
                      store_address(env, opts));
 
-  GroupFactory factory{env, mesh.store_, key_prefix, backend, device, opts.timeout_s, {}};
+  GroupFactory factory{env, mesh.store_, key_prefix, backend, device, opts.collective_timeout_s,
+                       {}};
   std::vector<int> everyone;
   for (int r = 0; r < env.world_size; ++r) everyone.push_back(r);
   mesh.world_ = factory.make("world", 0, everyone);
@@ -146,6 +147,7 @@ DeviceMesh DeviceMesh::create_for_test(int rank, int world, const std::string& s
   env.source = "test";
   config::CommOptions opts;
   opts.timeout_s = timeout_s;
+  opts.collective_timeout_s = timeout_s;
   opts.store = "file:" + store_path;
   return create(env, dp, sp, opts, device);
 }

@@ -31,7 +31,8 @@ class DeviceMesh {
  public:
   // Rendezvous with all env.world_size ranks and build the groups. Store: opts.store ("tcp" =
   // TCPStore at env.master_addr:master_port served by rank 0, or "file:PATH"); backend:
-  // opts.backend (auto = gloo for CPU `device`, nccl for CUDA); collective timeout opts.timeout_s.
+  // opts.backend (auto = gloo for CPU `device`, nccl for CUDA); collective timeout
+  // opts.collective_timeout_s.
   // A world of 1 needs no store and no backend. Collective calls must come in the same order on
   // every rank, and so must calls to create() within one job (each gets its own store keys).
   // A CUDA `device` must be one of this node's devices and becomes the current device.
@@ -44,7 +45,7 @@ class DeviceMesh {
                            const config::CommOptions& opts, const at::Device& device);
 
   // create() for tests: a single-node world of `world` ranks over a FileStore at `store_path`,
-  // Gloo by default on CPU.
+  // Gloo by default on CPU; `timeout_s` is both the rendezvous and the collective timeout.
   static DeviceMesh create_for_test(int rank, int world, const std::string& store_path, int64_t dp,
                                     int64_t sp, double timeout_s = 60.0,
                                     const at::Device& device = at::Device(at::kCPU));

@@ -82,6 +82,10 @@ void check_comm_options(const config::CommOptions& opts) {
   if (!(opts.timeout_s > 0.0)) {
     throw UserError("comm.timeout_s: must be > 0, got " + std::to_string(opts.timeout_s));
   }
+  if (!(opts.collective_timeout_s > 0.0)) {
+    throw UserError("comm.collective_timeout_s: must be > 0, got " +
+                    std::to_string(opts.collective_timeout_s));
+  }
   const bool file_store = opts.store.rfind(kFileStorePrefix, 0) == 0;
   if (opts.store != "tcp" && !file_store) {
     throw UserError("comm.store: '" + opts.store + "' is neither tcp nor file:PATH");

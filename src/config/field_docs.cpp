@@ -125,7 +125,11 @@ const std::map<std::string, std::string>& meanings() {
       {"eval.every", "Evaluate every N steps (and after the last); 0 = only after the last."},
       {"eval.steps", "Eval batches per evaluation (>= 1)."},
       {"comm.timeout_s",
-       "Collective timeout in seconds: a dead peer makes the other ranks exit 13 after this."},
+       "Rendezvous timeout in seconds: every rank must arrive within it (else exit 13)."},
+      {"comm.collective_timeout_s",
+       "Timeout of one collective in seconds (NCCL counts from when it is queued, so it must "
+       "cover the compute queued ahead of it at long sequences); a collective past it makes the "
+       "ranks exit 13."},
       {"comm.store",
        "Rendezvous: tcp (MASTER_ADDR:MASTER_PORT) or file:PATH (a shared file)."},
       {"zero.stage",

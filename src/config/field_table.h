@@ -90,6 +90,7 @@ void for_each_field(C& c, Visit&& visit) {
   visit("eval", "every", c.eval.every);
   visit("eval", "steps", c.eval.steps);
   visit("comm", "timeout_s", c.comm.timeout_s);
+  visit("comm", "collective_timeout_s", c.comm.collective_timeout_s);
   visit("comm", "store", c.comm.store);
   visit("comm", "backend", c.comm.backend);
 }

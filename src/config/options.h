@@ -137,7 +137,12 @@ struct EvalOptions {
 
 // Distributed runtime (documented in README).
 struct CommOptions {
-  double timeout_s = 300.0;     // collective timeout: a dead peer fails the others after this
+  // Rendezvous: every rank must arrive, and the store answer, within this.
+  double timeout_s = 300.0;
+  // One collective: the backend aborts a collective that has not finished after this. NCCL counts
+  // from when the collective is queued, which at long sequences can be minutes of compute queued
+  // ahead of it; a dead peer is usually noticed sooner (a lost connection).
+  double collective_timeout_s = 1800.0;
   std::string store = "tcp";    // tcp (MASTER_ADDR:MASTER_PORT) | file:PATH
   std::string backend = "auto";  // auto (gloo on cpu, nccl on cuda) | gloo | nccl
 };

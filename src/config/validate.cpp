@@ -184,6 +184,7 @@ void validate_run(const RunConfig& c) {
   at_least("eval.steps", c.eval.steps, 1);
 
   positive("comm.timeout_s", c.comm.timeout_s);
+  positive("comm.collective_timeout_s", c.comm.collective_timeout_s);
   require(c.comm.store == "tcp" || (starts_with(c.comm.store, "file:") && c.comm.store.size() > 5),
           "comm.store", "must be tcp or file:PATH, got '" + c.comm.store + "'");
   one_of("comm.backend", c.comm.backend, {"auto", "gloo", "nccl"});

@@ -1,4 +1,4 @@
-// Failure paths on 2 real Gloo ranks with comm.timeout_s = 3: a peer that exits, and a peer that
+// Failure paths on 2 real Gloo ranks with both timeouts 3 s: a peer that exits, and a peer that
 // stays alive but never joins the collective, both make rank 0 get CommError instead of hanging;
 // a peer that never starts makes the rendezvous fail after the configured timeout.
 #include <gtest/gtest.h>

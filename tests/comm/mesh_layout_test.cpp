@@ -127,6 +127,9 @@ TEST(MeshLayout, BadShapesAreUserErrors) {
   bad = opts;
   bad.timeout_s = 0;
   expect_user_error([&] { DeviceMesh::create(env, 1, 2, bad, cpu); }, "comm.timeout_s: ");
+  bad = opts;
+  bad.collective_timeout_s = -1;
+  expect_user_error([&] { DeviceMesh::create(env, 1, 2, bad, cpu); }, "comm.collective_timeout_s: ");
 }
 
 TEST(MeshLayout, WorldOfOneNeedsNoBackend) {
@@ -159,8 +162,9 @@ TEST(MeshLayout, WorldOfOneNeedsNoBackend) {
 TEST(CommErrorText, ClassifiesBackendMessages) {
   EXPECT_EQ(describe_comm_failure("all_to_all", "sp", 30,
                                   "[gloo/pair.cc:598] Timed out waiting 30000ms for recv"),
-            "collective all_to_all on group sp timed out after 30 s (a peer rank probably died or "
-            "stopped calling collectives) [[gloo/pair.cc:598] Timed out waiting 30000ms for recv]");
+            "collective all_to_all on group sp timed out after 30 s (comm.collective_timeout_s; a "
+            "peer rank probably died or stopped calling collectives) [[gloo/pair.cc:598] Timed out "
+            "waiting 30000ms for recv]");
   EXPECT_EQ(describe_comm_failure("all_reduce", "world", 3,
                                   "Connection closed by peer [127.0.0.1]:4711\nbacktrace..."),
             "collective all_reduce on group world lost its connection to a peer (a peer rank "

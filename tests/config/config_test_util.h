@@ -114,6 +114,7 @@ inline void expect_same_config(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.eval.every, b.eval.every);
   EXPECT_EQ(a.eval.steps, b.eval.steps);
   EXPECT_EQ(a.comm.timeout_s, b.comm.timeout_s);
+  EXPECT_EQ(a.comm.collective_timeout_s, b.comm.collective_timeout_s);
   EXPECT_EQ(a.comm.store, b.comm.store);
   EXPECT_EQ(a.comm.backend, b.comm.backend);
 }

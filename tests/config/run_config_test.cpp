@@ -197,7 +197,7 @@ RunConfig every_field_changed() {
   c.profile = {2, false};
   c.output.dir = "2024";  // reads as a number unless quoted
   c.eval = {"synthetic", 3, 5, 2};
-  c.comm = {60.5, "file:/tmp/store", "nccl"};
+  c.comm = {60.5, 900.25, "file:/tmp/store", "nccl"};
   return c;
 }
 

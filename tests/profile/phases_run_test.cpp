@@ -52,6 +52,7 @@ config::RunConfig run_config(const std::string& dir) {
   c.profile.warmup_steps = 1;
   c.output.dir = dir;
   c.comm.timeout_s = 120;
+  c.comm.collective_timeout_s = 120;
   return c;
 }
 

@@ -31,6 +31,7 @@ inline config::RunConfig tiny_run_config(int64_t hq, int64_t hkv, int64_t dp, in
   c.data.seed = 3;
   c.train.steps = 1;
   c.comm.timeout_s = 60;
+  c.comm.collective_timeout_s = 60;
   return c;
 }
 
