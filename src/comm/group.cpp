@@ -173,6 +173,10 @@ at::Tensor Group::reduce_scatter(const at::Tensor& input) {
   at::Tensor out = at::empty_like(in[0]);               // [...]
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  if (!is_gloo_) {  // NCCL: the flat buffer as it is (the list form copies it into a new one)
+    run("reduce_scatter", [&] { return backend_->_reduce_scatter_base(out, in, options); });
+    return out.to(input.device(), input.scalar_type());
+  }
   std::vector<at::Tensor> outputs = {out};
   std::vector<std::vector<at::Tensor>> inputs(1);
   for (int i = 0; i < size(); ++i) inputs[0].push_back(in[i]);  // contiguous views of in

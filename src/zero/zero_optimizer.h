@@ -106,6 +106,9 @@ class ZeroOptimizer {
   };
   ShardSlice shard_slice(size_t i) const;
   std::string entry_name(size_t f) const;  // "zero.flat<f>" or "zero.param<f>"
+  // ZeRO-1: the dtype buffer f is all-gathered in: its parameters' common dtype when narrower
+  // than the accumulation dtype, else the accumulation dtype.
+  at::ScalarType gathered_dtype(size_t f) const;
 
   // Copies the parameters' values that fall in this rank's shard of each flat into masters_.
   void copy_parameters_to_masters();
