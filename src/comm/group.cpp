@@ -132,19 +132,28 @@ at::Tensor Group::all_to_all_single(const at::Tensor& input,
 
 at::Tensor Group::all_gather(const at::Tensor& t) { return all_gather_start(t).wait(); }
 
-Group::PendingGather Group::all_gather_start(const at::Tensor& t) {
+Group::PendingGather Group::all_gather_start(const at::Tensor& t, at::Tensor into) {
   std::vector<int64_t> out_shape = {static_cast<int64_t>(size())};
   for (int64_t s : t.sizes()) out_shape.push_back(s);
+  if (into.defined()) {
+    TORCH_CHECK(into.sizes().equals(out_shape) && into.is_contiguous() &&
+                    into.scalar_type() == t.scalar_type() && into.device() == t.device(),
+                "all_gather_start on group ", name_, ": `into` must be a contiguous ",
+                c10::IntArrayRef(out_shape), " ", t.scalar_type(), " tensor on ", t.device(),
+                ", got ", into.sizes(), " ", into.scalar_type(), " on ", into.device());
+  }
   PendingGather pending;
   pending.device_ = t.device();
   pending.dtype_ = t.scalar_type();
+  pending.into_ = into;
   if (!backend_) {
     pending.out_ = t.unsqueeze(0).clone(at::MemoryFormat::Contiguous);
     return pending;
   }
   pending.group_ = this;
   pending.in_ = to_wire(t, device_, is_gloo_);
-  pending.out_ = at::empty(out_shape, pending.in_.options());  // [size, ...t.shape]
+  const bool direct = into.defined() && !is_gloo_ && into.device() == device_;
+  pending.out_ = direct ? into : at::empty(out_shape, pending.in_.options());  // [size, ...]
   if (!is_gloo_) {                                              // NCCL: one flat buffer
     pending.work_ = start_work("all_gather",
                                [&] { return backend_->_allgather_base(pending.out_, pending.in_); });
@@ -162,7 +171,9 @@ at::Tensor Group::PendingGather::wait() {
   TORCH_CHECK(!waited_, "PendingGather::wait: called twice");
   waited_ = true;
   if (group_ != nullptr) group_->wait_work("all_gather", work_);
-  return out_.to(device_, dtype_);
+  if (!into_.defined()) return out_.to(device_, dtype_);
+  if (!out_.is_same(into_)) into_.copy_(out_);  // converts from the wire dtype where it differs
+  return into_;
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& input) {

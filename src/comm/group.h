@@ -94,8 +94,11 @@ class Group {
   // next layer's weights): all_gather_start issues it now (members must issue their collectives
   // in the same order, as for the blocking ones) and PendingGather::wait() returns what
   // all_gather returns. `t` must stay unchanged until wait() returns.
+  // `into`, when given, receives the result ([size, ...t.shape], contiguous, t's device and
+  // dtype) and wait() returns it: NCCL gathers straight into it (no buffer of its own, no copy);
+  // otherwise the result is copied into it at wait().
   class PendingGather;
-  PendingGather all_gather_start(const at::Tensor& t);
+  PendingGather all_gather_start(const at::Tensor& t, at::Tensor into = at::Tensor());
 
   // Reduce-scatter (sum): returns input[rank()] summed over members, a new contiguous tensor;
   // `input` is not modified. A real reduce-scatter (each member receives only its slice: about
@@ -147,6 +150,7 @@ class Group::PendingGather {
   std::vector<std::vector<at::Tensor>> outputs_;
   at::Device device_ = at::Device(at::kCPU);  // the caller's device and dtype
   at::ScalarType dtype_ = at::kFloat;
+  at::Tensor into_;  // the caller's result tensor, or undefined
   bool waited_ = false;
 };
 

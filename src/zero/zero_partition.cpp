@@ -163,9 +163,14 @@ ZeroPartition::UnitGather ZeroPartition::start_gather(int64_t unit) {
     const int64_t s = shard_numel_[i];
     g.fulls.push_back(at::empty({w * s}, shard.options()));  // [world * S_i]
     const int64_t bucket = std::max<int64_t>(bucket_bytes_ / shard.element_size() / w, 1);
+    if (s <= bucket) {  // one part: gathered straight into the full tensor ([w, S_i] either way)
+      g.parts.push_back(
+          {member, 0, s, world_.all_gather_start(shard, g.fulls.back().view({w, s})), true});
+      continue;
+    }
     for (int64_t o = 0; o < s; o += bucket) {  // a parameter larger than the bucket is split
       const int64_t n = std::min(bucket, s - o);
-      g.parts.push_back({member, o, n, world_.all_gather_start(shard.narrow(0, o, n))});
+      g.parts.push_back({member, o, n, world_.all_gather_start(shard.narrow(0, o, n)), false});
     }
   }
   return g;
@@ -174,6 +179,10 @@ ZeroPartition::UnitGather ZeroPartition::start_gather(int64_t unit) {
 void ZeroPartition::finish_gather(UnitGather& g) {
   const int64_t w = world_.size();
   for (auto& part : g.parts) {
+    if (part.into_full) {
+      part.gather.wait();  // already in place
+      continue;
+    }
     const size_t i = g.members[part.member];
     g.fulls[part.member]
         .view({w, shard_numel_[i]})

@@ -125,6 +125,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
       size_t member;               // index into members
       int64_t offset, numel;       // the bucket's elements of the shard
       comm::Group::PendingGather gather;
+      bool into_full = false;  // gathered straight into fulls[member] (a one-part parameter)
     };
     std::vector<Part> parts;
   };

@@ -171,6 +171,14 @@ TEST(Collectives, AllGatherBroadcastBarrier) {
     EXPECT_EQ(later.scalar_type(), at::kBFloat16);
     EXPECT_TRUE(at::equal(later.to(at::kFloat), gathered + 1));
 
+    // Into the caller's tensor (ZeRO-3 gathers a parameter into its full buffer this way); a
+    // tensor of another shape is refused before anything is issued.
+    at::Tensor into = at::full({kWorld, 2, 3}, -1.0, at::kBFloat16);
+    at::Tensor filled = group.all_gather_start(mine.to(at::kBFloat16), into).wait();
+    EXPECT_TRUE(filled.is_same(into));
+    EXPECT_TRUE(at::equal(into.to(at::kFloat), gathered));
+    EXPECT_THROW(group.all_gather_start(mine, at::empty({kWorld, 6})), c10::Error);
+
     at::Tensor b = at::full({5}, static_cast<double>(r), at::kDouble);  // [5]
     group.broadcast(b, 2);
     EXPECT_TRUE(at::equal(b, at::full({5}, 2.0, at::kDouble)));
