@@ -21,10 +21,13 @@ inline constexpr int64_t kAutoLossTileBytes = int64_t{1} << 30;  // 1 GiB
 // Forward computes per tile the logits [bs*T_i, V] (GEMM in the model's dtype, upcast to fp32
 // for the softmax: model::lm_head_logits), the loss, and the gradients of the loss sum w.r.t. the
 // hidden tile and the weight (as if the incoming gradient were 1), with GEMMs in the model's
-// dtype; it keeps grad_hidden [bs, T, h] and grad_weight [V, h] in the model's dtype (bf16 for a
-// bf16 model), and backward returns them times the actual incoming gradient. Gradients are computed only when grad mode is on and hidden / the weight
-// require grad. A tied weight (the embedding's) receives this gradient on top of the
-// embedding's, through the graph. No device sync.
+// dtype; it keeps grad_hidden [bs, T, h] in the model's dtype (bf16 for a bf16 model) and
+// grad_weight [V, h], summed over the tiles, in fp32 (for a bf16 model twice the bytes of the
+// weight; each tile's product rounded once, never a bf16 running sum), and backward returns them
+// times the actual incoming gradient, in the hidden's and the weight's dtype. Gradients are
+// computed only when grad mode is on and hidden / the weight require grad. A tied weight (the
+// embedding's) receives this gradient on top of the embedding's, through the graph. No device
+// sync.
 // REQUIRES: tiles >= 1, T >= 1; shapes as above (TORCH_CHECK).
 model::LossSum tiled_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
                                  const at::Tensor& labels, int64_t tiles);
