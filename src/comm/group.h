@@ -34,8 +34,10 @@ enum class ReduceOp { kSum, kMax, kMin };
 // all_to_all_single and all_gather return copies.
 // bfloat16 tensors travel as float32 over Gloo (which has no bfloat16 kernels); results keep the
 // caller's dtype.
-// Copies of a Group share its backend (like c10d process-group handles). Not thread-safe: call
-// collectives of one group from one thread.
+// Copies of a Group share its backend (like c10d process-group handles). Not thread-safe: the
+// collectives of one group must be issued one after another. The trainer issues forward ones
+// from its own thread and backward ones (all-to-alls, ZeRO gathers and reduces) from autograd's
+// thread; that is safe only because backward runs while the trainer's thread waits for it.
 //
 // Invariants: 0 <= rank() < size() == global_ranks().size(); backend_ is null iff size() == 1.
 // The tensor a group on `device` hands to its backend for caller tensor `t`: `t` itself when it is
