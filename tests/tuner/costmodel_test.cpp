@@ -20,6 +20,10 @@ namespace {
 // h 8, L 2, hq 2, hkv 1, hd 4, ffn 16, V 32. P = 32x8 (embeddings) + 2 x (8x8 + 2x8x4 + 8x8
 // attention + 3x8x16 MLP + 2x8 norms = 592) + 8 (final norm) + 32x8 (LM head) = 1704.
 // sl 16 over sp 2: T = 8 local tokens, qd = 8, kvd = max(1, 2) x 4 = 8 (KV head replicated).
+// One RMSNorm saves per token (model/rms_norm.cpp) its input in fp32 (4h), x / rms and the
+// scaled output in the model dtype (2h x d) and 1/rms in fp32 (4 B): fp32 4 x 8 + 2 x 8 x 4 + 4 =
+// 100 B, bf16 4 x 8 + 2 x 8 x 2 + 4 = 68 B. A layer with a tiled MLP saves two norms and
+// (3qd + 2kvd) = 40 elements: fp32 2 x 100 + 40 x 4 = 360 B per token.
 config::RunConfig tiny() {
   config::RunConfig c;
   c.model.hidden_size = 8, c.model.num_layers = 2, c.model.num_heads = 2;
@@ -46,6 +50,14 @@ MemoryCoefficients k_test() {
   return k;
 }
 
+// ZeRO over a world of 4 (dp 2 x sp 2), fp32 on CPU: P = 1704, one layer 592 parameters.
+config::RunConfig tiny_zero(int64_t stage) {
+  config::RunConfig c = tiny();
+  c.mesh.dp = 2;
+  c.zero.stage = stage;
+  return c;
+}
+
 TEST(CostModel, ParameterCountByHand) { EXPECT_EQ(parameter_count(tiny().model), 1704); }
 
 TEST(CostModel, EveryComponentOfTheTinyModelByHand) {
@@ -57,17 +69,22 @@ TEST(CostModel, EveryComponentOfTheTinyModelByHand) {
   EXPECT_EQ(m.at("gradient reduction buffer"), 1704 * 4);  // one bucket > 4P: all of it
   EXPECT_EQ(m.at("adam moments"), 1704 * 8);
   EXPECT_EQ(m.count("fp32 master weights"), 0u);       // an fp32 parameter is its own master
-  // No checkpointing, tiled MLP: (4h + 3qd + 2kvd) = 32 + 24 + 16 = 72 per token and layer.
-  EXPECT_EQ(m.at("activations"), 2 * 72 * 8 * 4);
+  // No checkpointing, tiled MLP: L x 360 B x T (was 2 x 72 x 8 x 4 = 4608 when each norm counted
+  // only its input and output).
+  EXPECT_EQ(m.at("activations"), 2 * 360 * 8);
   EXPECT_EQ(m.at("layer backward"), (8 + 2 * 8 + 8) * 8 * 4);  // (qd + 2kvd + h) x T x 4
-  EXPECT_EQ(m.at("residual stream"), 4 * 8 * 8 * 4);
+  // Embedding output and hidden-state gradient 2h x 4 B, and the final norm's 100 B, per token.
+  EXPECT_EQ(m.at("residual stream"), (2 * 8 * 4 + 100) * 8);
   EXPECT_EQ(m.at("tiled MLP tile"), 6 * 16 * 4 * 4);   // 6 ffn x ceil(8 / 2) tokens x 4 B
   // Loss tile: 3 fp32 [4, 32] + grad W [32, 8] + grad hidden [8, 8].
   EXPECT_EQ(m.at("loss tile"), 12 * 4 * 32 + 32 * 8 * 4 + 8 * 8 * 4);
   EXPECT_EQ(m.at("all-to-all buffers"), 2 * 8 * (8 + 16) * 4);
   EXPECT_EQ(m.count("attention scores"), 0u);  // auto = SDPA: no [sl, sl] scores
-  // Peak = static + saved + the largest transient (the loss tile) + 10 % of the dynamic part.
-  const int64_t stat = 1000 + 6816 + 6816 + 6816 + 13632, saved = 4608 + 1024, tile = 2816;
+  // The device AdamW off CUDA: two fp32 temporaries of min(4M, largest parameter [V, h] = 256).
+  EXPECT_EQ(m.at("optimizer step"), 2 * 256 * 4);
+  // Peak = static + saved + the largest transient (the loss tile) + 10 % of the dynamic part (the
+  // optimizer step's 2048 B come after backward and stay below saved + tile).
+  const int64_t stat = 1000 + 6816 + 6816 + 6816 + 13632, saved = 5760 + 1312, tile = 2816;
   EXPECT_EQ(p.largest_transient, "loss tile");
   EXPECT_EQ(m.at("allocator overhead"), static_cast<int64_t>(0.1 * (stat - 1000 + saved + tile)));
   EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile + 0.1 * (stat - 1000 + saved + tile)));
@@ -80,7 +97,7 @@ TEST(CostModel, CheckpointingKeepsLayerInputsAndRecomputesOneLayer) {
   const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
   EXPECT_EQ(m.count("activations"), 0u);
   EXPECT_EQ(m.at("checkpoints"), 2 * 8 * 8 * 4);              // L x T x h x 4 B
-  EXPECT_EQ(m.at("layer recompute"), (72 + 32) * 8 * 4);     // saved set + gradients
+  EXPECT_EQ(m.at("layer recompute"), (360 + 32 * 4) * 8);    // saved set + gradients
 }
 
 TEST(CostModel, UntiledLossMathAttentionAndPackedMask) {
@@ -95,7 +112,7 @@ TEST(CostModel, UntiledLossMathAttentionAndPackedMask) {
   const int64_t probs = 1 * 1 * 16 * 16 * 4;  // bs x hq/sp x sl^2 x 4 B
   EXPECT_EQ(m.at("attention scores"), 2 * probs);
   // Untiled MLP adds 4 ffn per token and layer to the saved set, 2 ffn to the gradients.
-  EXPECT_EQ(m.at("activations"), 2 * (72 + 64) * 8 * 4 + 2 * probs);
+  EXPECT_EQ(m.at("activations"), 2 * (360 + 64 * 4) * 8 + 2 * probs);
   EXPECT_EQ(m.at("layer backward"), (32 + 32) * 8 * 4 + probs);
   EXPECT_EQ(m.at("document mask"), 16 * 16);
   EXPECT_EQ(m.count("tiled MLP tile"), 0u);
@@ -118,6 +135,94 @@ TEST(CostModel, OptimizerAndCheckpointOffloadMoveToTheHostOnCuda) {
   EXPECT_EQ(m.at("checkpoints (offloaded)"), 2 * 8 * 8 * 2);
 }
 
+TEST(CostModel, Bf16RmsNormKeepsAnFp32CopyOfItsInput) {
+  config::RunConfig c = tiny();
+  c.train.device = "cuda";
+  c.memory.precision = "bf16";
+  const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
+  // A bf16 norm saves 68 B per token (4 x 8 fp32 copy + 2 x 8 x 2 + 4), where counting its input
+  // and output in bf16 gave 2 x 8 x 2 = 32 B. Layer: 2 x 68 + 40 x 2 B = 216 B per token.
+  EXPECT_EQ(m.at("activations"), 2 * 216 * 8);  // was 2 x 72 x 8 x 2 = 2304
+  EXPECT_EQ(m.at("residual stream"), (2 * 8 * 2 + 68) * 8);  // was 4 x 8 x 8 x 2 = 512
+}
+
+// bf16: the loss tile's weight gradient is still an fp32 sum over the tiles, plus one bf16
+// product block of min(V, 8192) rows: 3 fp32 [4, 32] + 2 B cast [4, 32] + fp32 grad W [32, 8] +
+// bf16 block [32, 8] + bf16 grad hidden [8, 8].
+TEST(CostModel, Bf16LossTileSumsTheWeightGradientInFp32) {
+  config::RunConfig c = tiny();
+  c.train.device = "cuda";
+  c.memory.precision = "bf16";
+  const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
+  EXPECT_EQ(m.at("loss tile"), 14 * 4 * 32 + 32 * 8 * 4 + 32 * 8 * 2 + 8 * 8 * 2);
+}
+
+TEST(CostModel, OffloadedCheckpointsTakePowerOfTwoPinnedBlocks) {
+  EXPECT_EQ(pinned_block_bytes(1), 1);
+  EXPECT_EQ(pinned_block_bytes(192), 256);
+  EXPECT_EQ(pinned_block_bytes(256), 256);
+  EXPECT_EQ(pinned_block_bytes(257), 512);
+  EXPECT_EQ(pinned_block_bytes(int64_t{3} << 30), int64_t{4} << 30);
+  config::RunConfig c = tiny();
+  c.train.device = "cuda";
+  c.memory.precision = "bf16";
+  c.memory.offload_activations = true;
+  c.sequence.length = 24;  // T = 12: a layer input is 12 x 8 x 2 B = 192 B, pinned as 256 B
+  MemoryCoefficients k;
+  k.allocator_fraction = 0;
+  const MemoryPrediction p = predict_memory(c, k);
+  EXPECT_EQ(by_name(p).at("checkpoints (offloaded)"), 2 * 256);  // was 2 x 192
+  EXPECT_EQ(p.host_bytes, 2 * 256);
+  // The optimizer's page-locked buffers keep their own size (common/pinned_host.h): moments 8 P,
+  // masters 4 P and the host gradients 4 P come on top unrounded.
+  c.memory.offload_optimizer = true;
+  EXPECT_EQ(predict_memory(c, k).host_bytes, 16 * 1704 + 2 * 256);
+}
+
+// The device AdamW's temporaries (optim/adamw.cpp): none on CUDA (one fused kernel), elsewhere
+// two fp32 tensors of one piece, min(4M elements, the largest tensor updated at once).
+TEST(CostModel, DeviceOptimizerStepTransient) {
+  EXPECT_EQ(kOptimizerPieceElements, 4194304);
+  EXPECT_EQ(by_name(predict_memory(tiny(), k_test())).at("optimizer step"), 2 * 256 * 4);
+  // Stage 1 updates one flat fp32 shard, ceil(1704 / 4) = 426 elements; stages 2-3 a shard of
+  // each parameter, the largest ceil(256 / 4) = 64.
+  EXPECT_EQ(by_name(predict_memory(tiny_zero(1), k_test())).at("optimizer step"), 2 * 426 * 4);
+  EXPECT_EQ(by_name(predict_memory(tiny_zero(2), k_test())).at("optimizer step"), 2 * 64 * 4);
+  EXPECT_EQ(by_name(predict_memory(tiny_zero(3), k_test())).at("optimizer step"), 2 * 64 * 4);
+  config::RunConfig big_vocab = tiny();
+  big_vocab.model.vocab_size = 1 << 20;  // [V, h] = 8M elements: capped at one piece
+  EXPECT_EQ(by_name(predict_memory(big_vocab, k_test())).at("optimizer step"), 2 * 4194304 * 4);
+  config::RunConfig cuda = tiny();
+  cuda.train.device = "cuda";
+  EXPECT_EQ(by_name(predict_memory(cuda, k_test())).at("optimizer step"), 0);
+  config::RunConfig offloaded = tiny();
+  offloaded.memory.offload_optimizer = true;  // the host pass, in cache-sized chunks
+  EXPECT_EQ(by_name(predict_memory(offloaded, k_test())).count("optimizer step"), 0u);
+}
+
+// The step runs after backward freed the activations: the peak is static + the larger of
+// (saved + largest transient) and the step's transient.
+TEST(CostModel, OptimizerStepSetsThePeakWhenLargerThanBackward) {
+  config::RunConfig c = tiny();
+  c.model.vocab_size = 4096;       // P = 2 x 4096 x 8 + 2 x 592 + 8 = 66728
+  c.memory.tiled_loss.value = 8;   // one row per loss tile
+  ASSERT_EQ(parameter_count(c.model), 66728);
+  const MemoryPrediction p = predict_memory(c, k_test());
+  const std::map<std::string, int64_t> m = by_name(p);
+  // Static: runtime, weights 4 P, gradients 4 P, reduction bucket 4 P, moments 8 P.
+  const int64_t stat = 1000 + 20 * 66728;
+  // Saved 5760 + 1312; the largest transient, the loss tile: 12 B x 1 x 4096 + grad W
+  // 4096 x 8 x 4 + grad hidden 8 x 8 x 4 = 180480.
+  EXPECT_EQ(m.at("loss tile"), 180480);
+  const int64_t backward = 5760 + 1312 + 180480;
+  // The step: 2 x [V, h] = 32768 elements x 4 B = 262144 > 187552.
+  const int64_t step = 2 * 32768 * 4;
+  EXPECT_EQ(m.at("optimizer step"), step);
+  EXPECT_GT(step, backward);
+  EXPECT_EQ(p.largest_transient, "optimizer step");
+  EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + step + 0.1 * (stat - 1000 + step)));
+}
+
 TEST(CostModel, LowerBoundIsBelowTheFullModel) {
   const config::RunConfig c = tiny();
   MemoryCoefficients k;
@@ -138,14 +243,6 @@ TEST(CostModel, StepWorkByHand) {
   EXPECT_DOUBLE_EQ(w.allreduce_bytes, 2 * 0.5 * 4 * 1704);
   c.memory.checkpointing = true;
   EXPECT_DOUBLE_EQ(step_work(c).matmul_flops, 8.0 * (3 * (2 * 1152 + 512) + 2 * 1152));
-}
-
-// ZeRO over a world of 4 (dp 2 x sp 2), fp32 on CPU: P = 1704, one layer 592 parameters.
-config::RunConfig tiny_zero(int64_t stage) {
-  config::RunConfig c = tiny();
-  c.mesh.dp = 2;
-  c.zero.stage = stage;
-  return c;
 }
 
 TEST(CostModelZero, Stage1ShardsMomentsAndMastersOverTheWorld) {
@@ -186,18 +283,36 @@ TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoUnits) {
   // layer 592 + max(layer 592, V x h = 256) parameters x 4 B: the unit and the prefetched one.
   EXPECT_EQ(m.at("zero-3 gathered weights"), 2 * 592 * 4);
   EXPECT_EQ(m.at("zero pending gradients"), 592 * 4);
+  // Stage 3 recomputes every layer (without memory.checkpointing): layer inputs L x T x h x 4 B
+  // saved, one layer's saved set + gradients (360 + 32 x 4) B x T as the largest transient.
+  EXPECT_EQ(m.count("activations"), 0u);
+  EXPECT_EQ(m.at("checkpoints"), 2 * 8 * 8 * 4);
+  EXPECT_EQ(m.at("layer recompute"), (360 + 32 * 4) * 8);
+  EXPECT_EQ(p.largest_transient, "layer recompute");
   // Static: runtime, weights, gradients, moments, gathered layers, pending gradients,
-  // reduction bucket.
+  // reduction bucket. Saved: checkpoints 512 + residual stream 1312.
   const int64_t stat = 1000 + 1704 + 1704 + 3408 + 4736 + 2368 + 6816;
-  const int64_t saved = 4608 + 1024, tile = 2816;
-  EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile +
-                                               0.1 * (stat - 1000 + saved + tile)));
+  const int64_t saved = 512 + 1312, recompute = 3904;
+  EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + recompute +
+                                               0.1 * (stat - 1000 + saved + recompute)));
   config::RunConfig c = tiny_zero(3);
   const StepWork w = step_work(c);
+  // Every unit's fp32 gradients once per micro-batch: embedding 256 + 2 layers x 592 + head
+  // (final norm 8 + LM head 256) = 1704 = P, x (w - 1) / w x 4 B.
   EXPECT_DOUBLE_EQ(w.zero_reduce_bytes, 0.75 * 4 * 1704);
-  EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 1704 * 2);  // forward + backward
-  c.memory.checkpointing = true;
-  EXPECT_DOUBLE_EQ(step_work(c).zero_gather_bytes, 0.75 * 4 * 1704 * 3);  // + the recompute
+  // Gathers per micro-batch: the embedding 256, each layer twice (forward; recompute and backward
+  // share one gather) 2 x 2 x 592, the head once 264: 2888 parameters x (w - 1) / w x 4 B (was
+  // counted as (2 + recompute) x P = 2 x 1704 without checkpointing, 3 x 1704 with it).
+  EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 2888);
+  // The recompute's FLOPs and all-to-alls, as with memory.checkpointing: per token the layers'
+  // forward GEMMs 2 x 1152 once more; a2a 2 layers x 512 B x 3 (forward, backward, recompute).
+  EXPECT_DOUBLE_EQ(w.matmul_flops, 8.0 * (3 * (2 * 1152 + 512) + 2 * 1152));
+  EXPECT_DOUBLE_EQ(w.attention_flops, 8.0 * (3 * 2 * 256 + 2 * 256));
+  EXPECT_DOUBLE_EQ(w.a2a_bytes, 2 * 512.0 * 3);
+  c.memory.checkpointing = true;  // changes nothing: stage 3 recomputes anyway
+  EXPECT_DOUBLE_EQ(step_work(c).zero_gather_bytes, 0.75 * 4 * 2888);
+  EXPECT_DOUBLE_EQ(step_work(c).matmul_flops, w.matmul_flops);
+  EXPECT_EQ(predict_memory(c, k_test()).peak_bytes, p.peak_bytes);
   // The lower bound shards the same terms (so pruning never drops a ZeRO run that fits).
   const std::map<std::string, int64_t> lb = [&] {
     std::map<std::string, int64_t> out;
@@ -213,6 +328,40 @@ TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoUnits) {
     EXPECT_LE(lower_bound_peak(tiny_zero(stage)).total_bytes(),
               predict_memory(tiny_zero(stage), bare).peak_bytes) << "stage " << stage;
   }
+}
+
+// With G micro-batches per step, stages 2-3 reduce-scatter (and stage 3 gathers) after each one;
+// stages 0-1 all-reduce the accumulated gradients once; stages 1-2 gather the updated shards once,
+// in the parameters' dtype. bf16 (d = 2), G = 3, world 4: (w - 1) / w = 0.75.
+TEST(CostModelZero, MicroBatchesScaleTheUnitCollectives) {
+  auto bf16_zero = [](int64_t stage) {
+    config::RunConfig c = tiny_zero(stage);
+    c.train.device = "cuda";
+    c.memory.precision = "bf16";
+    c.sequence.grad_accum = 3;
+    return c;
+  };
+  const StepWork s1 = step_work(bf16_zero(1));
+  EXPECT_DOUBLE_EQ(s1.allreduce_bytes, 2 * 0.75 * 4 * 1704);
+  EXPECT_DOUBLE_EQ(s1.zero_gather_bytes, 0.75 * 2 * 1704);      // was 0.75 x 4 x 1704
+  const StepWork s2 = step_work(bf16_zero(2));
+  EXPECT_DOUBLE_EQ(s2.zero_reduce_bytes, 3 * 0.75 * 4 * 1704);  // was 0.75 x 4 x 1704
+  EXPECT_DOUBLE_EQ(s2.zero_gather_bytes, 0.75 * 2 * 1704);      // was 0.75 x 4 x 1704
+  const StepWork s3 = step_work(bf16_zero(3));
+  EXPECT_DOUBLE_EQ(s3.zero_reduce_bytes, 3 * 0.75 * 4 * 1704);  // was 0.75 x 4 x 1704
+  EXPECT_DOUBLE_EQ(s3.zero_gather_bytes, 3 * 0.75 * 2 * 2888);  // was 0.75 x 2 x 1704 x 2
+}
+
+// Tied embeddings: the head unit is the final norm and the embedding weight, gathered and
+// reduce-scattered again for the LM head (zero/zero_partition.cpp). P = 1704 - 256 = 1448;
+// gathers 256 + 2 x 2 x 592 + (8 + 256) = 2888, reduces 256 + 2 x 592 + 264 = 1704 = P + V h.
+TEST(CostModelZero, TiedEmbeddingIsGatheredAndReducedForTheHeadToo) {
+  config::RunConfig c = tiny_zero(3);
+  c.model.tie_embeddings = true;
+  ASSERT_EQ(parameter_count(c.model), 1448);
+  const StepWork w = step_work(c);
+  EXPECT_DOUBLE_EQ(w.zero_gather_bytes, 0.75 * 4 * 2888);
+  EXPECT_DOUBLE_EQ(w.zero_reduce_bytes, 0.75 * 4 * (1448 + 256));  // was 0.75 x 4 x 1448
 }
 
 // fp32 ZeRO-3 keeps no master copy beside the weight shards (zero/zero_optimizer.cpp uses the

@@ -37,6 +37,26 @@ ZeroShards zero_shards(const config::RunConfig& c, const MemoryCoefficients& k) 
   return z;
 }
 
+// Saved bytes per token of one RMSNorm over [.., h] (model/rms_norm.cpp, unfused): its input in
+// fp32 (the input itself for fp32, an fp32 copy of it for bf16), the normalized x / rms and the
+// weight-scaled output in the model dtype (the output kept by the projections it feeds), and the
+// fp32 1/rms per token.
+int64_t rms_norm_saved_bytes(int64_t h, int64_t d) { return 4 * h + 2 * h * d + 4; }
+
+// Elements of the largest tensor the device AdamW updates at once: a parameter at stage 0, the
+// flat fp32 shard of every parameter at stage 1 (zero/zero_optimizer.h), a parameter's shard at
+// stages 2 and 3. Parameters: the embedding / LM head [V, h], q_proj and o_proj [qd, h], the MLP's
+// [ffn, h] (k_proj and v_proj are at most q_proj's size).
+int64_t largest_update_numel(const config::RunConfig& c, int64_t stage, int64_t world) {
+  const config::ModelOptions& m = c.model;
+  const int64_t h = m.hidden_size, hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
+  const int64_t largest =
+      std::max({m.vocab_size * h, m.num_heads * hd * h, m.intermediate_size * h});
+  if (stage == 1) return ceil_div(parameter_count(m), world);
+  if (stage >= 2) return ceil_div(largest, world);
+  return largest;
+}
+
 // Whether AdamW keeps fp32 master weights apart from the weights: for bf16 weights, for an
 // optimizer off the weights' device (CUDA offload), and for ZeRO 1-2's flat fp32 shards. Not
 // for fp32 weights at stage 0 or 3: there the weight (shard) is its own master
@@ -67,6 +87,12 @@ int64_t parameter_count(const config::ModelOptions& m) {
   const int64_t embeddings = m.vocab_size * h;
   return embeddings + m.num_layers * layer_parameter_count(m) + h +
          (m.tie_embeddings ? 0 : embeddings);
+}
+
+int64_t pinned_block_bytes(int64_t bytes) {
+  int64_t block = 1;
+  while (block < bytes) block *= 2;
+  return block;
 }
 
 MemoryCoefficients default_memory_coefficients(const std::string& device_type) {
@@ -152,7 +178,10 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const int64_t qd = m.num_heads * hd, kvd = std::max(m.num_kv_heads, sp) * hd;
   const int64_t ffn = m.intermediate_size;
   const int64_t tokens = bs * t;
-  const bool checkpointing = c.memory.checkpointing || c.memory.offload_activations;
+  const ZeroShards z = zero_shards(c, k);
+  // ZeRO-3 recomputes every layer in backward whatever memory.checkpointing says.
+  const bool checkpointing =
+      c.memory.checkpointing || c.memory.offload_activations || z.stage == 3;
   const bool tiled_mlp = mlp_tiles(c) > 1;
   const bool math = c.attention.backend == "math";
   const Location opt_loc = c.memory.offload_optimizer && !on_cpu ? Location::kHost
@@ -173,7 +202,6 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     add("runtime", k.runtime_bytes, "calibrated: the rank's resident bytes before the model",
         Lifetime::kStatic);
   }
-  const ZeroShards z = zero_shards(c, k);
   auto per = [&](int64_t shards) {
     if (shards <= 1) return std::string();
     return " / " + n(shards) + (k.state_shards > 1 ? " shards (what-if)" : " (ZeRO over the world)");
@@ -230,13 +258,17 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   }
 
   // --- activations saved for backward ---
-  // Per token and layer, in elements of the model dtype, what autograd keeps:
-  //   input RMSNorm in/out 2h, q/k/v after the all-to-all qd + 2 kvd, attention output qd,
-  //   o_proj input qd, post-attention RMSNorm in/out 2h, untiled MLP gate/up/silu/product 4 ffn.
+  // Per token and layer, what autograd keeps: two RMSNorms (norm bytes each, see
+  // rms_norm_saved_bytes: 4h + 2h d + 4), and in elements of the model dtype q/k/v after the
+  // all-to-all qd + 2 kvd, attention output qd, o_proj input qd, untiled MLP gate/up/silu/product
+  // 4 ffn.
+  const int64_t norm_bytes = rms_norm_saved_bytes(h, d);
   const int64_t mlp_elems = tiled_mlp ? 0 : 4 * ffn;
-  const int64_t layer_elems = 4 * h + 3 * qd + 2 * kvd + mlp_elems;
-  const std::string layer_formula = "(4h + 3qd + 2kvd" + std::string(tiled_mlp ? "" : " + 4ffn") +
-                                    ") x bs x T x " + ds;
+  const int64_t layer_bytes = 2 * norm_bytes + (3 * qd + 2 * kvd + mlp_elems) * d;
+  const std::string layer_formula = "(2 norm + (3qd + 2kvd" +
+                                    std::string(tiled_mlp ? "" : " + 4ffn") + ") x " + ds +
+                                    ") x bs x T";
+  const std::string norm_formula = " [norm = 4h + 2h x " + ds + " + 4 B per token]";
   const double scale = k.activation_scale;
   // Math attention keeps the softmax probabilities [bs, hq/sp, sl, sl] per layer.
   const double probs = math ? static_cast<double>(bs) * (m.num_heads / sp) * sl * sl * d : 0.0;
@@ -246,24 +278,36 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const std::string grad_formula =
       "(qd + 2kvd + h" + std::string(tiled_mlp ? "" : " + 2ffn") + ") x bs x T x " + ds;
   if (checkpointing) {
-    add(ckpt_loc == Location::kHost ? "checkpoints (offloaded)" : "checkpoints",
-        static_cast<double>(layers) * tokens * h * d, "L x bs x T x h x " + ds, Lifetime::kSaved,
-        ckpt_loc);
+    const int64_t checkpoint_bytes = tokens * h * d;  // one layer's input [bs, T, h]
+    if (ckpt_loc == Location::kHost) {
+      // One pinned block per layer from PyTorch's host allocator (memory/activation_offload.cpp),
+      // rounded up to a power of two.
+      add("checkpoints (offloaded)",
+          static_cast<double>(layers) * pinned_block_bytes(checkpoint_bytes),
+          "L x pow2(bs x T x h x " + ds + ") (pinned blocks, rounded up to a power of two)",
+          Lifetime::kSaved, ckpt_loc);
+    } else {
+      add("checkpoints", static_cast<double>(layers) * checkpoint_bytes,
+          "L x bs x T x h x " + ds, Lifetime::kSaved, ckpt_loc);
+    }
     // Backward recomputes one layer at a time: its saved set, then its gradients.
     add("layer recompute",
-        scale * (static_cast<double>(layer_elems + grad_elems) * tokens * d + 2 * probs),
-        layer_formula + " + " + grad_formula + (math ? " + 2 x probs" : ""),
+        scale * (static_cast<double>(layer_bytes) * tokens +
+                 static_cast<double>(grad_elems) * tokens * d + 2 * probs),
+        layer_formula + " + " + grad_formula + (math ? " + 2 x probs" : "") + norm_formula,
         Lifetime::kTransient);
   } else {
-    add("activations", scale * (static_cast<double>(layers) * layer_elems * tokens * d +
+    add("activations", scale * (static_cast<double>(layers) * layer_bytes * tokens +
                                 layers * probs),
-        "L x " + layer_formula + (math ? " + L x probs" : ""), Lifetime::kSaved);
+        "L x " + layer_formula + (math ? " + L x probs" : "") + norm_formula, Lifetime::kSaved);
     add("layer backward", scale * (static_cast<double>(grad_elems) * tokens * d + probs),
         grad_formula + (math ? " + probs" : "") + " (gradients of one layer)",
         Lifetime::kTransient);
   }
-  // Residual stream: embedding output, final norm in/out and the hidden-state gradient.
-  add("residual stream", 4.0 * tokens * h * d, "4 x bs x T x h x " + ds, Lifetime::kSaved);
+  // Residual stream: embedding output and the hidden-state gradient, and the final RMSNorm's
+  // saved set (its output included).
+  add("residual stream", static_cast<double>(2 * h * d + norm_bytes) * tokens,
+      "(2h x " + ds + " + norm) x bs x T" + norm_formula, Lifetime::kSaved);
 
   // --- working sets, one at a time ---
   if (tiled_mlp) {
@@ -276,10 +320,13 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const double cast = bf16 ? 2.0 : 0.0;  // the GEMM's model-dtype logits before the fp32 upcast
   if (lt > 1) {
     const int64_t rows = ceil_div(tokens, lt);
-    add("loss tile", (3.0 * 4 + cast) * rows * v + static_cast<double>(v) * h * d +
-                         static_cast<double>(tokens) * h * d,
+    // The weight gradient is summed over the tiles in fp32; with bf16 each tile's product is made
+    // a block of rows at a time (sp/tiled_logits_loss.cpp: 8192 rows).
+    const double grad_w = 4.0 * v * h + (bf16 ? 1.0 * std::min<int64_t>(v, 8192) * h * d : 0.0);
+    add("loss tile", (3.0 * 4 + cast) * rows * v + grad_w + static_cast<double>(tokens) * h * d,
         "(3 x 4 B" + std::string(bf16 ? " + 2 B" : "") +
-            ") x ceil(bs T / tiles) x V + grad W [V, h] + grad hidden [bs T, h]",
+            ") x ceil(bs T / tiles) x V + fp32 grad W [V, h]" +
+            std::string(bf16 ? " + a [8192, h] product block" : "") + " + grad hidden [bs T, h]",
         Lifetime::kTransient);
   } else {
     add("logits", (3.0 * 4 + cast) * tokens * v,
@@ -302,8 +349,27 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         "2 x bs x T x (qd + 2kvd) x " + ds + " (send + receive)", Lifetime::kTransient);
   }
 
+  // --- the optimizer step, after backward ---
+  // The device AdamW (optim/adamw.cpp; not under optimizer offload, whose host pass works in
+  // cache-sized chunks): on CUDA one fused kernel per tensor, no temporaries; elsewhere the ATen
+  // ops over pieces of at most kOptimizerPieceElements, whose denominator keeps two fp32
+  // temporaries of a piece at once.
+  if (!c.memory.offload_optimizer) {
+    if (c.train.device == "cuda") {
+      add("optimizer step", 0.0, "0 (one fused AdamW kernel per tensor on CUDA)", Lifetime::kStep);
+    } else {
+      const int64_t piece =
+          std::min(kOptimizerPieceElements, largest_update_numel(c, z.stage, world));
+      add("optimizer step", 2.0 * piece * 4,
+          "2 x min(" + n(kOptimizerPieceElements) +
+              ", largest updated tensor) x 4 B (two fp32 temporaries of one piece)",
+          Lifetime::kStep);
+    }
+  }
+
   // --- combine ---
-  double stat = 0, saved = 0, transient = 0, host = 0;
+  double stat = 0, saved = 0, transient = 0, step = 0, host = 0;
+  std::string largest_step;
   for (const MemoryTerm& term : out.terms) {
     if (term.location == Location::kHost) {
       host += term.bytes;
@@ -315,12 +381,21 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
       transient = term.bytes;
       out.largest_transient = term.name;
     }
+    if (term.lifetime == Lifetime::kStep && term.bytes > step) {
+      step = term.bytes;
+      largest_step = term.name;
+    }
   }
-  const double dynamic = stat - k.runtime_bytes + saved + transient;
+  // Forward/backward holds the saved terms and one transient; the optimizer step comes after
+  // backward has freed them.
+  const double working = std::max(saved + transient, step);
+  if (step > saved + transient) out.largest_transient = largest_step;
+  const double dynamic = stat - k.runtime_bytes + working;
   const double overhead = k.allocator_fraction * dynamic;
   add("allocator overhead", overhead,
-      "fraction x (static - runtime + saved + largest transient)", Lifetime::kOverhead);
-  out.peak_bytes = static_cast<int64_t>(stat + saved + transient + overhead);
+      "fraction x (static - runtime + max(saved + largest transient, optimizer step))",
+      Lifetime::kOverhead);
+  out.peak_bytes = static_cast<int64_t>(stat + working + overhead);
   out.host_bytes = static_cast<int64_t>(host);
   return out;
 }

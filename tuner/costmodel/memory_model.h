@@ -4,8 +4,9 @@
 //   lower_bound_peak  terms every configuration must hold at once; the sweep prunes with it (a
 //                     lower bound never drops a configuration that would fit).
 //   predict_memory    the full model: static state, saved activations, the largest transient
-//                     working set, the allocator's overhead and (CPU) the process baseline; on
-//                     CPU it predicts the rank's peak RSS, on CUDA the caching allocator's peak.
+//                     working set (or the optimizer step's, when that is higher), the allocator's
+//                     overhead and (CPU) the process baseline; on CPU it predicts the rank's peak
+//                     RSS, on CUDA the caching allocator's peak.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,6 +21,8 @@ enum class Lifetime {
   kStatic,     // the whole step (runtime, weights, gradients, optimizer states)
   kSaved,      // from its layer's forward to its backward: all layers' add up at the loss
   kTransient,  // one working set at a time: the peak adds only the largest
+  kStep,       // the optimizer step, after backward has freed the saved and transient terms:
+               // the peak is the larger of (saved + largest transient) and the largest of these
   kOverhead,   // the allocator's share on top of the rest
 };
 
@@ -66,7 +69,7 @@ struct MemoryPrediction {
   std::vector<MemoryTerm> terms;
   int64_t peak_bytes = 0;       // device peak (CPU: peak RSS incl. runtime_bytes)
   int64_t host_bytes = 0;       // host memory this rank holds on top (CUDA offloads); CPU: 0
-  std::string largest_transient;  // name of the transient that sets the peak
+  std::string largest_transient;  // name of the transient (or step term) that sets the peak
 };
 
 // Parameters of the model (embeddings, every layer, final norm, LM head unless tied).
@@ -87,9 +90,23 @@ int64_t layer_parameter_count(const config::ModelOptions& m);
 //            last layer), and at stages 2 and 3 the fp32 pending gradients of the
 //            unit whose backward is running ([world x S_i] per parameter until its
 //            reduce-scatter): max(layer, V x h) x 4 B.
+// Stage 3 always recomputes each layer in backward (memory/activation_checkpoint.h), so the
+// model counts it as memory.checkpointing.
 // Stage 2 as built (zero/zero_partition.h) keeps only this rank's fp32 gradient shard; false
 // models the earlier stage 2 that accumulated into the full buffer.
 inline constexpr bool kZero2ShardsGradientBuffer = true;
+
+// Elements of one piece of the device AdamW update off CUDA: the update's temporaries (two at a
+// time, in the fp32 master dtype) are at most a piece each. Mirrors kDevicePiece in
+// optim/adamw_aten.h (the trainer's value; change both together). On CUDA the update is one fused
+// kernel with no temporaries.
+inline constexpr int64_t kOptimizerPieceElements = int64_t{1} << 22;
+
+// Bytes PyTorch's pinned host allocator (CachingHostAllocator) takes for a block of `bytes`: the
+// next power of two (its default, without pinned_max_round_threshold). The offloaded activation
+// checkpoints are such blocks, one per layer; the optimizer's page-locked buffers are not
+// (common/pinned_host.h allocates those at their own size).
+int64_t pinned_block_bytes(int64_t bytes);
 
 // Lower bound of one rank's peak memory for a validated run config with world = dp * sp ranks,
 // above the process's start-up baseline: only state the trainer certainly holds at once (the

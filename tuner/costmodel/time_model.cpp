@@ -1,8 +1,8 @@
 // FLOPs and bytes of one step (see time_model.h). Per layer and token, forward: GEMMs
 // 2 x (h qd + 2 h kvd0 + qd h + 3 h ffn) FLOPs (kvd0 = hkv hd, before replication); causal
 // attention 2 x 2 x sl x qd / 2 per token of this rank; the LM head 2 x h x V. Backward costs
-// twice the forward; checkpointing recomputes every layer's forward once more, tiled MLP its MLP.
-// Communication per ZeRO stage: see StepWork.
+// twice the forward; checkpointing (and ZeRO-3, which always recomputes) recomputes every
+// layer's forward once more, tiled MLP its MLP. Communication per ZeRO stage: see StepWork.
 #include "tuner/costmodel/time_model.h"
 
 #include <algorithm>
@@ -27,7 +27,10 @@ StepWork step_work(const config::RunConfig& c) {
   const double ffn = static_cast<double>(m.intermediate_size);
   const double layers = static_cast<double>(m.num_layers);
   const double d = static_cast<double>(dtype_bytes(c));
-  const bool checkpointing = c.memory.checkpointing || c.memory.offload_activations;
+  const int64_t zero_stage = world > 1 ? c.zero.stage : 0;  // a world of 1 is stage 0
+  // ZeRO-3 recomputes every layer in backward (memory/activation_checkpoint.h).
+  const bool checkpointing =
+      c.memory.checkpointing || c.memory.offload_activations || zero_stage == 3;
   const bool tiled_mlp = mlp_tiles(c) > 1;
 
   const double attn_gemm = 2 * (h * qd + 2 * h * kvd0 + qd * h);  // per token, forward
@@ -54,12 +57,26 @@ StepWork step_work(const config::RunConfig& c) {
     w.a2a_bytes = layers * per_layer * (2 + (checkpointing ? 1 : 0));
   }
   const double params = static_cast<double>(parameter_count(m));
-  const int64_t zero_stage = world > 1 ? c.zero.stage : 0;  // a world of 1 is stage 0
   const double ring = (world - 1) / world;
+  const double micro_batches = static_cast<double>(c.sequence.grad_accum);
+  // ZeRO-2/3 units (zero/zero_partition.h): the embedding [V, h], each layer, and the head (final
+  // norm + LM head, or the tied embedding gathered again for it).
+  const double layer_params = static_cast<double>(layer_parameter_count(m));
+  const double embedding_unit = v * h, head_unit = h + v * h;
   if (zero_stage <= 1 && world > 1) w.allreduce_bytes = 2 * ring * 4.0 * params;
-  if (zero_stage >= 2) w.zero_reduce_bytes = ring * 4.0 * params;
-  if (zero_stage == 1 || zero_stage == 2) w.zero_gather_bytes = ring * 4.0 * params;
-  if (zero_stage >= 3) w.zero_gather_bytes = ring * d * params * (2 + (checkpointing ? 1 : 0));
+  if (zero_stage >= 2) {
+    // Every unit's fp32 gradients reduce-scattered once per micro-batch.
+    w.zero_reduce_bytes =
+        micro_batches * ring * 4.0 * (embedding_unit + layers * layer_params + head_unit);
+  }
+  // Stages 1-2: the updated shards all-gathered once per step in the parameters' dtype.
+  if (zero_stage == 1 || zero_stage == 2) w.zero_gather_bytes = ring * d * params;
+  if (zero_stage >= 3) {
+    // Per micro-batch: the embedding and each layer for the forward, the head once for its
+    // forward and backward, each layer again for its recompute and backward.
+    w.zero_gather_bytes =
+        micro_batches * ring * d * (embedding_unit + 2 * layers * layer_params + head_unit);
+  }
   if (c.memory.offload_activations && c.train.device != "cpu") {
     w.offload_bytes += 2 * layers * tokens * h * d;
   }

@@ -11,15 +11,22 @@ namespace ulysses::costmodel {
 
 // Work of one optimizer step on one rank (micro_batch x grad_accum sequences of length sl).
 struct StepWork {
-  double matmul_flops = 0;     // forward + backward (+ recompute) GEMMs, incl. the LM head
+  double matmul_flops = 0;     // forward + backward (+ recompute: checkpointing or ZeRO-3)
+                               // GEMMs, incl. the LM head
   double attention_flops = 0;  // core attention (causal: half of QK^T and PV), fwd + bwd (+ rec)
   double a2a_bytes = 0;        // bytes this rank sends in Ulysses all-to-alls (0 at sp 1)
-  double allreduce_bytes = 0;  // ring all-reduce bytes of the fp32 gradients (zero.stage 0, 1;
-                               // 0 at world 1): 2 (w - 1) / w x 4 P
-  // ZeRO (world w > 1): zero_reduce = reduce-scatter of the fp32 gradients at stage >= 2, half an
-  // all-reduce: (w - 1) / w x 4 P. zero_gather = all-gather of the updated fp32 shards after the
-  // step at stages 1-2, (w - 1) / w x 4 P (zero/zero_optimizer.h); at stage 3 the weights in
-  // the model dtype, gathered for forward, backward and each recompute: (w - 1) / w x d P each.
+  double allreduce_bytes = 0;  // ring all-reduce bytes of the fp32 gradients once per step
+                               // (zero.stage 0, 1; 0 at world 1): 2 (w - 1) / w x 4 P
+  // ZeRO (world w > 1, G = grad_accum micro-batches, d = bytes of the model dtype; units:
+  // embedding E = V h, each layer, head H = h + V h; E + L layer + H = P without tied
+  // embeddings):
+  //   zero_reduce  stages 2-3: every unit's fp32 gradients reduce-scattered per micro-batch:
+  //                G (w - 1) / w x 4 (E + L layer + H).
+  //   zero_gather  stages 1-2: the updated shards all-gathered once per step in the parameters'
+  //                dtype (zero/zero_optimizer.h): (w - 1) / w x d P. Stage 3, per micro-batch:
+  //                the embedding and the layers for the forward, the head once, each layer again
+  //                for its recompute + backward (one gather serves both):
+  //                G (w - 1) / w x d (E + 2 L layer + H).
   double zero_reduce_bytes = 0;
   double zero_gather_bytes = 0;
   double offload_bytes = 0;    // checkpoints out + back, optimizer-offload gradients and weights
