@@ -82,7 +82,9 @@ const std::map<std::string, std::string>& meanings() {
        "Per-rank memory cap in GiB (on CPU: the process address space); exceeding it exits 12. "
        "0 = none."},
       {"attention.backend",
-       "auto, math, flash, efficient or cudnn; the last three need train.device cuda."},
+       "auto, math, flash, efficient or cudnn; the last three need train.device cuda. auto lets "
+       "SDPA pick a fused kernel; on CUDA it never falls back to the [sl, sl] math kernel (inputs "
+       "no fused kernel takes are an error naming this key)."},
       {"attention.skip_all_but_last",
        "Debug/probe: core attention only in the last layer (others return the right shape), to "
        "find memory limits without the quadratic compute. Loss and gradients are then wrong."},

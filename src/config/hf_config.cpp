@@ -3,9 +3,8 @@
 
 #include <c10/util/Exception.h>
 
-#include <fstream>
-
 #include "common/error.h"
+#include "common/input_file.h"
 
 using nlohmann::json;
 
@@ -148,11 +147,10 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
 
 ModelOptions read_hf_config(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) throw UserError(path + ": cannot read file");
+  const std::string text = read_input_file(path, "a JSON file");
   json config;
   try {
-    config = json::parse(in);
+    config = json::parse(text);
   } catch (const json::parse_error& e) {
     throw UserError(path + ": invalid JSON (" + e.what() + ")");
   }

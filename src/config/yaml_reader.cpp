@@ -2,16 +2,17 @@
 #include "config/yaml_reader.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <set>
 
+#include "common/input_file.h"
 #include "config/field_table.h"
 #include "config/yaml_values.h"
 
 namespace ulysses::config {
 namespace {
+
+// How the size error names a YAML input.
+constexpr const char* kYamlKind = "a YAML document";
 
 // Levenshtein distance, for "did you mean" suggestions.
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -29,17 +30,12 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-[[noreturn]] void too_large(const std::string& source, uintmax_t bytes) {
-  char size[32];
-  std::snprintf(size, sizeof size, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  throw UserError(source + ": " + size + " is over the " + std::to_string(kMaxYamlBytes >> 20) +
-                  " MiB limit of a YAML document");
-}
-
 }  // namespace
 
 YAML::Node parse_yaml(const std::string& text, const std::string& source) {
-  if (text.size() > static_cast<size_t>(kMaxYamlBytes)) too_large(source, text.size());
+  if (text.size() > static_cast<size_t>(kMaxYamlBytes)) {
+    throw input_too_large(source, text.size(), kYamlKind, kMaxYamlBytes);
+  }
   try {
     return YAML::Load(text);
   } catch (const YAML::Exception& e) {
@@ -53,21 +49,7 @@ YAML::Node parse_yaml(const std::string& text, const std::string& source) {
 }
 
 std::string read_yaml_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(path + ": cannot read file");
-  std::error_code ec;
-  const uintmax_t size = std::filesystem::file_size(path, ec);  // fails for pipes: read below
-  if (!ec && size > static_cast<uintmax_t>(kMaxYamlBytes)) too_large(path, size);
-  // At most one byte past the limit, whatever the file claims to be (a FIFO, /dev/zero).
-  std::string text;
-  char buffer[1 << 16];
-  while (text.size() <= static_cast<size_t>(kMaxYamlBytes) &&
-         in.read(buffer, sizeof buffer).gcount() > 0) {
-    text.append(buffer, static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) throw UserError(path + ": cannot read file");
-  if (text.size() > static_cast<size_t>(kMaxYamlBytes)) too_large(path, text.size());
-  return text;
+  return read_input_file(path, kYamlKind, kMaxYamlBytes);
 }
 
 YAML::Node load_yaml_file(const std::string& path) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "config/options.h"
 
 namespace ulysses::config {
@@ -16,9 +17,9 @@ namespace ulysses::config {
 // operator[] returns for a missing key; IsDefined() is the safe first question.)
 inline bool is_mapping(const YAML::Node& node) { return node.IsDefined() && node.IsMap(); }
 
-// The largest YAML document read (run configs, presets, experiments): far above any real one,
-// low enough that a hostile file cannot exhaust memory. (Nesting depth is yaml-cpp's own limit.)
-inline constexpr int64_t kMaxYamlBytes = int64_t{16} << 20;  // 16 MiB
+// The largest YAML document read (run configs, presets, experiments, profiles): the cap of every
+// input file (common/input_file.h). (Nesting depth is yaml-cpp's own limit.)
+inline constexpr int64_t kMaxYamlBytes = kMaxInputFileBytes;  // 16 MiB
 
 // Parses YAML text. `source` names the text in errors: UserError
 // "<source>: line L, column C: <what yaml-cpp says>", or "<source>: <size> is over the 16 MiB

@@ -84,6 +84,7 @@ Batch DataLoader::micro_batch(int64_t step, int64_t micro) const {
     batch.position_ids[row].copy_(sample.position_ids.narrow(0, begin, local));
     if (pack_) batch.doc_ids[row].copy_(sample.doc_ids);
   }
+  if (pack_) batch.documents = std::make_shared<const DocumentRuns>(document_runs(batch.doc_ids));
   batch.valid_tokens = batch.labels.ne(kIgnoreIndex).sum().item<int64_t>();
   return batch;
 }

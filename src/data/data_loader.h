@@ -28,8 +28,9 @@ class DataLoader {
              const std::string& source_key = "data.source");
 
   // This rank's micro-batch `micro` of step `step`: bs = micro_batch samples, each cut to this SP
-  // rank's sl/sp positions; doc_ids (full [bs, sl]) only when data.pack. Tensors on CPU. Throws
-  // UserError naming the file when a file token is outside the vocabulary.
+  // rank's sl/sp positions; doc_ids (full [bs, sl]) and their documents (document_runs, found
+  // here on the host) only when data.pack. Tensors on CPU. Throws UserError naming the file when
+  // a file token is outside the vocabulary.
   // REQUIRES: step >= 1, 0 <= micro < grad_accum.
   Batch micro_batch(int64_t step /*1-based*/, int64_t micro /*0..grad_accum-1*/) const;
 

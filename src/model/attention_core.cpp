@@ -1,8 +1,10 @@
 // Backend choice, the math (reference) attention and LocalAttentionCore (see attention_core.h).
 #include "model/attention_core.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 
 #include "common/error.h"
 #include "common/torch_compat.h"
@@ -12,6 +14,16 @@ namespace ulysses::model {
 namespace {
 
 bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// attention_kernels_used(), guarded by its mutex. Never destroyed (read at exit).
+struct KernelRecord {
+  std::mutex mutex;
+  std::vector<std::string> kernels;
+};
+KernelRecord& kernel_record() {
+  static KernelRecord* record = new KernelRecord;
+  return *record;
+}
 
 // Plain causal attention; see local_attention. Scores are [bs, hkv, g * sl, sl] with the g = hq/hkv
 // query heads of one kv head stacked along the row dimension, so k/v are never expanded.
@@ -95,7 +107,8 @@ AttentionBackend resolve_attention_backend(const std::string& name, const at::De
 }
 
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& doc_ids, AttentionBackend backend) {
+                           const at::Tensor& doc_ids, AttentionBackend backend,
+                           const DocumentRuns* documents) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "local_attention: q/k/v must be [bs, sl, heads, hd]");
   TORCH_CHECK(k.sizes() == v.sizes(), "local_attention: k ", k.sizes(), " and v ", v.sizes(),
@@ -104,14 +117,31 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
               "local_attention: q ", q.sizes(), " does not match k ", k.sizes());
   TORCH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "local_attention: hq=", q.size(2),
               " is not a multiple of hkv=", k.size(2));
-  if (backend == AttentionBackend::kMath) return math_attention(q, k, v, doc_ids);
-  return sdpa_attention(q, k, v, doc_ids, backend);
+  if (backend == AttentionBackend::kMath) {
+    record_attention_kernel("math");
+    return math_attention(q, k, v, doc_ids);
+  }
+  return sdpa_attention(q, k, v, doc_ids, backend, kMaxDenseDocMaskBytes, documents);
+}
+
+std::vector<std::string> attention_kernels_used() {
+  KernelRecord& record = kernel_record();
+  std::lock_guard<std::mutex> lock(record.mutex);
+  return record.kernels;
+}
+
+void record_attention_kernel(const std::string& kernel) {
+  KernelRecord& record = kernel_record();
+  std::lock_guard<std::mutex> lock(record.mutex);
+  if (std::find(record.kernels.begin(), record.kernels.end(), kernel) == record.kernels.end()) {
+    record.kernels.push_back(kernel);
+  }
 }
 
 at::Tensor LocalAttentionCore::forward(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, const AttentionContext& ctx) {
   if (!ctx.run_core) return q * 0;  // skip_all_but_last: right shape, graph kept, no compute
-  return local_attention(q, k, v, ctx.doc_ids, backend_);
+  return local_attention(q, k, v, ctx.doc_ids, backend_, ctx.documents.get());
 }
 
 std::string LocalAttentionCore::name() const {

@@ -5,13 +5,20 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "common/document_runs.h"
 
 namespace ulysses::model {
 
 // What a core needs besides q/k/v, per call.
 struct AttentionContext {
   at::Tensor doc_ids;  // [bs, sl] int64 full-sequence document ids (packed batches) or undefined
+  // document_runs(doc_ids) found on the host (data::Batch::documents), shared by every layer; null
+  // when not packed or not known (then the model finds them once per forward when needed).
+  std::shared_ptr<const DocumentRuns> documents;
   int64_t layer_index = 0;  // set by the model for each layer
   bool run_core = true;     // false: skip_all_but_last debug mode, return zeros of the right shape
 };
@@ -49,12 +56,23 @@ AttentionBackend resolve_attention_backend(const std::string& name, const at::De
 // The math backend materializes scores [bs, hq, sl, sl] (fp32 for fp16/bf16 inputs).
 // Fused backends run GQA natively and, with doc_ids, either pass a [bs, 1, sl, sl] mask or, above
 // kMaxDenseDocMaskBytes, run each document on its own (sdpa_attention.h).
+// `documents` (null or document_runs(doc_ids), found on the host) spares the fused backends
+// reading doc_ids on the host (sdpa_attention.h).
 // REQUIRES: q, k, v on one device with one dtype; hq % hkv == 0; doc_ids [bs, sl] int64 or
 // undefined; a backend that resolve_attention_backend accepts for that device.
 // Throws UserError("attention.backend: ...") when a fused kernel cannot take these inputs
-// (e.g. flash with fp32).
+// (e.g. flash with fp32, or on CUDA auto with no fused kernel for them).
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& doc_ids, AttentionBackend backend);
+                           const at::Tensor& doc_ids, AttentionBackend backend,
+                           const DocumentRuns* documents = nullptr);
+
+// The attention kernels this process has run, each named once, in the order first used: "math"
+// (the math backend), or the kernel SDPA chose for a fused backend: "flash", "efficient",
+// "cudnn", "sdpa_math" (SDPA's own math kernel, which only auto on CPU may choose). Thread-safe.
+std::vector<std::string> attention_kernels_used();
+
+// Adds `kernel` to attention_kernels_used() unless it is there. Thread-safe.
+void record_attention_kernel(const std::string& kernel);
 
 // local_attention on the tokens given (no SP). With ctx.run_core == false returns q * 0 (zeros of
 // the right shape that keep the graph connected, so no attention compute is done).

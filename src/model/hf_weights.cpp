@@ -3,13 +3,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "model/safetensors.h"
 
 namespace ulysses::model {
@@ -28,10 +28,10 @@ std::vector<std::string> weight_files(const std::string& dir) {
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> files;
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
+    const std::string text = read_input_file(index_path.string(), "a JSON file");
     nlohmann::json index;
     try {
-      index = nlohmann::json::parse(in);
+      index = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw UserError(index_path.string() + ": not valid JSON (" + e.what() + ")");
     }

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "common/error.h"
+#include "model/sdpa_attention.h"
 
 namespace ulysses::model {
 namespace {
@@ -55,9 +56,13 @@ at::Tensor LlamaModelImpl::forward_layers(const at::Tensor& embedded,
   RotaryCosSin rope = rotary_.forward(position_ids);   // [bs, T, hd] fp32
   at::Tensor cos = rope.cos.to(hidden.scalar_type());  // [bs, T, hd]
   at::Tensor sin = rope.sin.to(hidden.scalar_type());  // [bs, T, hd]
+  // Packed documents: found once per forward when the caller has no host runs, so that no layer
+  // reads doc_ids back from the device.
+  AttentionContext shared = ctx;
+  if (shared.documents == nullptr) shared.documents = block_diagonal_runs(ctx.doc_ids);
   const int64_t count = num_layers();
   for (int64_t i = 0; i < count; ++i) {
-    AttentionContext layer_ctx = ctx;
+    AttentionContext layer_ctx = shared;
     layer_ctx.layer_index = i;
     layer_ctx.run_core = ctx.run_core && (!skip_all_but_last || i == count - 1);
     LlamaDecoderLayer current = layer(i);

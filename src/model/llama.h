@@ -32,7 +32,9 @@ class LlamaModelImpl : public torch::nn::Module {
 
   // input_ids [bs, T] int64, position_ids [bs, T] int64 global positions -> [bs, T, h],
   // final-normed. Layer i sees ctx with layer_index = i, and run_core = ctx.run_core unless
-  // skip_all_but_last is set, in which case only the last layer runs its core.
+  // skip_all_but_last is set, in which case only the last layer runs its core. Packed batches
+  // without ctx.documents get block_diagonal_runs(ctx.doc_ids), found once for every layer
+  // (sdpa_attention.h).
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids,
                      const AttentionContext& ctx);
 

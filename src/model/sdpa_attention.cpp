@@ -4,87 +4,109 @@
 #include <ATen/Context.h>
 
 #include <cmath>
-#include <unordered_set>
+#include <mutex>
+#include <optional>
 
 #include "common/error.h"
 
 namespace ulysses::model {
 namespace {
 
-// Enables exactly the SDP kernels wanted for one call and restores the previous switches.
-// kSdpaAuto enables every kernel (SDPA's math kernel included, as its last resort).
-class SdpKernelScope {
- public:
-  explicit SdpKernelScope(AttentionBackend backend) {
-    auto& ctx = at::globalContext();
-    flash_ = ctx.userEnabledFlashSDP();
-    efficient_ = ctx.userEnabledMemEfficientSDP();
-    math_ = ctx.userEnabledMathSDP();
-#if ULYSSES_HAS_CUDNN_SDPA
-    cudnn_ = ctx.userEnabledCuDNNSDP();
-#endif
-    const bool all = backend == AttentionBackend::kSdpaAuto;
-    ctx.setSDPUseFlash(all || backend == AttentionBackend::kFlash);
-    ctx.setSDPUseMemEfficient(all || backend == AttentionBackend::kEfficient);
-    ctx.setSDPUseMath(all);
-#if ULYSSES_HAS_CUDNN_SDPA
-    ctx.setSDPUseCuDNN(all || backend == AttentionBackend::kCudnn);
-#endif
+// Sets the global SDP switches to `wanted`, writing only those that differ, so that a run (one
+// selection) sets them once. Serialised: the switches are process-wide.
+void use_sdp_kernels(const SdpKernels& wanted) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& ctx = at::globalContext();
+  if (ctx.userEnabledFlashSDP() != wanted.flash) ctx.setSDPUseFlash(wanted.flash);
+  if (ctx.userEnabledMemEfficientSDP() != wanted.efficient) {
+    ctx.setSDPUseMemEfficient(wanted.efficient);
   }
-  ~SdpKernelScope() {
-    auto& ctx = at::globalContext();
-    ctx.setSDPUseFlash(flash_);
-    ctx.setSDPUseMemEfficient(efficient_);
-    ctx.setSDPUseMath(math_);
+  if (ctx.userEnabledMathSDP() != wanted.math) ctx.setSDPUseMath(wanted.math);
 #if ULYSSES_HAS_CUDNN_SDPA
-    ctx.setSDPUseCuDNN(cudnn_);
+  if (ctx.userEnabledCuDNNSDP() != wanted.cudnn) ctx.setSDPUseCuDNN(wanted.cudnn);
 #endif
-  }
-  SdpKernelScope(const SdpKernelScope&) = delete;
-  SdpKernelScope& operator=(const SdpKernelScope&) = delete;
+}
 
- private:
-  bool flash_ = true, efficient_ = true, math_ = true, cudnn_ = false;
-};
+// attention_kernels_used()'s name of an at::SDPBackend value (at::_fused_sdp_choice).
+std::string sdp_kernel_name(int64_t choice) {
+  switch (static_cast<at::SDPBackend>(choice)) {
+    case at::SDPBackend::math:
+      return "sdpa_math";
+    case at::SDPBackend::flash_attention:
+      return "flash";
+    case at::SDPBackend::efficient_attention:
+      return "efficient";
+    case at::SDPBackend::cudnn_attention:
+      return "cudnn";
+    default:
+      return "sdpa_backend_" + std::to_string(choice);
+  }
+}
+
+// The first line of a LibTorch error.
+std::string first_line(const c10::Error& e) {
+  const std::string what = e.what_without_backtrace();
+  return what.substr(0, what.find('\n'));
+}
+
+// The error for inputs that no kernel `kernel` allows can take.
+UserError no_kernel_error(AttentionBackend kernel, bool cuda, const c10::Error& e) {
+  if (kernel == AttentionBackend::kSdpaAuto && cuda) {
+    return UserError(
+        "attention.backend: auto found no fused kernel (flash, efficient, cudnn) for these "
+        "inputs, and SDPA's math kernel would materialise [sl, sl] scores; set "
+        "attention.backend: math to run that way (" + first_line(e) + ")");
+  }
+  return UserError("attention.backend: " + attention_backend_name(kernel) +
+                   " cannot run these inputs: " + first_line(e));
+}
 
 }  // namespace
 
-std::vector<std::vector<std::pair<int64_t, int64_t>>> document_runs(const at::Tensor& doc_ids) {
-  at::Tensor ids = doc_ids.to(at::kCPU, at::kLong).contiguous();  // [bs, sl]
-  const int64_t batch = ids.size(0), sl = ids.size(1);
-  const int64_t* data = ids.data_ptr<int64_t>();
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs(batch);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t* row = data + b * sl;
-    std::unordered_set<int64_t> seen;
-    int64_t start = 0;
-    for (int64_t i = 1; i <= sl; ++i) {
-      if (i < sl && row[i] == row[start]) continue;
-      if (!seen.insert(row[start]).second) return {};  // this id had an earlier run
-      runs[b].emplace_back(start, i - start);
-      start = i;
-    }
+std::shared_ptr<const DocumentRuns> block_diagonal_runs(const at::Tensor& doc_ids) {
+  if (!doc_ids.defined() || doc_ids.size(0) * doc_ids.size(1) * doc_ids.size(1) <=
+                                kMaxDenseDocMaskBytes) {
+    return nullptr;
   }
-  return runs;
+  return std::make_shared<const DocumentRuns>(document_runs(doc_ids));
+}
+
+SdpKernels sdp_kernels_for(AttentionBackend backend, bool cuda) {
+  TORCH_CHECK(backend != AttentionBackend::kMath, "sdp_kernels_for: math uses no SDP kernel");
+  const bool all = backend == AttentionBackend::kSdpaAuto;
+  SdpKernels kernels;
+  kernels.flash = all || backend == AttentionBackend::kFlash;
+  kernels.efficient = all || backend == AttentionBackend::kEfficient;
+  kernels.math = all && !cuda;
+  kernels.cudnn = all || backend == AttentionBackend::kCudnn;
+  return kernels;
 }
 
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& doc_ids, AttentionBackend backend,
-                          int64_t max_dense_mask_bytes) {
+                          int64_t max_dense_mask_bytes, const DocumentRuns* documents) {
   TORCH_CHECK(backend != AttentionBackend::kMath,
               "sdpa_attention: math goes through local_attention");
-  const int64_t sl = q.size(1), hq = q.size(2), hd = q.size(3), hkv = k.size(2);
+  const int64_t bs = q.size(0), sl = q.size(1), hq = q.size(2), hd = q.size(3), hkv = k.size(2);
   const int64_t group = hq / hkv;
   at::Tensor q_t = q.transpose(1, 2);  // [bs, hq, sl, hd]
   const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
   std::optional<at::Tensor> mask;  // [bs, 1, sl, sl] bool, true = may attend
   bool is_causal = true;
   AttentionBackend kernel = backend;
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> documents;  // block-diagonal path
-  if (doc_ids.defined() && q.size(0) * sl * sl > max_dense_mask_bytes) {
-    documents = document_runs(doc_ids);
+  DocumentRuns derived;                  // found here when the caller gave none
+  const DocumentRuns* blocks = nullptr;  // block-diagonal path: the documents of each sample
+  if (doc_ids.defined() && bs * sl * sl > max_dense_mask_bytes) {
+    if (documents == nullptr) {
+      derived = document_runs(doc_ids);  // reads doc_ids on the host
+      documents = &derived;
+    }
+    TORCH_CHECK(documents->empty() || static_cast<int64_t>(documents->size()) == bs,
+                "sdpa_attention: documents of ", documents->size(), " samples for bs ", bs);
+    if (!documents->empty()) blocks = documents;
   }
-  if (doc_ids.defined() && documents.empty()) {
+  if (doc_ids.defined() && blocks == nullptr) {
     at::Tensor same_doc = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));          // [bs, sl, sl]
     at::Tensor causal = at::ones({sl, sl}, q.options().dtype(at::kBool)).tril();  // [sl, sl]
     mask = same_doc.logical_and(causal).unsqueeze(1);
@@ -113,7 +135,28 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                     " needs fp16/bf16 activations on CUDA (memory.precision: bf16)");
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  SdpKernelScope scope(kernel);
+  use_sdp_kernels(sdp_kernels_for(kernel, q.is_cuda()));
+  // q/k/v of one SDPA call: the whole batch, or one document of one sample.
+  auto slice = [&](const at::Tensor& t, int64_t b, int64_t start, int64_t length) {
+    return t.narrow(0, b, 1).narrow(2, start, length);  // [1, heads, length, hd]
+  };
+  // The kernel SDPA picks under these switches, asked before any compute (the first document
+  // stands for the others): recorded, and refused in one line when there is none.
+  auto first_call = [&](const at::Tensor& t) {  // [1 or bs, heads, length or sl, hd]
+    return blocks == nullptr ? t : slice(t, 0, (*blocks)[0][0].first, (*blocks)[0][0].second);
+  };
+  try {
+#if ULYSSES_HAS_SDPA_GQA
+    const int64_t choice = at::_fused_sdp_choice(first_call(q_t), first_call(k_t), first_call(v_t),
+                                                 mask, /*dropout_p=*/0.0, is_causal, scale, gqa);
+#else
+    const int64_t choice = at::_fused_sdp_choice(first_call(q_t), first_call(k_t), first_call(v_t),
+                                                 mask, /*dropout_p=*/0.0, is_causal, scale);
+#endif
+    record_attention_kernel(sdp_kernel_name(choice));
+  } catch (const c10::Error& e) {
+    throw no_kernel_error(kernel, q.is_cuda(), e);
+  }
   auto sdpa = [&](const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs) {
 #if ULYSSES_HAS_SDPA_GQA
     return at::scaled_dot_product_attention(qs, ks, vs, mask, /*dropout_p=*/0.0, is_causal,
@@ -124,16 +167,14 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 #endif
   };
   auto call = [&] {
-    if (documents.empty()) return sdpa(q_t, k_t, v_t);  // [bs, hq, sl, hd]
+    if (blocks == nullptr) return sdpa(q_t, k_t, v_t);  // [bs, hq, sl, hd]
     // Block-diagonal: each document attends causally to itself only.
     std::vector<at::Tensor> samples;
-    for (int64_t b = 0; b < static_cast<int64_t>(documents.size()); ++b) {
+    for (int64_t b = 0; b < bs; ++b) {
       std::vector<at::Tensor> pieces;
-      for (const auto& [start, length] : documents[b]) {
-        auto slice = [&](const at::Tensor& t) {
-          return t.narrow(0, b, 1).narrow(2, start, length);  // [1, heads, length, hd]
-        };
-        pieces.push_back(sdpa(slice(q_t), slice(k_t), slice(v_t)));  // [1, hq, length, hd]
+      for (const auto& [start, length] : (*blocks)[b]) {
+        pieces.push_back(sdpa(slice(q_t, b, start, length), slice(k_t, b, start, length),
+                              slice(v_t, b, start, length)));  // [1, hq, length, hd]
       }
       samples.push_back(pieces.size() == 1 ? pieces[0] : at::cat(pieces, 2));  // [1, hq, sl, hd]
     }
@@ -145,10 +186,8 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   } catch (const c10::Error& e) {
     // Out of memory keeps its exit status (12): it is not bad input. A forced kernel family that
     // cannot take these inputs ("No available kernel") is a configuration the user chose.
-    std::string what = e.what_without_backtrace();
-    if (is_out_of_memory_text(what)) throw;
-    throw UserError("attention.backend: " + attention_backend_name(kernel) +
-                    " cannot run these inputs: " + what.substr(0, what.find('\n')));
+    if (is_out_of_memory_text(e.what_without_backtrace())) throw;
+    throw no_kernel_error(kernel, q.is_cuda(), e);
   }
 }
 

@@ -136,7 +136,7 @@ StepTimes take_step_times() {
 #endif
   StepTimes out = std::move(s.totals);
   s.totals = StepTimes{};
-  out.exposed_comm_ms = out.comm_ms;
+  out.comm_wait_ms = out.comm_ms;
   return out;
 }
 

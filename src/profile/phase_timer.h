@@ -12,10 +12,10 @@
 // take_step_times() (which waits for them), so a scope's time is what the device's stream spent
 // between its entry and exit, including waits for collectives it issued.
 //
-// Exposed comm: the timers measure the issuing stream, which waits for every collective of
-// this stack (all are blocking, comm/group.h), so all comm time measured here is exposed
-// (exposed_comm_ms == comm_ms). Comm kernels overlapped with compute on another stream are
-// only visible at kernel level: `ulysses-tune profile` (nsys) reports that overlap.
+// Comm wait: the timers measure the issuing (compute) stream, which waits for every collective
+// of this stack (all are blocking, comm/group.h), so the comm time measured here is comm the
+// compute stream waited on (comm_wait_ms == comm_ms). How much comm a kernel-level schedule
+// hides behind compute is not visible here: `ulysses-tune profile` (nsys) measures that overlap.
 //
 // Scopes nest across threads (autograd's device threads run backward scopes while the caller
 // waits inside backward()), so the open-scope stack is process-wide. Thread-safe.
@@ -40,7 +40,7 @@ struct StepTimes {
   double comm_ms = 0.0;
   double offload_ms = 0.0;
   double optimizer_ms = 0.0;
-  double exposed_comm_ms = 0.0;  // comm the issuing stream waited for (== comm_ms, see above)
+  double comm_wait_ms = 0.0;  // comm the compute stream waited on (== comm_ms, see above)
 
   // compute + comm + offload + optimizer: the time inside top-level timed scopes.
   double categorized_ms() const { return compute_ms + comm_ms + offload_ms + optimizer_ms; }

@@ -8,9 +8,12 @@
 namespace ulysses::sp {
 namespace {
 
+// The packing copy (.contiguous()) runs before the "a2a" scope, so that scope (comm) times the
+// collective only.
 at::Tensor exchange(const at::Tensor& x, comm::Group& group) {
+  const at::Tensor packed = x.contiguous();
   profile::ScopedPhase phase("a2a");
-  return group.all_to_all_single(x.contiguous());
+  return group.all_to_all_single(packed);
 }
 
 struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {

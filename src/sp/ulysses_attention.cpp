@@ -69,7 +69,8 @@ at::Tensor UlyssesAttention::forward(const at::Tensor& q, const at::Tensor& k, c
   at::Tensor out_full;  // [bs, sl, hq/sp, hd]
   if (ctx.run_core) {
     profile::ScopedPhase phase("attention");
-    out_full = model::local_attention(q_full, k_full, v_full, ctx.doc_ids, backend_);
+    out_full = model::local_attention(q_full, k_full, v_full, ctx.doc_ids, backend_,
+                                      ctx.documents.get());
   } else {
     out_full = q_full * 0;  // keeps the graph connected; skip_all_but_last debug mode
   }

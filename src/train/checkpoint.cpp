@@ -15,6 +15,7 @@
 #include <regex>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "config/hf_config.h"
 #include "model/hf_weights.h"
 #include "model/safetensors.h"
@@ -52,10 +53,11 @@ void write_text(const fs::path& path, const std::string& text) {
 }
 
 nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(path.string() + ": missing");
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UserError(path.string() + ": missing");
+  const std::string text = read_input_file(path.string(), "a JSON file");
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     throw UserError(path.string() + ": not valid JSON");
   }
@@ -214,9 +216,11 @@ std::optional<std::string> foreign_checkpoint(const std::string& path, const std
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
   const fs::path state_path = fs::path(path) / "trainer_state.json";
-  std::ifstream in(state_path);
-  nlohmann::json state = in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false)
-                            : nlohmann::json();
+  nlohmann::json state;
+  if (fs::is_regular_file(state_path, ec)) {
+    state = nlohmann::json::parse(read_input_file(state_path.string(), "a JSON file"), nullptr,
+                                  /*allow_exceptions=*/false);
+  }
   if (!fs::is_directory(path, ec) || !state.is_object()) {
     return path + " exists and is not a checkpoint";
   }

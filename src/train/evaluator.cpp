@@ -69,6 +69,7 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
     data::Batch batch = loader.micro_batch(step, 0);
     model::AttentionContext ctx;
     ctx.doc_ids = batch.doc_ids.defined() ? batch.doc_ids.to(device) : batch.doc_ids;
+    ctx.documents = batch.documents;
     at::Tensor hidden = model->forward_hidden(batch.input_ids.to(device),
                                               batch.position_ids.to(device), ctx);  // [bs, T, h]
     const int64_t local_len = hidden.size(1);

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include <c10/util/Exception.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace ulysses::train {
 namespace {
@@ -42,7 +44,7 @@ StepMetrics step_from_json(const nlohmann::json& line) {
   m.comm_ms = line.value("comm_ms", 0.0);
   m.offload_ms = line.value("offload_ms", 0.0);
   m.optimizer_ms = line.value("optimizer_ms", 0.0);
-  m.exposed_comm_ms = line.value("exposed_comm_ms", 0.0);
+  m.comm_wait_ms = line.value("comm_wait_ms", 0.0);
   m.model_flops = line.value("model_flops", 0.0);
   m.skipped = line.value("skipped", false);
   m.first_sample = line.value("first_sample", int64_t{0});
@@ -64,7 +66,7 @@ void StepMetrics::set_times(const profile::StepTimes& times) {
   comm_ms = times.comm_ms;
   offload_ms = times.offload_ms;
   optimizer_ms = times.optimizer_ms;
-  exposed_comm_ms = times.exposed_comm_ms;
+  comm_wait_ms = times.comm_wait_ms;
 }
 
 void MetricsWriter::set_throughput_basis(int64_t world_size, double peak_flops_per_rank) {
@@ -79,8 +81,8 @@ MetricsWriter::MetricsWriter(const std::string& dir, int64_t warmup_steps, int64
   std::filesystem::create_directories(dir, ec);
   const std::string path = dir + "/metrics.jsonl";
   std::string kept;  // earlier records of a resumed run, one per line
-  if (resumed_step > 0) {
-    std::ifstream in(path);
+  if (resumed_step > 0 && std::filesystem::exists(path, ec)) {
+    std::istringstream in(read_input_file(path, "a metrics file", kMaxMetricsFileBytes));
     std::string text;
     while (std::getline(in, text)) {
       nlohmann::json line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -119,7 +121,7 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                          {"comm_ms", m.comm_ms},
                          {"offload_ms", m.offload_ms},
                          {"optimizer_ms", m.optimizer_ms},
-                         {"exposed_comm_ms", m.exposed_comm_ms},
+                         {"comm_wait_ms", m.comm_wait_ms},
                          {"tokens_per_s_per_rank",
                           m.tokens_per_s / static_cast<double>(world_size_)},
                          {"first_sample", m.first_sample}};
@@ -162,7 +164,7 @@ void MetricsWriter::write_summary(const nlohmann::json& extra) const {
     categories["comm_ms_median"].push_back(s->comm_ms);
     categories["offload_ms_median"].push_back(s->offload_ms);
     categories["optimizer_ms_median"].push_back(s->optimizer_ms);
-    categories["exposed_comm_ms_median"].push_back(s->exposed_comm_ms);
+    categories["comm_wait_ms_median"].push_back(s->comm_wait_ms);
     if (s->model_flops > 0.0) flops.push_back(flops_per_rank(*s, world_size_));
   }
   for (const auto& s : steps_) {

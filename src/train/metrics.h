@@ -29,21 +29,26 @@ struct StepMetrics {
   double comm_ms = 0.0;
   double offload_ms = 0.0;
   double optimizer_ms = 0.0;
-  double exposed_comm_ms = 0.0;  // comm not hidden behind compute
-  double model_flops = 0.0;      // whole job, this step (profile::training_flops); 0 = unknown
-  bool skipped = false;          // grad_norm was not finite: the optimizer did not step
-  int64_t first_sample = 0;      // global index of the step's first sample (data position)
+  double comm_wait_ms = 0.0;  // comm the compute stream waited on (== comm_ms, phase_timer.h)
+  double model_flops = 0.0;   // whole job, this step (profile::training_flops); 0 = unknown
+  bool skipped = false;       // grad_norm was not finite: the optimizer did not step
+  int64_t first_sample = 0;   // global index of the step's first sample (data position)
 
   // Copies the phases and category totals of `times`.
   void set_times(const profile::StepTimes& times);
 };
+
+// The largest metrics.jsonl a resumed run reads back: a step record is about 1 KiB, so this
+// holds some 250 000 steps. A longer file is refused in one line, not read.
+inline constexpr int64_t kMaxMetricsFileBytes = int64_t{256} << 20;  // 256 MiB
 
 class MetricsWriter {
  public:
   // Creates `dir` and starts metrics.jsonl there. A fresh run (resumed_step 0) truncates it. A run
   // resumed after step `resumed_step` keeps the records of steps <= resumed_step already in the
   // file (the steps before the checkpoint, so the summary covers the whole run) and drops later
-  // ones (they are trained again), then appends. Throws UserError when it cannot write.
+  // ones (they are trained again), then appends. Throws UserError when it cannot write, or when
+  // the file to resume is over kMaxMetricsFileBytes (read_input_file's one-line error).
   MetricsWriter(const std::string& dir, int64_t warmup_steps, int64_t resumed_step = 0);
 
   // Step records kept from an earlier run by the constructor.

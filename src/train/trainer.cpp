@@ -47,7 +47,7 @@ std::vector<data::Batch> load_step(const data::DataLoader& loader, int64_t step,
     b.input_ids = b.input_ids.to(device);
     b.labels = b.labels.to(device);
     b.position_ids = b.position_ids.to(device);
-    if (b.doc_ids.defined()) b.doc_ids = b.doc_ids.to(device);
+    if (b.doc_ids.defined()) b.doc_ids = b.doc_ids.to(device);  // b.documents stay on the host
     batches.push_back(std::move(b));
   }
   return batches;
@@ -404,7 +404,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                   {"dp", mesh.dp_size()},
                   {"sp", mesh.sp_size()},
                   {"sequence_length", loader.padded_length()},
-                  {"device", device.str()}});
+                  {"device", device.str()},
+                  {"attention_kernels", model::attention_kernels_used()}});
     metrics->write_summary(extra);
     say("done: outputs in " + config.output.dir + " (metrics.jsonl, summary.json, run.yaml)" +
         (checkpoints ? ", checkpoints in " + config.checkpoint.dir : std::string()));

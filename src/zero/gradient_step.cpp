@@ -26,6 +26,7 @@ at::Tensor sharded_micro_batch(model::LlamaForCausalLM& model, const data::Batch
                            double inv_count) {
   model::AttentionContext ctx;
   ctx.doc_ids = b.doc_ids;
+  ctx.documents = b.documents;  // the runs, found on the host: no layer reads doc_ids back
   at::Tensor layers_out;  // [bs, sl/sp, h], before the final norm
   {
     profile::ScopedPhase phase("forward");
@@ -87,6 +88,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     }
     model::AttentionContext ctx;
     ctx.doc_ids = b.doc_ids;
+    ctx.documents = b.documents;  // the runs, found on the host: no layer reads doc_ids back
     at::Tensor hidden;  // [bs, sl/sp, h]
     {
       profile::ScopedPhase phase("forward");

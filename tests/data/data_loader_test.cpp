@@ -301,6 +301,38 @@ TEST(DataLoaderPacking, HandWorkedSample) {
   EXPECT_EQ(plain.valid_tokens, 7);
 }
 
+// The documents a packed batch carries are found on the host when it is built; they equal what
+// attention used to derive from the device doc ids (document_runs of doc_ids), sample by sample.
+TEST(DataLoaderPacking, DocumentsAreTheRunsOfTheDocIds) {
+  TempDir dir;
+  const std::string path = dir.file("hand.bin");
+  write_token_file(path, {5, 6, 3, 7, 8, 9, 3, 10}, TokenDType::kUInt16);
+  config::DataOptions data;
+  data.source = "tokens:" + path;
+  data.pack = true;
+  data.eod_token = kEod;
+  for (int64_t r = 0; r < 3; ++r) {  // doc ids {0, 0, 0, 1, 1, 1, 1, 2, 3} on every SP rank
+    const Batch batch = DataLoader(data, {8, 1, 1}, kVocab, 1, 0, 3, r).micro_batch(1, 0);
+    ASSERT_NE(batch.documents, nullptr) << "rank " << r;
+    EXPECT_EQ(*batch.documents, (DocumentRuns{{{0, 3}, {3, 4}, {7, 1}, {8, 1}}})) << "rank " << r;
+  }
+  data.pack = false;
+  EXPECT_EQ(DataLoader(data, {8, 1, 1}, kVocab, 1, 0, 1, 0).micro_batch(1, 0).documents, nullptr);
+
+  config::DataOptions synthetic;
+  synthetic.seed = 5;
+  synthetic.pack = true;
+  const DataLoader loader(synthetic, {40, 3, 2}, kVocab, 2, 1, 2, 1);
+  for (int64_t step : {1, 2, 3}) {
+    for (int64_t micro : {0, 1}) {
+      const Batch batch = loader.micro_batch(step, micro);
+      ASSERT_NE(batch.documents, nullptr);
+      ASSERT_EQ(batch.documents->size(), 3u);  // one entry per sample, never the mask case
+      EXPECT_EQ(*batch.documents, document_runs(batch.doc_ids)) << step << "/" << micro;
+    }
+  }
+}
+
 TEST(DataLoaderSynthetic, DeterministicAcrossLoaders) {
   config::DataOptions data;
   data.seed = 21;

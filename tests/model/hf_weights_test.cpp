@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "model/safetensors.h"
 #include "model_test_util.h"
 
@@ -158,6 +160,15 @@ TEST(HfWeights, ClearErrors) {
     EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
               dir.file("model.safetensors.index.json") + ": weight_map file '" + shard +
                   "' is not a path inside the model directory");
+  }
+  {
+    TempDir dir;  // an index over the input cap is refused before it is parsed
+    save_safetensors(dir.file("model.safetensors"), hf_state(model));
+    const std::string index = dir.file("model.safetensors.index.json");
+    std::ofstream(index) << "{}";
+    std::filesystem::resize_file(index, kMaxInputFileBytes + 1);  // sparse
+    EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
+              index + ": 16.0 MiB is over the 16 MiB limit of a JSON file");
   }
 }
 

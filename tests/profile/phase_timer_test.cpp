@@ -73,7 +73,7 @@ TEST(PhaseTimer, NestedScopesSplitIntoExclusiveCategories) {
   EXPECT_NEAR(t.compute_ms, p.at("forward") - p.at("a2a"), kTol);
   EXPECT_DOUBLE_EQ(t.optimizer_ms, p.at("optimizer"));
   EXPECT_EQ(t.offload_ms, 0.0);
-  EXPECT_EQ(t.exposed_comm_ms, t.comm_ms);  // blocking collectives: all comm is exposed
+  EXPECT_EQ(t.comm_wait_ms, t.comm_ms);  // blocking collectives: the stream waits on all comm
 }
 
 TEST(PhaseTimer, TakeResets) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/paths.h"
 #include "nsys_fixture.h"
 #include "tuner/calibrate/bench_results.h"
@@ -96,6 +97,14 @@ TEST_F(TunerCli, BadHardwareProfileNamesTheKey) {
   }
   std::ofstream(path) << "peak_tflops: {fp16: 1}\n";
   EXPECT_THROW(calibrate::load_hardware_profile(path), UserError);
+  std::filesystem::resize_file(path, kMaxInputFileBytes + 1);  // sparse: refused before parsing
+  try {
+    calibrate::load_hardware_profile(path);
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path + ": 16.0 MiB is over the 16 MiB limit of a YAML document");
+  }
 }
 
 TEST(BenchResults, IterationRunsBecomeRowsWithParams) {

@@ -1,9 +1,12 @@
 // MetricsWriter's summary: medians over the measured steps, the warm-up left out, and after a
-// resume the first steps of the new process left out too (they are cold again).
+// resume the first steps of the new process left out too (they are cold again); the names of the
+// category times; the size cap on the metrics.jsonl a resume reads.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
+#include "common/error.h"
 #include "support/test_files.h"
 #include "train/metrics.h"
 
@@ -41,6 +44,46 @@ TEST(Metrics, WarmupStepsOfEveryProcessAreLeftOut) {
     writer.write_summary({});
   }
   EXPECT_DOUBLE_EQ(summary(dir)["step_ms_median"].get<double>(), 20.0);  // of 10, 20, 30
+}
+
+// The category times keep their names in metrics.jsonl and summary.json; comm_wait_ms is the
+// comm the compute stream waited on (every collective blocks it, so it equals comm_ms).
+TEST(Metrics, CommWaitIsNamedForWhatItMeasures) {
+  TempDir dir;
+  profile::StepTimes times;
+  times.comm_ms = 7.0;
+  times.comm_wait_ms = 7.0;
+  StepMetrics m = step(1, 10.0);
+  m.set_times(times);
+  {
+    MetricsWriter writer(dir.path().string(), 0);
+    writer.write_step(m);
+    writer.write_summary({});
+  }
+  std::ifstream lines(dir.path() / "metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(lines, line));
+  const nlohmann::json record = nlohmann::json::parse(line);
+  EXPECT_EQ(record.at("comm_wait_ms").get<double>(), 7.0);
+  EXPECT_FALSE(record.contains("exposed_comm_ms"));
+  EXPECT_EQ(summary(dir).at("comm_wait_ms_median").get<double>(), 7.0);
+  EXPECT_FALSE(summary(dir).contains("exposed_comm_ms_median"));
+}
+
+// A metrics.jsonl to resume from that is over kMaxMetricsFileBytes is refused in one line before
+// any of it is read.
+TEST(Metrics, ResumeRefusesAMetricsFileOverTheCap) {
+  TempDir dir;
+  const std::filesystem::path path = dir.path() / "metrics.jsonl";
+  std::ofstream(path) << "";
+  std::filesystem::resize_file(path, kMaxMetricsFileBytes + (int64_t{1} << 20));  // sparse
+  try {
+    MetricsWriter writer(dir.path().string(), 1, /*resumed_step=*/3);
+    ADD_FAILURE() << "an oversized metrics.jsonl was read";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path.string() + ": 257.0 MiB is over the 256 MiB limit of a metrics file");
+  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "support/processes.h"
 #include "support/test_files.h"
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/paths.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/supervisor.h"
@@ -207,7 +208,7 @@ constexpr const char* kSummaryJson = R"({
   "peak_mem_bytes": 123456789, "peak_host_bytes": 987654321,
   "final_loss": 4.25, "first_loss": 4.75,
   "compute_ms_median": 8.0, "comm_ms_median": 2.0, "offload_ms_median": 0.0,
-  "optimizer_ms_median": 1.0, "exposed_comm_ms_median": 0.5, "world_size": 2
+  "optimizer_ms_median": 1.0, "comm_wait_ms_median": 0.5, "world_size": 2
 })";
 
 std::string step_line(int step, double loss, int64_t peak) {
@@ -251,7 +252,7 @@ TEST(Measurements, SummaryAndSteps) {
     order.push_back(p.phase);
   }
   EXPECT_EQ(order, (std::vector<std::string>{"a2a", "attention", "mlp", "compute_ms", "comm_ms",
-                                             "offload_ms", "optimizer_ms", "exposed_comm_ms"}));
+                                             "offload_ms", "optimizer_ms", "comm_wait_ms"}));
   EXPECT_EQ(phases["a2a"], 1.5);
   EXPECT_EQ(phases["attention"], 4.0);
   EXPECT_EQ(phases["mlp"], 3.0);
@@ -259,7 +260,7 @@ TEST(Measurements, SummaryAndSteps) {
   EXPECT_EQ(phases["comm_ms"], 2.0);
   EXPECT_EQ(phases["offload_ms"], 0.0);
   EXPECT_EQ(phases["optimizer_ms"], 1.0);
-  EXPECT_EQ(phases["exposed_comm_ms"], 0.5);
+  EXPECT_EQ(phases["comm_wait_ms"], 0.5);
 }
 
 TEST(Measurements, WithoutSummaryKeepsPeakMemoryOfTheStepsThatRan) {
@@ -281,6 +282,37 @@ TEST(Measurements, WithoutSummaryKeepsPeakMemoryOfTheStepsThatRan) {
   EXPECT_FALSE(nothing.summary_found);
   EXPECT_TRUE(nothing.steps.empty());
   EXPECT_FALSE(nothing.peak_mem_bytes.has_value());
+}
+
+// A summary.json or metrics.jsonl over the input cap is not read (no parser sees it); the
+// measurements say why in one line, and the trial's error carries that line.
+TEST(Measurements, FilesOverTheSizeCapAreRefusedInOneLine) {
+  TempDir temp;
+  write_text(temp.path() / "metrics.jsonl", metrics_jsonl());
+  const fs::path summary = temp.path() / "summary.json";
+  write_text(summary, "");
+  fs::resize_file(summary, kMaxInputFileBytes + 1);  // sparse: no disk space
+  const std::string too_large =
+      summary.string() + ": 16.0 MiB is over the 16 MiB limit of a JSON file";
+  Measurements m = read_measurements(temp.path().string());
+  EXPECT_FALSE(m.summary_found);
+  EXPECT_EQ(m.summary_json, "{}");
+  EXPECT_EQ(m.steps.size(), 3u);
+  EXPECT_EQ(m.error, too_large);
+
+  Classification c;
+  c.status = "failed";
+  c.error = "rank 0 wrote no summary.json";
+  TrialOutcome outcome;
+  fill_outcome(c, std::move(m), &outcome);
+  EXPECT_EQ(outcome.error, "rank 0 wrote no summary.json; " + too_large);
+
+  fs::remove(summary);
+  fs::resize_file(temp.path() / "metrics.jsonl", kMaxInputFileBytes + 1);
+  const Measurements no_steps = read_measurements(temp.path().string());
+  EXPECT_TRUE(no_steps.steps.empty());
+  EXPECT_EQ(no_steps.error, (temp.path() / "metrics.jsonl").string() +
+                                ": 16.0 MiB is over the 16 MiB limit of a JSON file");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -471,7 +503,7 @@ TEST_F(FakeTrialTest, OkReadsMeasurementsStepsAndPhases) {
   EXPECT_EQ(outcome.steps[1].peak_mem_bytes, 3000);
   ASSERT_EQ(outcome.phases.size(), 8u);
   EXPECT_EQ(outcome.phases[0].phase, "a2a");
-  EXPECT_EQ(outcome.phases[7].phase, "exposed_comm_ms");
+  EXPECT_EQ(outcome.phases[7].phase, "comm_wait_ms");
   EXPECT_EQ(outcome.phases[7].ms, 0.5);
 
   // The run directory: run.yaml, one log pair per rank.

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/paths.h"
 #include "config/run_config.h"
 #include "tuner/calibrate/bench_results.h"
@@ -37,13 +37,6 @@ fs::path make_temp_dir() {
   std::string pattern = (fs::temp_directory_path() / "ulysses-calibrate-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr) throw UserError("calibrate: cannot create a temp dir");
   return pattern;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 std::string join(const std::vector<std::string>& words) {
@@ -162,7 +155,8 @@ int run_calibrate(const CalibrateOptions& options) {
   }
 
   const std::vector<store::Calibration> rows =
-      calibrations_from_bench_json(read_file(json_path), "ulysses-bench output");
+      calibrations_from_bench_json(read_input_file(json_path.string(), "a JSON file"),
+                                   "ulysses-bench output");
   if (rows.empty()) {
     throw UserError("--filter: ulysses-bench produced no results (does the filter match?)");
   }

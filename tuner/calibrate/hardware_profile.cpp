@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace ulysses::calibrate {
 namespace {
@@ -67,7 +68,7 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   if (!std::filesystem::is_regular_file(path)) throw UserError(path + ": no such file");
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = YAML::Load(read_input_file(path, "a YAML document"));
   } catch (const YAML::Exception& e) {
     throw UserError(path + ": not valid YAML (line " + std::to_string(e.mark.line + 1) + ": " +
                     e.msg + ")");

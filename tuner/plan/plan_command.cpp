@@ -4,11 +4,11 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/output_dir.h"
 #include "common/paths.h"
 #include "config/presets.h"
@@ -44,11 +44,15 @@ std::string hardware_path(const std::string& name) {
 }
 
 void apply_calibration(const std::string& path, PlanRequest* r) {
-  std::ifstream in(path);
-  if (!in) throw UserError("--calibration: cannot read " + path);
+  std::string text;
+  try {
+    text = read_input_file(path, "a JSON file");
+  } catch (const UserError& e) {
+    throw UserError(std::string("--calibration: ") + e.what());
+  }
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
     const json& m = j.at("memory");
     r->memory.runtime_bytes = m.at("runtime_bytes").get<double>();
     r->memory.allocator_fraction = m.at("allocator_fraction").get<double>();
@@ -203,6 +207,7 @@ const char* lifetime_name(costmodel::Lifetime l) {
     case costmodel::Lifetime::kStatic: return "static";
     case costmodel::Lifetime::kSaved: return "saved";
     case costmodel::Lifetime::kTransient: return "transient";
+    case costmodel::Lifetime::kStep: return "optimizer step";
     case costmodel::Lifetime::kOverhead: return "overhead";
   }
   return "";
@@ -228,8 +233,9 @@ void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
     }
     std::cout << "\n" << row.dp << " x " << row.sp << " " << row.features << " at "
               << row.seqlen << " tokens: peak " << fmt("%.2f", m.peak_bytes / kGiB)
-              << " GiB per rank (static + saved + largest transient '" << m.largest_transient
-              << "' + overhead), host " << fmt("%.2f", m.host_bytes / kGiB) << " GiB per rank\n"
+              << " GiB per rank (static + saved + largest transient, or the optimizer step: '"
+              << m.largest_transient << "' + overhead), host "
+              << fmt("%.2f", m.host_bytes / kGiB) << " GiB per rank\n"
               << report::render_terminal(t);
   }
   std::cout << "\n";

@@ -65,7 +65,7 @@ struct TrialStep {
 
 // Median ms per step of one phase (a metrics.jsonl phase such as "a2a", "attention", "mlp",
 // "loss", "grad_sync", "optimizer", "offload", or a category total "compute_ms", "comm_ms",
-// "offload_ms", "optimizer_ms", "exposed_comm_ms"), table trial_phases.
+// "offload_ms", "optimizer_ms", "comm_wait_ms"), table trial_phases.
 struct TrialPhase {
   std::string phase;
   double ms = 0.0;

@@ -3,9 +3,11 @@
 #include "tuner/trial/measurements.h"
 
 #include <algorithm>
-#include <fstream>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "common/input_file.h"
 
 namespace ulysses::trial {
 namespace {
@@ -24,13 +26,25 @@ std::optional<int64_t> integer(const json& object, const char* key) {
   return it->is_number_float() ? static_cast<int64_t>(it->get<double>()) : it->get<int64_t>();
 }
 
-// The JSON object in `path`, or nullopt when the file is missing or holds no JSON object.
-std::optional<json> read_object(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  json value = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+// The text of `path`; nullopt when it is missing or unreadable, or over kMaxInputFileBytes (then
+// *error, when still empty, says so in one line).
+std::optional<std::string> read_text(const std::string& path, std::string* error) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  try {
+    return read_input_file(path, "a JSON file");
+  } catch (const UserError& e) {
+    if (error->empty()) *error = e.what();
+    return std::nullopt;
+  }
+}
+
+// The JSON object in `path`, or nullopt when the file is missing, refused by read_text, or holds
+// no JSON object.
+std::optional<json> read_object(const std::string& path, std::string* error) {
+  const std::optional<std::string> text = read_text(path, error);
+  if (!text) return std::nullopt;
+  json value = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!value.is_object()) return std::nullopt;
   return value;
 }
@@ -38,9 +52,10 @@ std::optional<json> read_object(const std::string& path) {
 // The step lines of metrics.jsonl; *peak_host_bytes = their largest peak_host_bytes (nullopt
 // when none has one).
 std::vector<store::TrialStep> read_steps(const std::string& path,
-                                         std::optional<int64_t>* peak_host_bytes) {
+                                         std::optional<int64_t>* peak_host_bytes,
+                                         std::string* error) {
   std::vector<store::TrialStep> steps;
-  std::ifstream in(path);
+  std::istringstream in(read_text(path, error).value_or(""));
   for (std::string line; std::getline(in, line);) {
     const json value = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!value.is_object() || value.contains("eval") || !integer(value, "step")) continue;
@@ -90,8 +105,9 @@ void read_summary(const json& summary, Measurements* m) {
 Measurements read_measurements(const std::string& output_dir) {
   Measurements m;
   std::optional<int64_t> steps_peak_host;
-  m.steps = read_steps(output_dir + "/metrics.jsonl", &steps_peak_host);
-  if (const auto summary = read_object(output_dir + "/summary.json")) {
+  const std::optional<json> summary = read_object(output_dir + "/summary.json", &m.error);
+  m.steps = read_steps(output_dir + "/metrics.jsonl", &steps_peak_host, &m.error);
+  if (summary) {
     read_summary(*summary, &m);
   } else if (!m.steps.empty()) {  // no summary (the run failed): peak memory of the steps it ran
     int64_t peak = 0;

@@ -12,7 +12,7 @@ namespace ulysses::trial {
 
 // The names of the category totals among the phases, in the order they are listed.
 inline constexpr const char* kCategoryPhases[] = {"compute_ms", "comm_ms", "offload_ms",
-                                                  "optimizer_ms", "exposed_comm_ms"};
+                                                  "optimizer_ms", "comm_wait_ms"};
 
 struct Measurements {
   bool summary_found = false;  // summary.json existed and held a JSON object
@@ -29,12 +29,17 @@ struct Measurements {
   // summary.json's phases_ms_median (by name), then the category medians named as in
   // kCategoryPhases (those the summary has). Empty without a summary.
   std::vector<store::TrialPhase> phases;
+  // Why a file was not read, one line: summary.json or metrics.jsonl over kMaxInputFileBytes
+  // ("<path>: 17.0 MiB is over the 16 MiB limit of a JSON file"); empty when none was refused.
+  std::string error;
 };
 
 // Reads <output_dir>/summary.json and <output_dir>/metrics.jsonl. Missing or unreadable files
-// give empty measurements; lines of metrics.jsonl that do not parse (a run killed mid-write),
-// evaluation lines ({"eval": ...}) and lines without a "step" are skipped; a missing numeric field
-// reads as 0 in a step and as nullopt in the summary fields. Never throws for bad content.
+// give empty measurements, and so does a file over kMaxInputFileBytes (common/input_file.h), whose
+// one-line reason goes to Measurements::error; lines of metrics.jsonl that do not parse (a run
+// killed mid-write), evaluation lines ({"eval": ...}) and lines without a "step" are skipped; a
+// missing numeric field reads as 0 in a step and as nullopt in the summary fields. Never throws
+// for bad content.
 Measurements read_measurements(const std::string& output_dir);
 
 }  // namespace ulysses::trial

@@ -118,6 +118,7 @@ void fill_outcome(Classification c, Measurements m, TrialOutcome* out) {
   outcome.status = std::move(c.status);
   outcome.exit_code = c.exit_code;
   outcome.error = std::move(c.error);
+  if (!m.error.empty()) outcome.error += (outcome.error.empty() ? "" : "; ") + m.error;
   outcome.failed_rank = c.rank;
   outcome.step_ms = m.step_ms;
   outcome.tokens_per_s = m.tokens_per_s;

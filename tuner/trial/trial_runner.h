@@ -33,7 +33,9 @@ struct TrialOutcome {
   // interrupted (SIGINT/SIGTERM): the ranks were stopped and the trial has no result.
   std::string status;
   std::optional<int64_t> exit_code;  // deciding rank's status (128 + signal); 0 ok; 124 timeout
-  std::string error;                 // one line: the deciding rank's last stderr line; "" for ok
+  // One line: the deciding rank's last stderr line ("" for ok), then "; " and
+  // Measurements::error when a measurement file was refused.
+  std::string error;
   double wall_s = 0;                 // from starting the ranks until the last one was reaped
   int failed_rank = -1;              // the rank whose exit decided oom / failed / killed
   int interrupt_signal = 0;          // set iff status == "running"
@@ -69,7 +71,8 @@ std::vector<std::string> trainer_argv(const TrialSpec& spec);
 // Rank i's log file: run_dir/rank-<i>.<stream> (stream "out" | "err").
 std::string rank_log(const TrialSpec& spec, int rank, const char* stream);
 // Sets the outcome's status, exit_code, error and failed_rank from `c` and its measurements
-// (summary_json, steps, phases, ...) from `m` (read_measurements of output_dir).
+// (summary_json, steps, phases, ...) from `m` (read_measurements of output_dir); m.error, when
+// set, is added to the error.
 void fill_outcome(Classification c, Measurements m, TrialOutcome* outcome);
 
 // Copies every field of the outcome that the record has: status, exit_code, error, wall_s and the
