@@ -4,12 +4,15 @@
 # Usage: scripts/check-readme-examples.sh [BUILD_DIR]      (default: build; ctest: readme_examples)
 #
 # Examples are the lines of README.md's indented code blocks that start with `ulysses-tune`,
-# `ulysses-train`, `build/bin/`, `scripts/` or `torchrun` (the venv's, on PATH after our binaries). Each runs in order with `bash -c` in one scratch
-# directory that looks like a checkout (experiments/ and profiles/ linked, build/bin linked, the
-# binaries on PATH; runs/ and reports/ are fresh), so later examples see what earlier ones wrote
-# (the sweep writes runs/q.db, which list/show/recommend/export/report read). A synopsis is
+# `ulysses-train`, `build/bin/`, `scripts/`, `bench/` or `torchrun` (the venv's, on PATH after our
+# binaries). Each runs in order with `bash -c` in one scratch directory that looks like a checkout
+# (experiments/, profiles/, scripts/ and bench/ linked, build/bin linked, the binaries and the
+# venv's python3 on PATH; runs/ and reports/ are fresh), so later examples see what earlier ones
+# wrote (the sweep writes runs/q.db, which list/show/recommend/export/report read). A synopsis is
 # turned into the plain command: `# comments` and optional `[...]` parts are dropped, and of
-# alternatives `a|b` the first is kept. Lines matched by SKIP below are not run, with the reason.
+# alternatives `a|b` the first is kept. Lines matched by SKIP below are not run, with the reason;
+# nor are lines whose comment starts with "GPU" or "SLURM" (they need a GPU or a SLURM cluster).
+# Then every experiments/, scripts/ and bench/ path the README names must exist (renamed files).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,12 +25,18 @@ SKIP=(
   "scripts/test.sh*|builds and runs the whole test suite, this check included"
   "*--submit*|submits to a SLURM cluster (sbatch); the slurm_sweep test runs it against a local SLURM"
   "*sbatch *|needs a SLURM cluster"
+  "scripts/fetch-deps.sh*|downloads Debian packages (apt-get download)"
+  "scripts/build-gpu.sh|configures and builds the project (minutes); its --print form runs"
+  "scripts/gpu-campaign.sh*--dry-run*|a few minutes: the gpu_campaign_dry_run test runs it"
+  "bench/compare/compare.py run*--dry-run*|about two minutes: the bench_compare test runs it"
 )
+# Paths the README may name that are not files of the project (a user's own experiment).
+NOT_FILES=(experiments/my-cluster.yaml experiments/X.yaml)
 
 # The example lines, one per line, as written.
 examples() {
   awk '/^    [^ ]/ { sub(/^    /, ""); print }' "$readme" |
-    grep -E '^(ulysses-tune|ulysses-train|build/bin/|scripts/|torchrun )'
+    grep -E '^(ulysses-tune|ulysses-train|build/bin/|scripts/|bench/|torchrun )'
 }
 
 # A synopsis as a plain command: no comment, no [optional] parts, first of a|b alternatives.
@@ -36,8 +45,12 @@ plain() {
     awk '{ for (i = 1; i <= NF; i++) { split($i, alt, "|"); $i = alt[1] } print }'
 }
 
-skip_reason() {
-  local command=$1 entry
+skip_reason() {  # COMMAND LINE: the reason not to run it, or nothing
+  local command=$1 line=$2 entry
+  if [[ $line =~ \#[[:space:]]*(GPU|SLURM) ]]; then
+    echo "needs a ${BASH_REMATCH[1]/SLURM/SLURM cluster} (its comment says so)"
+    return
+  fi
   for entry in "${SKIP[@]}"; do
     # shellcheck disable=SC2053  # the pattern is a glob on purpose
     if [[ $command == ${entry%%|*} ]]; then
@@ -52,6 +65,8 @@ trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/build" "$scratch/runs" "$scratch/reports"
 ln -s "$root/experiments" "$scratch/experiments"
 ln -s "$root/profiles" "$scratch/profiles"
+ln -s "$root/scripts" "$scratch/scripts"
+ln -s "$root/bench" "$scratch/bench"
 ln -s "$build/bin" "$scratch/build/bin"
 export PATH="$build/bin:$root/.venv/bin:$PATH" ULYSSES_HOME="$root"
 
@@ -63,7 +78,7 @@ fi
 ran=0 skipped=0 failed=0
 for line in "${lines[@]}"; do
   command=$(plain "$line")
-  reason=$(skip_reason "$command")
+  reason=$(skip_reason "$command" "$line")
   if [[ -n $reason ]]; then
     echo "SKIP  $line    ($reason)"
     skipped=$((skipped + 1))
@@ -80,5 +95,15 @@ for line in "${lines[@]}"; do
     failed=$((failed + 1))
   fi
 done
+# Every experiments/, scripts/ and bench/ path named anywhere in the README exists.
+missing=0
+while read -r path; do
+  for other in "${NOT_FILES[@]}"; do [[ $path == "$other" ]] && continue 2; done
+  if [[ ! -e $root/$path ]]; then
+    echo "FAIL  README names $path, which does not exist"
+    missing=$((missing + 1))
+  fi
+done < <(grep -oE '(experiments|scripts|bench)/[A-Za-z0-9_./-]*[A-Za-z0-9_/]' "$readme" | sort -u)
+failed=$((failed + missing))
 echo "check-readme-examples: $ran ran, $skipped skipped, $failed failed"
 [[ $failed -eq 0 ]]

@@ -3,15 +3,17 @@
 # LibTorch 1.13 ("before") and the venv's torch 2.13 ("after"), plus ulysses-bench's Gemm cases;
 # (b) one training step of the same model on the same tokens, ulysses-train (plain, all memory
 # features) against Hugging Face transformers (SDPA, gradient checkpointing off/on), interleaved;
-# (c) the longest sequence each trains under the same per-process memory cap.
+# (c) the longest sequence each trains under the same per-process memory cap. (b) and (c) run
+# bench/compare/compare.py, the one harness for this comparison (bench/compare/README.md).
 #
 #   reports/cpu-baseline/run.sh                 # all parts, about 25 minutes on 2 cores
 #   PARTS="gemm" reports/cpu-baseline/run.sh    # one part: gemm | train | maxlen (space separated)
 #
 # Needs: build/bin/ulysses-train and ulysses-bench (cmake --build build), the venv (.venv, with
 # transformers) and, for "before", Debian's python3-torch (apt-get install python3-torch).
-# Everything lands in $OUT_DIR (default /tmp/ulysses-cpu-baseline): logs, run configs, one
-# directory per run, gemm.jsonl, train.jsonl, maxlen.jsonl, and the tables on stdout (run.log).
+# Everything lands in $OUT_DIR (default runs/cpu-baseline): gemm.jsonl, bench-gemm.json, the
+# harness's directory compare/ (results.jsonl: one record per process; summary.md: the tables;
+# runs/: each run's files), and the log of it all (run.log).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,19 +21,17 @@ ROOT=$(cd "$HERE/../.." && pwd)
 PY=${ULYSSES_PYTHON:-$ROOT/.venv/bin/python}
 SYS_PY=${SYSTEM_PYTHON:-/usr/bin/python3}
 BIN=${ULYSSES_BIN_DIR:-$ROOT/build/bin}
-OUT=${OUT_DIR:-/tmp/ulysses-cpu-baseline}
+OUT=${OUT_DIR:-$ROOT/runs/cpu-baseline}
 PARTS=${PARTS:-"gemm train maxlen"}
 THREADS=${THREADS:-2}
 LENGTHS=${LENGTHS:-1024,4096,16384}
-REPS=${REPS:-3}              # interleaved rounds below LONG_FROM tokens
-REPS_LONG=${REPS_LONG:-1}    # rounds at >= LONG_FROM tokens (two steps each, as below)
-LONG_FROM=${LONG_FROM:-16384}
+REPS=${REPS:-3}              # interleaved rounds
 LIMIT_GIB=${LIMIT_GIB:-1}    # part (c): per-process cap beyond the baseline address space
 GEMM_N=${GEMM_N:-2048}
 # The model: a small Llama (GQA, untied 32K vocabulary), as LlamaConfig fields.
 SHAPE=${SHAPE:-'{"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
  "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 768, "vocab_size": 32000,
- "tie_word_embeddings": false, "rms_norm_eps": 1e-05, "max_position_embeddings": 262144}'}
+ "tie_word_embeddings": false, "rms_norm_eps": 1e-05}'}
 
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -67,35 +67,30 @@ part_gemm() {
   fi
 }
 
-make_model() {
-  if [ ! -f "$OUT/model/config.json" ] || [ ! -f "$OUT/tokens.u16" ]; then
-    # 4M tokens: enough for every sample the runs below read (sample 0.. of up to 1M tokens).
-    "$PY" "$HERE/make_model.py" --out "$OUT/model" --tokens "$OUT/tokens.u16" \
-        --num-tokens 4194304 --shape "$SHAPE" 2>&1 | grep -v -i warn
-  fi
-  cat > "$OUT/bench.yaml" <<EOF
-model: {load: "$OUT/model"}
+compare() {  # the harness, on one model and token file kept in $OUT/compare
+  "$PY" "$ROOT/bench/compare/compare.py" run --out "$OUT/compare" --device cpu --dtype fp32 \
+      --model "$SHAPE" --hardware cpu-local --bin "$BIN" --python "$PY" --threads "$THREADS" \
+      --max-length 262144 "$@"
+}
+
+# ulysses-bench's Gemm cases at the model's shapes.
+cat > "$OUT/bench.yaml" <<EOF
+model: {hidden_size: 256, num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: 64,
+        intermediate_size: 768, vocab_size: 32000, tie_embeddings: false}
 mesh: {sp: 1, dp: 1}
 sequence: {length: 4096}
 EOF
-}
-
-compare() {
-  "$PY" "$HERE/compare.py" "$1" --bin "$BIN" --python "$PY" --model-dir "$OUT/model" \
-      --tokens "$OUT/tokens.u16" --out "$OUT" --threads "$THREADS" "${@:2}"
-}
-
-make_model
 for part in $PARTS; do
   case $part in
     gemm) part_gemm ;;
     train)
       echo "== (b) one training step: ulysses-train vs transformers, interleaved"
-      compare train --lengths "$LENGTHS" --reps "$REPS" --reps-long "$REPS_LONG" \
-          --long-from "$LONG_FROM" ;;
+      compare --parts throughput --configs ours-plain,hf-nockpt,ours-alst,hf \
+          --lengths "$LENGTHS" --reps "$REPS" --warmup 1 --steps 1 ;;
     maxlen)
       echo "== (c) longest sequence under memory.limit_gib / RLIMIT_AS = baseline + $LIMIT_GIB GiB"
-      compare maxlen --limit-gib "$LIMIT_GIB" ;;
+      compare --parts maxlen --configs ours-alst,ours-tiled,hf \
+          --limit-gib "$LIMIT_GIB" --start 1024 --granule 256 ;;
     *) echo "unknown part '$part' (gemm | train | maxlen)"; exit 2 ;;
   esac
 done
