@@ -10,8 +10,9 @@ namespace ulysses {
 // PyTorch's pinned allocator rounds every block up to a power of two (up to twice the memory).
 // Without `pinned`, or when the driver refuses to lock the pages (locked-memory limits), it is
 // ordinary pageable memory: copies are still correct, only synchronous.
-// Long-lived buffers only (optimizer state, gradient buffers): locking pages costs time on the
-// order of a millisecond per hundred MB. The memory is unlocked and freed with the last tensor that
+// Long-lived buffers only (optimizer state, gradient buffers, the activation offloader's blocks,
+// which are reused from step to step): locking pages costs time on the order of a millisecond
+// per hundred MB. The memory is unlocked and freed with the last tensor that
 // shares it; every asynchronous copy into or out of it must be finished by then.
 at::Tensor zeros_on_host(at::IntArrayRef sizes, at::ScalarType dtype, bool pinned);
 

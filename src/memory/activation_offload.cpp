@@ -1,7 +1,10 @@
-// Hidden-state offload to host memory with prefetch (see header). CUDA parts: pinned buffers,
-// one side stream, events; CPU: plain copies through the same code path.
+// Hidden-state offload to host memory with prefetch (see header). CUDA parts: page-locked
+// blocks of exact size, one side stream, events; CPU: plain copies through the same code path.
 #include "memory/activation_offload.h"
 
+#include <algorithm>
+
+#include "common/pinned_host.h"
 #include "profile/phase_timer.h"
 
 #ifdef ULYSSES_WITH_CUDA
@@ -11,6 +14,45 @@
 #endif
 
 namespace ulysses::memory {
+
+at::Tensor HostBlockPool::take(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto same = std::find_if(free_.begin(), free_.end(),
+                           [&](const at::Tensor& b) { return b.numel() == bytes; });
+  if (same != free_.end()) {
+    at::Tensor block = std::move(*same);
+    free_.erase(same);
+    return block;
+  }
+  for (const at::Tensor& b : free_) bytes_held_ -= b.numel();
+  free_.clear();  // blocks of another length: unlocked and freed with their last reference
+  bytes_held_ += bytes;
+  return zeros_on_host({bytes}, at::kByte, pinned_);
+}
+
+void HostBlockPool::give_back(at::Tensor block) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(std::move(block));
+}
+
+int64_t HostBlockPool::bytes_held() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_held_;
+}
+
+int64_t HostBlockPool::free_blocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(free_.size());
+}
+
+namespace {
+
+// A [sizes] tensor of `dtype` over a block of a pool.
+at::Tensor view_of(const at::Tensor& block, at::IntArrayRef sizes, at::ScalarType dtype) {
+  return block.view(dtype).view(sizes);
+}
+
+}  // namespace
 
 #ifdef ULYSSES_WITH_CUDA
 struct OffloadedTensor::CudaCopies {
@@ -24,11 +66,15 @@ struct OffloadedTensor::CudaCopies {};
 #endif
 
 OffloadedTensor::OffloadedTensor(const at::Tensor& value, std::weak_ptr<OffloadedTensor> previous,
-                                 c10::optional<c10::Stream> side_stream)
-    : device_(value.device()),
+                                 c10::optional<c10::Stream> side_stream,
+                                 std::shared_ptr<HostBlockPool> pool)
+    : pool_(std::move(pool)),
+      device_(value.device()),
       bytes_(static_cast<int64_t>(value.numel() * value.element_size())),
       previous_(std::move(previous)) {
   at::NoGradGuard no_grad;
+  block_ = pool_->take(bytes_);
+  host_ = view_of(block_, value.sizes(), value.scalar_type());
 #ifdef ULYSSES_WITH_CUDA
   if (value.is_cuda()) {
     TORCH_CHECK(side_stream.has_value(), "OffloadedTensor: CUDA value without a side stream");
@@ -36,14 +82,12 @@ OffloadedTensor::OffloadedTensor(const at::Tensor& value, std::weak_ptr<Offloade
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
     at::cuda::CUDAEvent produced;  // the value is complete once the compute stream gets here
     produced.record(compute);
-    host_ = at::empty(value.sizes(),
-                      at::TensorOptions(value.scalar_type()).device(at::kCPU).pinned_memory(true));
     {
       c10::cuda::CUDAStreamGuard on_side(cuda_->side);
       produced.block(cuda_->side);
       // Timed on the side stream, where the copy runs beside the compute stream's work.
       profile::ScopedPhase phase("offload", profile::kOverlapped);
-      host_.copy_(value, /*non_blocking=*/true);  // [bs, T, h] device -> pinned host
+      host_.copy_(value, /*non_blocking=*/true);  // [bs, T, h] device -> page-locked host
     }
     value.record_stream(cuda_->side);  // no reuse of its memory before the copy is done
     cuda_->on_host.record(cuda_->side);
@@ -51,11 +95,19 @@ OffloadedTensor::OffloadedTensor(const at::Tensor& value, std::weak_ptr<Offloade
   }
 #endif
   profile::ScopedPhase phase("offload");  // CPU: a blocking copy inside the enclosing scope
-  host_ = at::empty(value.sizes(), at::TensorOptions(value.scalar_type()));  // separate buffer
-  host_.copy_(value);
+  host_.copy_(value);                     // into a separate buffer
 }
 
-OffloadedTensor::~OffloadedTensor() = default;
+OffloadedTensor::~OffloadedTensor() {
+  if (!block_.defined()) return;  // fetched: the block went back then
+  host_ = at::Tensor();
+#ifdef ULYSSES_WITH_CUDA
+  // Never fetched (no backward, or an error): copies into or out of the block may still be
+  // queued; wait for them, as the block may be freed with the pool.
+  if (cuda_) cuda_->side.synchronize();
+#endif
+  pool_->give_back(std::move(block_));
+}
 
 void OffloadedTensor::prefetch() {
   if (consumed_ || fetched_.defined()) return;
@@ -72,7 +124,7 @@ void OffloadedTensor::prefetch() {
     queued.block(cuda_->side);
     cuda_->on_host.block(cuda_->side);  // same stream; kept for clarity
     profile::ScopedPhase phase("offload", profile::kOverlapped);  // timed on the side stream
-    fetched_.copy_(host_, /*non_blocking=*/true);  // [bs, T, h] pinned host -> device
+    fetched_.copy_(host_, /*non_blocking=*/true);  // [bs, T, h] page-locked host -> device
     cuda_->on_device.record(cuda_->side);
     return;
   }
@@ -91,7 +143,10 @@ at::Tensor OffloadedTensor::fetch() {
 #ifdef ULYSSES_WITH_CUDA
   if (cuda_) cuda_->on_device.block(c10::cuda::getCurrentCUDAStream(device_.index()));
 #endif
-  host_ = at::Tensor();  // the pinned block is reused only after its copies (host allocator events)
+  // The block is handed out again only to a later stash's copy on the same side stream, which
+  // runs after the copy out of it queued above.
+  host_ = at::Tensor();
+  pool_->give_back(std::move(block_));
   return std::move(fetched_);
 }
 
@@ -102,14 +157,21 @@ std::shared_ptr<OffloadedTensor> ActivationOffloader::stash(const at::Tensor& va
     if (!side_stream_ || side_stream_->device() != value.device()) {
       side_stream_ =
           c10::cuda::getStreamFromPool(/*isHighPriority=*/false, value.device().index()).unwrap();
+      pool_.reset();  // a pool serves one stream
     }
     stream = side_stream_;
   }
 #endif
-  auto stashed = std::make_shared<OffloadedTensor>(value, last_, stream);
+  if (!pool_) pool_ = std::make_shared<HostBlockPool>(/*pinned=*/value.is_cuda());
+  auto stashed = std::make_shared<OffloadedTensor>(value, last_, stream, pool_);
   last_ = stashed;
   bytes_stashed_ += stashed->bytes();
   return stashed;
+}
+
+const HostBlockPool& ActivationOffloader::host_blocks() const {
+  static const HostBlockPool kNone(/*pinned=*/false);
+  return pool_ ? *pool_ : kNone;
 }
 
 }  // namespace ulysses::memory

@@ -1,5 +1,6 @@
 // RMSNorm as in HF LlamaRMSNorm: y = weight * (x / sqrt(mean(x^2) + eps)), computed in fp32 for
-// fp16/bf16 inputs (in the input dtype otherwise) and returned in the input dtype.
+// fp16/bf16 inputs (in the input dtype otherwise) and returned in the input dtype. For backward
+// it keeps only x, the weight and 1/rms per token (4 B in fp32).
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>

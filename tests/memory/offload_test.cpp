@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 #include "comm/mesh.h"
 #include "common/error.h"
@@ -167,6 +169,40 @@ TEST(ActivationOffload, StashCopiesToASeparateHostBufferAndPrefetchesThePrevious
   EXPECT_FALSE(stash_b->host_copy().defined()) << "host buffer released after fetch";
   EXPECT_TRUE(stash_a->fetch().equal(a_before));
   EXPECT_THROW(stash_a->fetch(), c10::Error);
+}
+
+// The host blocks are the offloader's own, of the stashed size exactly (320 B here, where a
+// power-of-two allocator would take 512 B), and a step reuses the blocks the previous step gave
+// back; a new length releases the blocks of the old one.
+TEST(ActivationOffload, HostBlocksHaveTheExactSizeAndAreReusedFromStepToStep) {
+  memory::ActivationOffloader offloader;
+  constexpr int64_t kLayers = 3, kBytes = 2 * 5 * 8 * 4;  // [2, 5, 8] fp32
+  std::set<const void*> step1;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<at::Tensor> values;
+    std::vector<std::shared_ptr<memory::OffloadedTensor>> stashes;
+    std::set<const void*> blocks;
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      values.push_back(at::randn({2, 5, 8}));
+      stashes.push_back(offloader.stash(values.back()));
+      blocks.insert(stashes.back()->host_copy().data_ptr());
+    }
+    EXPECT_EQ(offloader.host_blocks().bytes_held(), kLayers * kBytes) << "step " << step;
+    EXPECT_EQ(offloader.host_blocks().free_blocks(), 0);
+    for (int64_t layer = kLayers - 1; layer >= 0; --layer) {  // backward order
+      EXPECT_TRUE(stashes[layer]->fetch().equal(values[layer]));
+    }
+    EXPECT_EQ(offloader.host_blocks().free_blocks(), kLayers);
+    if (step == 0) step1 = blocks;
+    else EXPECT_EQ(blocks, step1) << "the second step reuses the first step's blocks";
+  }
+  // A stash that is never fetched gives its block back when it goes.
+  offloader.stash(at::randn({2, 5, 8}));
+  EXPECT_EQ(offloader.host_blocks().free_blocks(), kLayers);
+  // Another length: the blocks of the old one are released.
+  auto longer = offloader.stash(at::randn({2, 7, 8}));
+  EXPECT_EQ(offloader.host_blocks().bytes_held(), 2 * 7 * 8 * 4);
+  EXPECT_EQ(offloader.host_blocks().free_blocks(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -158,5 +158,53 @@ TEST(RMSNorm, Bf16InputComputesInFp32) {
   EXPECT_TRUE(at::allclose(y.to(at::kDouble), ref, 1e-2, 1e-2));
 }
 
+// The norm's own backward against autograd through the formula's ops in float64 (HF's
+// LlamaRMSNorm, composed): gradients of x and of the weight, for fp32 (relative 1e-5: fp32
+// rounding of a few ops) and bf16 inputs and weights (relative 2e-2: the gradients are rounded to
+// bf16, 2^-9, after sums over 64 elements in fp32), with a weight far from its init of ones.
+TEST(RMSNorm, OwnBackwardMatchesAutogradThroughTheFormulaInFloat64) {
+  const double eps = 1e-5;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    torch::manual_seed(11);
+    RMSNorm norm(64, eps);
+    {
+      torch::NoGradGuard no_grad;
+      norm->weight.copy_(torch::randn({64}) * 0.5 + 1);
+    }
+    norm->to(dtype);
+    const at::Tensor x0 = (torch::randn({2, 5, 64}) * 2).to(dtype);
+    const at::Tensor grad_out = torch::randn({2, 5, 64}).to(dtype);
+    at::Tensor x = x0.clone().requires_grad_(true);
+    norm(x).backward(grad_out);
+
+    at::Tensor xr = x0.to(at::kDouble).requires_grad_(true);
+    at::Tensor wr = norm->weight.detach().to(at::kDouble).requires_grad_(true);
+    at::Tensor yr = wr * (xr * at::rsqrt(xr.pow(2).mean(-1, true) + eps));
+    yr.backward(grad_out.to(at::kDouble));
+
+    const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+    auto rel = [](const at::Tensor& got, const at::Tensor& want) {
+      return ((got.to(at::kDouble) - want).norm() / want.norm()).item<double>();
+    };
+    EXPECT_EQ(x.grad().scalar_type(), dtype);
+    EXPECT_EQ(norm->weight.grad().scalar_type(), dtype);
+    EXPECT_LT(rel(x.grad(), xr.grad()), tol) << c10::toString(dtype);
+    EXPECT_LT(rel(norm->weight.grad(), wr.grad()), tol) << c10::toString(dtype);
+  }
+}
+
+// Only the gradients asked for are computed: a frozen weight, or an input without gradient.
+TEST(RMSNorm, GradientOfOnlyWhatRequiresIt) {
+  RMSNorm norm(8, 1e-5);
+  norm->weight.requires_grad_(false);
+  at::Tensor x = torch::randn({3, 8}).requires_grad_(true);
+  norm(x).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(norm->weight.grad().defined());
+  norm->weight.requires_grad_(true);
+  norm(torch::randn({3, 8})).sum().backward();
+  EXPECT_TRUE(norm->weight.grad().defined());
+}
+
 }  // namespace
 }  // namespace ulysses::model

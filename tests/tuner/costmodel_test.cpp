@@ -20,10 +20,10 @@ namespace {
 // h 8, L 2, hq 2, hkv 1, hd 4, ffn 16, V 32. P = 32x8 (embeddings) + 2 x (8x8 + 2x8x4 + 8x8
 // attention + 3x8x16 MLP + 2x8 norms = 592) + 8 (final norm) + 32x8 (LM head) = 1704.
 // sl 16 over sp 2: T = 8 local tokens, qd = 8, kvd = max(1, 2) x 4 = 8 (KV head replicated).
-// One RMSNorm saves per token (model/rms_norm.cpp) its input in fp32 (4h), x / rms and the
-// scaled output in the model dtype (2h x d) and 1/rms in fp32 (4 B): fp32 4 x 8 + 2 x 8 x 4 + 4 =
-// 100 B, bf16 4 x 8 + 2 x 8 x 2 + 4 = 68 B. A layer with a tiled MLP saves two norms and
-// (3qd + 2kvd) = 40 elements: fp32 2 x 100 + 40 x 4 = 360 B per token.
+// One RMSNorm saves per token (model/rms_norm.cpp) its input and its output in the model dtype
+// (2h x d) and 1/rms in fp32 (4 B): fp32 2 x 8 x 4 + 4 = 68 B, bf16 2 x 8 x 2 + 4 = 36 B. A layer
+// with a tiled MLP saves two norms and (3qd + 2kvd) = 40 elements: fp32 2 x 68 + 40 x 4 = 296 B
+// per token.
 config::RunConfig tiny() {
   config::RunConfig c;
   c.model.hidden_size = 8, c.model.num_layers = 2, c.model.num_heads = 2;
@@ -69,12 +69,11 @@ TEST(CostModel, EveryComponentOfTheTinyModelByHand) {
   EXPECT_EQ(m.at("gradient reduction buffer"), 1704 * 4);  // one bucket > 4P: all of it
   EXPECT_EQ(m.at("adam moments"), 1704 * 8);
   EXPECT_EQ(m.count("fp32 master weights"), 0u);       // an fp32 parameter is its own master
-  // No checkpointing, tiled MLP: L x 360 B x T (was 2 x 72 x 8 x 4 = 4608 when each norm counted
-  // only its input and output).
-  EXPECT_EQ(m.at("activations"), 2 * 360 * 8);
+  // No checkpointing, tiled MLP: L x 296 B x T.
+  EXPECT_EQ(m.at("activations"), 2 * 296 * 8);
   EXPECT_EQ(m.at("layer backward"), (8 + 2 * 8 + 8) * 8 * 4);  // (qd + 2kvd + h) x T x 4
-  // Embedding output and hidden-state gradient 2h x 4 B, and the final norm's 100 B, per token.
-  EXPECT_EQ(m.at("residual stream"), (2 * 8 * 4 + 100) * 8);
+  // Embedding output and hidden-state gradient 2h x 4 B, and the final norm's 68 B, per token.
+  EXPECT_EQ(m.at("residual stream"), (2 * 8 * 4 + 68) * 8);
   EXPECT_EQ(m.at("tiled MLP tile"), 6 * 16 * 4 * 4);   // 6 ffn x ceil(8 / 2) tokens x 4 B
   // Loss tile: 3 fp32 [4, 32] + grad W [32, 8] + grad hidden [8, 8].
   EXPECT_EQ(m.at("loss tile"), 12 * 4 * 32 + 32 * 8 * 4 + 8 * 8 * 4);
@@ -84,7 +83,7 @@ TEST(CostModel, EveryComponentOfTheTinyModelByHand) {
   EXPECT_EQ(m.at("optimizer step"), 2 * 256 * 4);
   // Peak = static + saved + the largest transient (the loss tile) + 10 % of the dynamic part (the
   // optimizer step's 2048 B come after backward and stay below saved + tile).
-  const int64_t stat = 1000 + 6816 + 6816 + 6816 + 13632, saved = 5760 + 1312, tile = 2816;
+  const int64_t stat = 1000 + 6816 + 6816 + 6816 + 13632, saved = 4736 + 1056, tile = 2816;
   EXPECT_EQ(p.largest_transient, "loss tile");
   EXPECT_EQ(m.at("allocator overhead"), static_cast<int64_t>(0.1 * (stat - 1000 + saved + tile)));
   EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile + 0.1 * (stat - 1000 + saved + tile)));
@@ -97,7 +96,7 @@ TEST(CostModel, CheckpointingKeepsLayerInputsAndRecomputesOneLayer) {
   const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
   EXPECT_EQ(m.count("activations"), 0u);
   EXPECT_EQ(m.at("checkpoints"), 2 * 8 * 8 * 4);              // L x T x h x 4 B
-  EXPECT_EQ(m.at("layer recompute"), (360 + 32 * 4) * 8);    // saved set + gradients
+  EXPECT_EQ(m.at("layer recompute"), (296 + 32 * 4) * 8);    // saved set + gradients
 }
 
 TEST(CostModel, UntiledLossMathAttentionAndPackedMask) {
@@ -112,7 +111,7 @@ TEST(CostModel, UntiledLossMathAttentionAndPackedMask) {
   const int64_t probs = 1 * 1 * 16 * 16 * 4;  // bs x hq/sp x sl^2 x 4 B
   EXPECT_EQ(m.at("attention scores"), 2 * probs);
   // Untiled MLP adds 4 ffn per token and layer to the saved set, 2 ffn to the gradients.
-  EXPECT_EQ(m.at("activations"), 2 * (360 + 64 * 4) * 8 + 2 * probs);
+  EXPECT_EQ(m.at("activations"), 2 * (296 + 64 * 4) * 8 + 2 * probs);
   EXPECT_EQ(m.at("layer backward"), (32 + 32) * 8 * 4 + probs);
   EXPECT_EQ(m.at("document mask"), 16 * 16);
   EXPECT_EQ(m.count("tiled MLP tile"), 0u);
@@ -130,20 +129,21 @@ TEST(CostModel, OptimizerAndCheckpointOffloadMoveToTheHostOnCuda) {
   const std::map<std::string, int64_t> m = by_name(p);
   EXPECT_EQ(m.at("weights"), 1704 * 2);
   EXPECT_EQ(m.at("gradients"), 1704 * 4);  // fp32 whatever the weights' dtype
-  // Host: moments 8P + masters 4P + gradient staging 4P + checkpoints L x T x h x 2 B.
-  EXPECT_EQ(p.host_bytes, 1704 * 16 + 2 * 8 * 8 * 2);
-  EXPECT_EQ(m.at("checkpoints (offloaded)"), 2 * 8 * 8 * 2);
+  // Host: moments 8P + masters 4P + gradient staging 4P + checkpoints L x T x h x 2 B, each
+  // checkpoint (8 x 8 x 2 = 128 B) in a page-locked block of whole 4 KiB pages.
+  EXPECT_EQ(p.host_bytes, 1704 * 16 + 2 * 4096);
+  EXPECT_EQ(m.at("checkpoints (offloaded)"), 2 * 4096);
 }
 
-TEST(CostModel, Bf16RmsNormKeepsAnFp32CopyOfItsInput) {
+TEST(CostModel, Bf16RmsNormSavesItsInputInBf16) {
   config::RunConfig c = tiny();
   c.train.device = "cuda";
   c.memory.precision = "bf16";
   const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
-  // A bf16 norm saves 68 B per token (4 x 8 fp32 copy + 2 x 8 x 2 + 4), where counting its input
-  // and output in bf16 gave 2 x 8 x 2 = 32 B. Layer: 2 x 68 + 40 x 2 B = 216 B per token.
-  EXPECT_EQ(m.at("activations"), 2 * 216 * 8);  // was 2 x 72 x 8 x 2 = 2304
-  EXPECT_EQ(m.at("residual stream"), (2 * 8 * 2 + 68) * 8);  // was 4 x 8 x 8 x 2 = 512
+  // A bf16 norm saves 36 B per token (its input and output 2 x 8 x 2 and 1/rms 4), not an fp32
+  // copy of its input. Layer: 2 x 36 + 40 x 2 B = 152 B per token.
+  EXPECT_EQ(m.at("activations"), 2 * 152 * 8);
+  EXPECT_EQ(m.at("residual stream"), (2 * 8 * 2 + 36) * 8);
 }
 
 // bf16: the loss tile's weight gradient is still an fp32 sum over the tiles, plus one bf16
@@ -157,26 +157,27 @@ TEST(CostModel, Bf16LossTileSumsTheWeightGradientInFp32) {
   EXPECT_EQ(m.at("loss tile"), 14 * 4 * 32 + 32 * 8 * 4 + 32 * 8 * 2 + 8 * 8 * 2);
 }
 
-TEST(CostModel, OffloadedCheckpointsTakePowerOfTwoPinnedBlocks) {
-  EXPECT_EQ(pinned_block_bytes(1), 1);
-  EXPECT_EQ(pinned_block_bytes(192), 256);
-  EXPECT_EQ(pinned_block_bytes(256), 256);
-  EXPECT_EQ(pinned_block_bytes(257), 512);
-  EXPECT_EQ(pinned_block_bytes(int64_t{3} << 30), int64_t{4} << 30);
+TEST(CostModel, OffloadedCheckpointsTakeWholePagesOfTheirOwnSize) {
+  EXPECT_EQ(pinned_block_bytes(1), 4096);
+  EXPECT_EQ(pinned_block_bytes(192), 4096);
+  EXPECT_EQ(pinned_block_bytes(4096), 4096);
+  EXPECT_EQ(pinned_block_bytes(4097), 8192);
+  EXPECT_EQ(pinned_block_bytes(int64_t{3} << 30), int64_t{3} << 30);  // not 4 GiB
+  EXPECT_EQ(pinned_block_bytes((int64_t{2} << 30) + 8192 * 2), (int64_t{2} << 30) + 16384);
   config::RunConfig c = tiny();
   c.train.device = "cuda";
   c.memory.precision = "bf16";
   c.memory.offload_activations = true;
-  c.sequence.length = 24;  // T = 12: a layer input is 12 x 8 x 2 B = 192 B, pinned as 256 B
+  c.sequence.length = 24;  // T = 12: a layer input is 12 x 8 x 2 B = 192 B, locked as a page
   MemoryCoefficients k;
   k.allocator_fraction = 0;
   const MemoryPrediction p = predict_memory(c, k);
-  EXPECT_EQ(by_name(p).at("checkpoints (offloaded)"), 2 * 256);  // was 2 x 192
-  EXPECT_EQ(p.host_bytes, 2 * 256);
+  EXPECT_EQ(by_name(p).at("checkpoints (offloaded)"), 2 * 4096);
+  EXPECT_EQ(p.host_bytes, 2 * 4096);
   // The optimizer's page-locked buffers keep their own size (common/pinned_host.h): moments 8 P,
   // masters 4 P and the host gradients 4 P come on top unrounded.
   c.memory.offload_optimizer = true;
-  EXPECT_EQ(predict_memory(c, k).host_bytes, 16 * 1704 + 2 * 256);
+  EXPECT_EQ(predict_memory(c, k).host_bytes, 16 * 1704 + 2 * 4096);
 }
 
 // The device AdamW's temporaries (optim/adamw.cpp): none on CUDA (one fused kernel), elsewhere
@@ -284,15 +285,15 @@ TEST(CostModelZero, Stage3ShardsWeightsAndGradientsAndGathersTwoUnits) {
   EXPECT_EQ(m.at("zero-3 gathered weights"), 2 * 592 * 4);
   EXPECT_EQ(m.at("zero pending gradients"), 592 * 4);
   // Stage 3 recomputes every layer (without memory.checkpointing): layer inputs L x T x h x 4 B
-  // saved, one layer's saved set + gradients (360 + 32 x 4) B x T as the largest transient.
+  // saved, one layer's saved set + gradients (296 + 32 x 4) B x T as the largest transient.
   EXPECT_EQ(m.count("activations"), 0u);
   EXPECT_EQ(m.at("checkpoints"), 2 * 8 * 8 * 4);
-  EXPECT_EQ(m.at("layer recompute"), (360 + 32 * 4) * 8);
+  EXPECT_EQ(m.at("layer recompute"), (296 + 32 * 4) * 8);
   EXPECT_EQ(p.largest_transient, "layer recompute");
   // Static: runtime, weights, gradients, moments, gathered layers, pending gradients,
-  // reduction bucket. Saved: checkpoints 512 + residual stream 1312.
+  // reduction bucket. Saved: checkpoints 512 + residual stream 1056.
   const int64_t stat = 1000 + 1704 + 1704 + 3408 + 4736 + 2368 + 6816;
-  const int64_t saved = 512 + 1312, recompute = 3904;
+  const int64_t saved = 512 + 1056, recompute = 3392;
   EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + recompute +
                                                0.1 * (stat - 1000 + saved + recompute)));
   config::RunConfig c = tiny_zero(3);

@@ -48,18 +48,18 @@ TEST(Plan, OneH100WithAlstFeaturesGolden) {
   ASSERT_EQ(rows.size(), 1u);
   // Optimizer offload keeps the fp32 gradients on the host too (GradientBuffers on_host), so
   // the 224 GiB host of this profile, not the device, is what limits: 16 P = 119.7 GiB of moments,
-  // masters and gradients, and the offloaded checkpoints in pinned power-of-two blocks. At 262144
-  // tokens a layer's input [T, h] bf16 is exactly 2 GiB (32 layers: 64 GiB, 183.7 GiB in all);
-  // 1024 tokens more round every block up to 4 GiB (247.7 GiB > 224).
-  EXPECT_EQ(rows[0].max_seqlen, 262144);
+  // masters and gradients, and the offloaded checkpoints in page-locked blocks of their own size.
+  // At 427008 tokens a layer's input [T, h] bf16 is 3.26 GiB (32 layers: 104.3 GiB, 223.9 GiB in
+  // all); 1024 tokens more pass 224 GiB.
+  EXPECT_EQ(rows[0].max_seqlen, 427008);
   EXPECT_EQ(rows[0].max_limit, "host memory");
   r.seqlen = 131072;
   const PlanRow at = make_plan(r).at(0);
   EXPECT_EQ(at.limit, "fits");
-  // 1.05 x (weights 2 P + one layer's recompute 114696 B x T + residual stream 49156 B x T):
-  // bf16 RMSNorms save 4h + 2h x 2 + 4 B per token each (an fp32 copy of their input).
-  expect_within(at.peak_bytes, 39413778432.0, 1e-3);
-  // 16 P + 32 blocks of exactly 1 GiB (131072 x 4096 x 2 B: no rounding at this length).
+  // 1.05 x (weights 2 P + one layer's recompute 81928 B x T + residual stream 32772 B x T):
+  // bf16 RMSNorms save 2h x 2 + 4 B per token each (input, output and 1/rms).
+  expect_within(at.peak_bytes, 32649204940.0, 1e-3);
+  // 16 P + 32 blocks of exactly 1 GiB (131072 x 4096 x 2 B).
   expect_within(at.host_bytes_per_node, 162843918336.0, 1e-3);
   expect_within(at.step_ms, 55772.98, 1e-3);
   expect_within(at.mfu, 0.351795, 1e-3);
@@ -68,17 +68,17 @@ TEST(Plan, OneH100WithAlstFeaturesGolden) {
 TEST(Plan, EightH100EveryMeshGolden) {
   const std::vector<PlanRow> rows = make_plan(llama8b(8, {parse_features("alst")}));
   ASSERT_EQ(rows.size(), 4u);  // sp 1, 2, 4, 8
-  // Device-limited at 393216 local tokens per rank. The 2 TB host holds 8 ranks' offloaded states
-  // and fp32 gradients (16 P each) and their checkpoints, 32 pinned blocks of 4 GiB per rank
-  // (393216 x 4096 x 2 B = 3 GiB rounded up): 8 x (16 P + 128 GiB) = 1981.3 GiB.
-  const int64_t golden[] = {393216, 786432, 1572864, 3145728};
+  // Host-limited at 558080 local tokens per rank: the 2 TB host holds 8 ranks' offloaded states
+  // and fp32 gradients (16 P each) and their checkpoints, 32 page-locked blocks per rank of
+  // 558080 x 4096 x 2 B = 4.26 GiB: 8 x (16 P + 136.3 GiB) = 2047.3 GiB.
+  const int64_t golden[] = {558080, 1116160, 2232320, 4464640};
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(rows[i].sp, int64_t{1} << i);
     EXPECT_NEAR(rows[i].max_seqlen, golden[i], rows[i].sp * 1024) << "sp " << rows[i].sp;
-    EXPECT_EQ(rows[i].max_limit, "device memory");
-    expect_within(rows[i].host_bytes_per_node, 2127385067520.0, 1e-3);
+    EXPECT_EQ(rows[i].max_limit, "host memory");
+    expect_within(rows[i].host_bytes_per_node, 2198252027904.0, 1e-3);
   }
-  expect_within(rows[3].step_ms, 2959262.89, 1e-3);
+  expect_within(rows[3].step_ms, 5933049.06, 1e-3);
 }
 
 // ZeRO-3 over one 8x H100 node with ALST's features (reports/plan-vs-alst/): bf16 weights and
@@ -90,11 +90,12 @@ TEST(Plan, EightH100AlstWithZero3Golden) {
   ASSERT_EQ(rows.size(), 4u);
   const PlanRow& sp8 = rows[3];
   EXPECT_EQ(sp8.sp, 8);
-  EXPECT_NEAR(sp8.max_seqlen, 3465216, 8 * 1024);
+  EXPECT_NEAR(sp8.max_seqlen, 4947968, 8 * 1024);
   EXPECT_EQ(sp8.max_limit, "device memory");
-  // 8 x (2 P of optimizer state and gradient staging + 32 pinned blocks of 4 GiB).
-  expect_within(sp8.host_bytes_per_node, 1227995807744.0, 1e-3);
-  expect_within(sp8.step_ms, 3585615.50, 1e-3);
+  // 8 x (2 P of optimizer state and gradient staging + 32 page-locked blocks of 4947968 / 8 x
+  // 4096 x 2 B = 4.72 GiB).
+  expect_within(sp8.host_bytes_per_node, 1425564303360.0, 1e-3);
+  expect_within(sp8.step_ms, 7279253.17, 1e-3);
   // The same request with --zero 3 instead of the feature, and zero3 parsed into the set.
   PlanRequest r = llama8b(8, {parse_features("alst")});
   r.zero_stage = 3;
@@ -106,16 +107,17 @@ TEST(Plan, EightH100AlstWithZero3Golden) {
   EXPECT_THROW(parse_features("zero4"), UserError);
 }
 
-// PyTorch's pinned host allocator rounds each offloaded checkpoint up to a power of two: from
-// 131072 tokens (a layer input of 131072 x 4096 x 2 B = 1 GiB exactly) to 196608 (1.5 GiB, a 2 GiB
-// block) the host grows by 32 layers x 1 GiB, not by the 32 x 0.5 GiB copied.
-TEST(Plan, OffloadedCheckpointsArePinnedInPowerOfTwoBlocks) {
+// Each offloaded checkpoint is a page-locked block of its own size (where PyTorch's pinned
+// allocator would round it up to a power of two): from 131072 tokens (a layer input of
+// 131072 x 4096 x 2 B = 1 GiB) to 196608 (1.5 GiB) the host grows by the 32 x 0.5 GiB copied,
+// not by 32 x 1 GiB.
+TEST(Plan, OffloadedCheckpointsArePinnedAtTheirOwnSize) {
   PlanRequest r = llama8b(1, {parse_features("alst")});
   r.seqlen = 131072;
   const int64_t at_128k = make_plan(r).at(0).host_bytes_per_node;
   r.seqlen = 196608;
   const int64_t at_192k = make_plan(r).at(0).host_bytes_per_node;
-  EXPECT_EQ(at_192k - at_128k, int64_t{32} << 30);
+  EXPECT_EQ(at_192k - at_128k, int64_t{16} << 30);
 }
 
 // ZeRO-3 recomputes every layer whether or not the checkpoint feature is named: the same memory,

@@ -37,11 +37,10 @@ ZeroShards zero_shards(const config::RunConfig& c, const MemoryCoefficients& k) 
   return z;
 }
 
-// Saved bytes per token of one RMSNorm over [.., h] (model/rms_norm.cpp, unfused): its input in
-// fp32 (the input itself for fp32, an fp32 copy of it for bf16), the normalized x / rms and the
-// weight-scaled output in the model dtype (the output kept by the projections it feeds), and the
+// Saved bytes per token of one RMSNorm over [.., h] (model/rms_norm.cpp, its own backward): its
+// input and its output in the model dtype (the output kept by the projections it feeds), and the
 // fp32 1/rms per token.
-int64_t rms_norm_saved_bytes(int64_t h, int64_t d) { return 4 * h + 2 * h * d + 4; }
+int64_t rms_norm_saved_bytes(int64_t h, int64_t d) { return 2 * h * d + 4; }
 
 // Elements of the largest tensor the device AdamW updates at once: a parameter at stage 0, the
 // flat fp32 shard of every parameter at stage 1 (zero/zero_optimizer.h), a parameter's shard at
@@ -90,9 +89,8 @@ int64_t parameter_count(const config::ModelOptions& m) {
 }
 
 int64_t pinned_block_bytes(int64_t bytes) {
-  int64_t block = 1;
-  while (block < bytes) block *= 2;
-  return block;
+  constexpr int64_t kPage = 4096;
+  return (bytes + kPage - 1) / kPage * kPage;
 }
 
 MemoryCoefficients default_memory_coefficients(const std::string& device_type) {
@@ -259,7 +257,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
 
   // --- activations saved for backward ---
   // Per token and layer, what autograd keeps: two RMSNorms (norm bytes each, see
-  // rms_norm_saved_bytes: 4h + 2h d + 4), and in elements of the model dtype q/k/v after the
+  // rms_norm_saved_bytes: 2h d + 4), and in elements of the model dtype q/k/v after the
   // all-to-all qd + 2 kvd, attention output qd, o_proj input qd, untiled MLP gate/up/silu/product
   // 4 ffn.
   const int64_t norm_bytes = rms_norm_saved_bytes(h, d);
@@ -268,7 +266,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const std::string layer_formula = "(2 norm + (3qd + 2kvd" +
                                     std::string(tiled_mlp ? "" : " + 4ffn") + ") x " + ds +
                                     ") x bs x T";
-  const std::string norm_formula = " [norm = 4h + 2h x " + ds + " + 4 B per token]";
+  const std::string norm_formula = " [norm = 2h x " + ds + " + 4 B per token]";
   const double scale = k.activation_scale;
   // Math attention keeps the softmax probabilities [bs, hq/sp, sl, sl] per layer.
   const double probs = math ? static_cast<double>(bs) * (m.num_heads / sp) * sl * sl * d : 0.0;
@@ -280,11 +278,11 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   if (checkpointing) {
     const int64_t checkpoint_bytes = tokens * h * d;  // one layer's input [bs, T, h]
     if (ckpt_loc == Location::kHost) {
-      // One pinned block per layer from PyTorch's host allocator (memory/activation_offload.cpp),
-      // rounded up to a power of two.
+      // One page-locked block per layer of its own size (memory/activation_offload.h), kept
+      // from step to step.
       add("checkpoints (offloaded)",
           static_cast<double>(layers) * pinned_block_bytes(checkpoint_bytes),
-          "L x pow2(bs x T x h x " + ds + ") (pinned blocks, rounded up to a power of two)",
+          "L x bs x T x h x " + ds + " (page-locked blocks, whole pages)",
           Lifetime::kSaved, ckpt_loc);
     } else {
       add("checkpoints", static_cast<double>(layers) * checkpoint_bytes,

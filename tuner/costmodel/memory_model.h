@@ -102,10 +102,10 @@ inline constexpr bool kZero2ShardsGradientBuffer = true;
 // kernel with no temporaries.
 inline constexpr int64_t kOptimizerPieceElements = int64_t{1} << 22;
 
-// Bytes PyTorch's pinned host allocator (CachingHostAllocator) takes for a block of `bytes`: the
-// next power of two (its default, without pinned_max_round_threshold). The offloaded activation
-// checkpoints are such blocks, one per layer; the optimizer's page-locked buffers are not
-// (common/pinned_host.h allocates those at their own size).
+// Bytes a page-locked host block of `bytes` takes: its size rounded up to a 4 KiB page
+// (common/pinned_host.h locks blocks of their own size; PyTorch's pinned allocator, which rounds
+// up to a power of two, is not used). The offloaded activation checkpoints are such blocks, one
+// per layer, and so are the optimizer's host buffers.
 int64_t pinned_block_bytes(int64_t bytes);
 
 // Lower bound of one rank's peak memory for a validated run config with world = dp * sp ranks,
