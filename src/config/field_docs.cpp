@@ -38,7 +38,9 @@ const std::map<std::string, std::string>& meanings() {
       {"model.rope_original_max_position", "llama3 scaling: original context length."},
       {"model.rms_norm_eps", "RMSNorm epsilon."},
       {"model.tie_embeddings", "The LM head shares the token embedding's weight."},
-      {"model.init_seed", "Seed of the random weight init (identical on every rank)."},
+      {"model.init_seed",
+       "Seed of the random weight init (identical on every rank; on CUDA the weights are drawn on "
+       "the device, so a CUDA run starts from other values than a CPU run)."},
       {"model.init_std", "Standard deviation of the normal init of every weight matrix."},
       {"model.max_position_embeddings",
        "Written to a checkpoint's HF config.json (and read from one); not used by training."},

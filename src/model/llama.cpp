@@ -72,13 +72,15 @@ at::Tensor LlamaModelImpl::forward_layers(const at::Tensor& embedded,
   return hidden;  // [bs, T, h]
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const config::ModelOptions& options)
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const config::ModelOptions& options, WeightInit init)
     : options_(checked_options(options)) {
   model = register_module("model", LlamaModel(options_));
   if (!options_.tie_embeddings) {
     lm_head = register_module("lm_head", Linear(options_.hidden_size, options_.vocab_size));
   }
-  init_llama_weights(*this, options_.init_seed, options_.init_std);
+  if (init == WeightInit::kAtConstruction) {
+    init_llama_weights(*this, options_.init_seed, options_.init_std);
+  }
 }
 
 at::Tensor LlamaForCausalLMImpl::forward_hidden(const at::Tensor& input_ids,

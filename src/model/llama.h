@@ -59,15 +59,22 @@ class LlamaModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaModel);
 
+// When a model's weights get their values: at construction (on CPU in fp32, from
+// init_llama_weights), or later by materialize_weights (materialize.h), which puts them straight
+// where they will live. A deferred model's weights are uninitialized host memory that nothing has
+// touched, so that it takes no resident memory before materialize_weights replaces it.
+enum class WeightInit { kAtConstruction, kDeferred };
+
 // HF LlamaForCausalLM: `model` and, unless tie_embeddings, `lm_head`. The LM head and loss are
 // applied by the caller (lm_loss.h) from forward_hidden() and lm_head_weight(), so that they can be
-// tiled. Construction draws every weight on CPU in fp32 from init_llama_weights(seed =
+// tiled. By default construction draws every weight on CPU in fp32 from init_llama_weights(seed =
 // options.init_seed); move with .to(device, dtype) afterwards.
 // Throws UserError("model.<field>: ...") for unusable shapes.
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   // options.head_dim 0 means hidden_size / num_heads.
-  explicit LlamaForCausalLMImpl(const config::ModelOptions& options);
+  explicit LlamaForCausalLMImpl(const config::ModelOptions& options,
+                                WeightInit init = WeightInit::kAtConstruction);
 
   // input_ids [bs, T] int64, position_ids [bs, T] int64 -> final-normed hidden [bs, T, h].
   at::Tensor forward_hidden(const at::Tensor& input_ids, const at::Tensor& position_ids,

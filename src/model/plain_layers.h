@@ -1,6 +1,6 @@
 // Bias-free Linear and token Embedding as bare weight holders. Unlike torch::nn::Linear/Embedding
-// they draw nothing from the global RNG: weights start at zero and init_llama_weights (llama.h)
-// fills them from its own seeded generator.
+// they draw nothing from the global RNG: weights start uninitialized (host memory not yet touched)
+// and init_llama_weights (llama.h) or materialize_weights (materialize.h) gives them their values.
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -11,7 +11,7 @@ namespace ulysses::model {
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features) {
-    weight = register_parameter("weight", torch::zeros({out_features, in_features}));
+    weight = register_parameter("weight", torch::empty({out_features, in_features}));
   }
   // x [..., in] -> [..., out]
   at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight); }
@@ -24,7 +24,7 @@ TORCH_MODULE(Linear);
 class EmbeddingImpl : public torch::nn::Module {
  public:
   EmbeddingImpl(int64_t vocab_size, int64_t hidden_size) {
-    weight = register_parameter("weight", torch::zeros({vocab_size, hidden_size}));
+    weight = register_parameter("weight", torch::empty({vocab_size, hidden_size}));
   }
   // ids [bs, T] int64 in [0, V) -> [bs, T, h]
   at::Tensor forward(const at::Tensor& ids) { return at::embedding(weight, ids); }

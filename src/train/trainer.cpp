@@ -18,6 +18,7 @@
 #include "memory/precision.h"
 #include "model/attention_core.h"
 #include "model/hf_weights.h"
+#include "model/materialize.h"
 #include "profile/flops.h"
 #include "profile/model_ranges.h"
 #include "profile/phase_timer.h"
@@ -100,9 +101,9 @@ at::Device select_device(const config::RunConfig& config, const comm::DistEnv& e
 
 model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::DeviceMesh& mesh,
                                     const at::Device& device, int64_t* mlp_tiles) {
-  model::LlamaForCausalLM model(config.model);
-  if (!config.model.load.empty()) model::load_hf_weights(model, config.model.load);
-  model->to(device, memory::parameter_dtype(config.memory.precision));
+  model::LlamaForCausalLM model(config.model, model::WeightInit::kDeferred);
+  model::materialize_weights(model, device, memory::parameter_dtype(config.memory.precision),
+                             config.model.load);
   const model::AttentionBackend backend =
       model::resolve_attention_backend(config.attention.backend, device);
   if (mesh.sp_size() > 1) {

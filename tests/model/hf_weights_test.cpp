@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "model/materialize.h"
 #include "model/safetensors.h"
 #include "model_test_util.h"
 
@@ -170,6 +171,43 @@ TEST(HfWeights, ClearErrors) {
     EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
               index + ": 16.0 MiB is over the 16 MiB limit of a JSON file");
   }
+}
+
+// A model built with its weights deferred and materialized on CPU holds the weights a model
+// initialised at construction holds, bit for bit, in fp32 and cast to bf16.
+TEST(Materialize, OnCpuTheWeightsAreTheConstructionInitBitForBit) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    LlamaForCausalLM built(tiny_options(false, 5));
+    built->to(at::kCPU, dtype);
+    LlamaForCausalLM deferred(tiny_options(false, 5), WeightInit::kDeferred);
+    materialize_weights(deferred, at::Device(at::kCPU), dtype, "");
+    const auto want = built->named_parameters(), got = deferred->named_parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& item : want) {
+      ASSERT_EQ(got[item.key()].scalar_type(), dtype) << item.key();
+      EXPECT_TRUE(at::equal(got[item.key()], item.value())) << item.key();
+    }
+  }
+}
+
+// With a checkpoint the weights are the checkpoint's; a missing tensor is one clear error.
+TEST(Materialize, FromACheckpointTheWeightsAreItsValues) {
+  TempDir dir;
+  LlamaForCausalLM source(tiny_options(true, 6));
+  save_safetensors(dir.file("model.safetensors"), hf_state(source), {{"format", "pt"}});
+  LlamaForCausalLM deferred(tiny_options(true, 7), WeightInit::kDeferred);
+  materialize_weights(deferred, at::Device(at::kCPU), at::kFloat, dir.str());
+  EXPECT_TRUE(at::equal(forward_of(source), forward_of(deferred)));
+
+  TempDir partial;
+  auto state = hf_state(source);
+  state.pop_back();
+  save_safetensors(partial.file("model.safetensors"), state, {{"format", "pt"}});
+  LlamaForCausalLM incomplete(tiny_options(true, 7), WeightInit::kDeferred);
+  EXPECT_NE(error_of([&] {
+              materialize_weights(incomplete, at::Device(at::kCPU), at::kFloat, partial.str());
+            }).find("is missing from the weight files"),
+            std::string::npos);
 }
 
 }  // namespace
