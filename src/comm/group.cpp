@@ -177,22 +177,44 @@ at::Tensor Group::PendingGather::wait() {
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& input) {
+  return reduce_scatter_start(input).wait();
+}
+
+Group::PendingReduceScatter Group::reduce_scatter_start(const at::Tensor& input) {
   TORCH_CHECK(input.dim() >= 1 && input.size(0) == size(), "reduce_scatter on group ", name_,
               ": input must have dim 0 == the group size ", size(), ", got shape ", input.sizes());
-  if (!backend_) return input[0].clone(at::MemoryFormat::Contiguous);
-  at::Tensor in = to_wire(input, device_, is_gloo_);    // [size, ...]
-  at::Tensor out = at::empty_like(in[0]);               // [...]
+  PendingReduceScatter pending;
+  pending.device_ = input.device();
+  pending.dtype_ = input.scalar_type();
+  if (!backend_) {
+    pending.out_ = input[0].clone(at::MemoryFormat::Contiguous);
+    return pending;
+  }
+  pending.group_ = this;
+  pending.in_ = to_wire(input, device_, is_gloo_);  // [size, ...]
+  pending.out_ = at::empty_like(pending.in_[0]);   // [...]
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
   if (!is_gloo_) {  // NCCL: the flat buffer as it is (the list form copies it into a new one)
-    run("reduce_scatter", [&] { return backend_->_reduce_scatter_base(out, in, options); });
-    return out.to(input.device(), input.scalar_type());
+    pending.work_ = start_work("reduce_scatter", [&] {
+      return backend_->_reduce_scatter_base(pending.out_, pending.in_, options);
+    });
+    return pending;
   }
-  std::vector<at::Tensor> outputs = {out};
-  std::vector<std::vector<at::Tensor>> inputs(1);
-  for (int i = 0; i < size(); ++i) inputs[0].push_back(in[i]);  // contiguous views of in
-  run("reduce_scatter", [&] { return backend_->reduce_scatter(outputs, inputs, options); });
-  return out.to(input.device(), input.scalar_type());
+  pending.outputs_ = {pending.out_};
+  pending.inputs_.resize(1);
+  for (int i = 0; i < size(); ++i) pending.inputs_[0].push_back(pending.in_[i]);  // views
+  pending.work_ = start_work("reduce_scatter", [&] {
+    return backend_->reduce_scatter(pending.outputs_, pending.inputs_, options);
+  });
+  return pending;
+}
+
+at::Tensor Group::PendingReduceScatter::wait() {
+  TORCH_CHECK(!waited_, "PendingReduceScatter::wait: called twice");
+  waited_ = true;
+  if (group_ != nullptr) group_->wait_work("reduce_scatter", work_);
+  return out_.to(device_, dtype_);
 }
 
 void Group::broadcast(at::Tensor& t, int root) {

@@ -108,6 +108,13 @@ class Group {
   // REQUIRES: input.dim() >= 1 and input.size(0) == size().
   at::Tensor reduce_scatter(const at::Tensor& input);  // [size, ...] -> [...]
 
+  // reduce_scatter in two halves, so that the caller computes while it runs (ZeRO-2/3 reduce a
+  // layer's gradients during the backward of the layer before it): reduce_scatter_start issues
+  // it now (members issue their collectives in the same order) and PendingReduceScatter::wait()
+  // returns what reduce_scatter returns. `input` must stay unchanged until wait() returns.
+  class PendingReduceScatter;
+  PendingReduceScatter reduce_scatter_start(const at::Tensor& input);
+
   // In place: every member's `t` becomes member `root`'s `t` (root is a group rank).
   // REQUIRES: 0 <= root < size().
   void broadcast(at::Tensor& t, int root);  // [any]
@@ -153,6 +160,26 @@ class Group::PendingGather {
   at::Device device_ = at::Device(at::kCPU);  // the caller's device and dtype
   at::ScalarType dtype_ = at::kFloat;
   at::Tensor into_;  // the caller's result tensor, or undefined
+  bool waited_ = false;
+};
+
+// A reduce_scatter in flight (Group::reduce_scatter_start). Not copyable; movable.
+class Group::PendingReduceScatter {
+ public:
+  // Waits for the reduce-scatter (once) and returns [...] on the input's device in its dtype.
+  // Throws CommError as the blocking reduce_scatter does. REQUIRES: not waited before; the Group
+  // that started it still exists.
+  at::Tensor wait();
+
+ private:
+  friend class Group;
+  Group* group_ = nullptr;  // null: finished at start (a group of one)
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor in_, out_;                          // the wire tensors: [size, ...] and [...]
+  std::vector<at::Tensor> outputs_;              // Gloo's argument lists, kept alive in flight
+  std::vector<std::vector<at::Tensor>> inputs_;
+  at::Device device_ = at::Device(at::kCPU);     // the caller's device and dtype
+  at::ScalarType dtype_ = at::kFloat;
   bool waited_ = false;
 };
 

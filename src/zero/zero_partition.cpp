@@ -123,6 +123,7 @@ const std::vector<size_t>& ZeroPartition::unit_params(int64_t unit) const {
 int64_t ZeroPartition::param_numel(size_t i) const { return c10::multiply_integers(shapes_[i]); }
 
 void ZeroPartition::zero_grads() {
+  finish_reductions();  // none in a step that ended normally
   for (auto& g : grad_shards_) g.zero_();
   for (auto& p : pending_) p.reset();
 }
@@ -261,10 +262,13 @@ void ZeroPartition::accumulate(size_t i, const at::Tensor& grad) {
 
 void ZeroPartition::reduce_unit(int64_t unit) {
   at::NoGradGuard no_grad;
+  if (!reductions_.empty()) ++overlapped_reductions_;
+  finish_reductions();
   profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
   const int64_t w = world_.size();
   // Every member is reduced, a zero pending buffer for one without a gradient, so that the ranks'
-  // collectives pair up whatever each rank's autograd produced.
+  // collectives pair up whatever each rank's autograd produced. A reduction in flight holds its
+  // input (the pending buffer, or the copy of a part of it) until it is waited for.
   for (size_t i : unit_params(unit)) {
     const int64_t s = shard_numel_[i];
     if (!pending_[i].defined()) pending_[i] = at::zeros({w * s}, grad_shards_[i].options());
@@ -272,14 +276,24 @@ void ZeroPartition::reduce_unit(int64_t unit) {
     const int64_t bucket = std::max<int64_t>(bucket_bytes_ / pending.element_size() / w, 1);
     for (int64_t o = 0; o < s; o += bucket) {
       const int64_t n = std::min(bucket, s - o);
-      grad_shards_[i].narrow(0, o, n).add_(world_.reduce_scatter(pending.narrow(1, o, n).contiguous()));
+      reductions_.push_back(
+          {i, o, n, world_.reduce_scatter_start(pending.narrow(1, o, n).contiguous())});
     }
     pending_[i].reset();
   }
 }
 
+void ZeroPartition::finish_reductions() {
+  if (reductions_.empty()) return;
+  at::NoGradGuard no_grad;
+  profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
+  for (Reduction& r : reductions_) grad_shards_[r.i].narrow(0, r.o, r.n).add_(r.work.wait());
+  reductions_.clear();
+}
+
 void ZeroPartition::reduce_pending() {
   reduce_unit(kEmbedding);
+  finish_reductions();
   for (size_t i = 0; i < pending_.size(); ++i) {
     TORCH_CHECK(!pending_[i].defined(), "ZeroPartition: ", names_[i],
                 " has a gradient outside its unit's backward");

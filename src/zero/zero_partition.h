@@ -82,9 +82,15 @@ class ZeroPartition : public memory::LayerParameterHooks {
   // Gathers satisfied by a prefetch so far (tests; a sequence above gives 2L + 1 per micro-batch).
   int64_t prefetch_hits() const { return prefetch_hits_; }
   // Reduce-scatters the pending gradients of `unit`'s parameters into their shards and frees them.
+  // The reduce-scatters run while the caller goes on (the backward of the unit before): this call
+  // first waits for the previous unit's, adds them into their shards and frees their pending
+  // buffers, then starts this unit's. At most one unit's reductions are in flight.
   void reduce_unit(int64_t unit);
-  // The same for every parameter with a pending gradient.
+  // Reduces the embedding's gradient and waits for every reduction: the shards are then complete.
   void reduce_pending();
+  // reduce_unit calls that found the previous unit's reductions still in flight, i.e. overlapped
+  // with a backward (tests; a sequence above gives L + 1 per micro-batch).
+  int64_t overlapped_reductions() const { return overlapped_reductions_; }
 
   // Every parameter whole until release_all() (checkpoint save, evaluation).
   void gather_all();
@@ -155,6 +161,16 @@ class ZeroPartition : public memory::LayerParameterHooks {
   std::vector<std::vector<size_t>> layer_units_;
   std::vector<size_t> embedding_unit_, head_unit_;
   size_t embedding_index_ = 0;
+  // A reduce-scatter in flight: parameter i's shard elements [o, o + n) receive `work`'s result.
+  struct Reduction {
+    size_t i;
+    int64_t o, n;
+    comm::Group::PendingReduceScatter work;
+  };
+  // Waits for the reductions in flight and adds their results into the shards.
+  void finish_reductions();
+  std::vector<Reduction> reductions_;    // the last reduced unit's, until finish_reductions
+  int64_t overlapped_reductions_ = 0;
   std::optional<UnitGather> in_flight_;  // stage 3: the prefetched unit, at most one
   int64_t last_gathered_ = kNoUnit;      // the unit gather_unit was last called for
   int64_t prefetch_hits_ = 0;

@@ -143,6 +143,20 @@ TEST(Collectives, ReduceScatterSumsOnlyThisRanksSlice) {
     EXPECT_TRUE(at::equal(out, 10.0 * (100.0 * r + at::arange(5, at::kFloat)))) << out;
     EXPECT_TRUE(at::equal(input, before));
     EXPECT_THROW(group.reduce_scatter(at::zeros({3, 5})), c10::Error);
+
+    // Two in flight at once with a blocking collective between start and wait, waited out of
+    // order (ZeRO-2/3 reduce a unit while the next computes); bf16 comes back as bf16.
+    Group::PendingReduceScatter first = group.reduce_scatter_start(input);
+    Group::PendingReduceScatter second = group.reduce_scatter_start(input.to(at::kBFloat16));
+    at::Tensor sum = at::ones({1});
+    group.all_reduce(sum, ReduceOp::kSum);
+    EXPECT_EQ(sum.item<float>(), static_cast<float>(kWorld));
+    const at::Tensor later = second.wait();
+    EXPECT_TRUE(at::equal(first.wait(), out));
+    EXPECT_EQ(later.scalar_type(), at::kBFloat16);
+    // Gloo sums the bf16 inputs in fp32; the result is rounded to bf16 once.
+    const at::Tensor rounded = input.to(at::kBFloat16).to(at::kFloat);
+    EXPECT_TRUE(at::equal(later, group.reduce_scatter(rounded).to(at::kBFloat16))) << later;
   });
 }
 

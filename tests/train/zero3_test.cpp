@@ -90,6 +90,9 @@ TEST(Zero3, ParametersHoldNothingBetweenUsesAndStatesAreOneWorldth) {
     // micro-batch; the embedding, first of a micro-batch, is gathered when asked.
     const int64_t layers = model->model->num_layers();
     EXPECT_EQ(partition->prefetch_hits(), 2 * (2 * layers + 1));
+    // Each layer's and the embedding's reduce-scatters found the unit before still in flight
+    // (started, not yet waited for): L + 1 per micro-batch; the head's, first, found none.
+    EXPECT_EQ(partition->overlapped_reductions(), 2 * (layers + 1));
     int64_t stage3_bytes = partition->weight_bytes() + partition->grad_bytes();
     for (const auto& [name, t] : zero.state_tensors()) {
       if (name.find(".master") == std::string::npos && name.find(".step") == std::string::npos) {

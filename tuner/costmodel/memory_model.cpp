@@ -216,10 +216,13 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         Lifetime::kStatic);
   }
   if (z.stage >= 2) {
-    // One unit's gradient contributions wait in full-size fp32 until its reduce-scatter.
+    // A unit's gradient contributions wait in full-size fp32 until its reduce-scatter has run,
+    // which overlaps the backward of the unit before: two units at once (the head's, V x h,
+    // while the last layer's backward runs).
     const double layer = static_cast<double>(layer_parameter_count(m));
-    add("zero pending gradients", std::max(layer, static_cast<double>(v) * h) * 4.0,
-        "max(layer params, V x h) x 4 B (one unit's fp32 gradients before its reduce-scatter)",
+    add("zero pending gradients", (layer + std::max(layer, static_cast<double>(v) * h)) * 4.0,
+        "(layer + max(layer, V x h)) params x 4 B (the fp32 gradients of the unit in backward and "
+        "of the one being reduce-scattered)",
         Lifetime::kStatic);
   }
   // Gradients: fp32 flat buffers for every parameter dtype (zero/grad_buffers.h). Under optimizer
