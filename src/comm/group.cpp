@@ -89,14 +89,7 @@ void Group::run(const char* op, StartFn&& start) {
   wait_work(op, start_work(op, std::forward<StartFn>(start)));
 }
 
-void Group::all_reduce(at::Tensor& t, ReduceOp op) {
-  if (!backend_) return;
-  std::vector<at::Tensor> tensors = {to_wire(t, device_, is_gloo_)};
-  c10d::AllreduceOptions options;
-  options.reduceOp = to_c10d(op);
-  run("all_reduce", [&] { return backend_->allreduce(tensors, options); });
-  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
-}
+void Group::all_reduce(at::Tensor& t, ReduceOp op) { all_reduce_start(t, op).wait(); }
 
 at::Tensor Group::all_to_all_single(const at::Tensor& input,
                                     const std::vector<int64_t>& output_splits,
@@ -180,41 +173,67 @@ at::Tensor Group::reduce_scatter(const at::Tensor& input) {
   return reduce_scatter_start(input).wait();
 }
 
-Group::PendingReduceScatter Group::reduce_scatter_start(const at::Tensor& input) {
+Group::Pending Group::reduce_scatter_start(const at::Tensor& input) {
   TORCH_CHECK(input.dim() >= 1 && input.size(0) == size(), "reduce_scatter on group ", name_,
               ": input must have dim 0 == the group size ", size(), ", got shape ", input.sizes());
-  PendingReduceScatter pending;
-  pending.device_ = input.device();
-  pending.dtype_ = input.scalar_type();
+  Pending pending;
+  pending.op_ = "reduce_scatter";
   if (!backend_) {
-    pending.out_ = input[0].clone(at::MemoryFormat::Contiguous);
+    at::Tensor out = input[0].clone(at::MemoryFormat::Contiguous);
+    pending.finish_ = [out] { return out; };
     return pending;
   }
   pending.group_ = this;
-  pending.in_ = to_wire(input, device_, is_gloo_);  // [size, ...]
-  pending.out_ = at::empty_like(pending.in_[0]);   // [...]
+  at::Tensor in = to_wire(input, device_, is_gloo_);  // [size, ...]
+  at::Tensor out = at::empty_like(in[0]);            // [...]
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
   if (!is_gloo_) {  // NCCL: the flat buffer as it is (the list form copies it into a new one)
-    pending.work_ = start_work("reduce_scatter", [&] {
-      return backend_->_reduce_scatter_base(pending.out_, pending.in_, options);
+    pending.work_ = start_work(pending.op_, [&] {
+      return backend_->_reduce_scatter_base(out, in, options);
     });
-    return pending;
+    pending.wire_ = {{in}, {out}};
+  } else {
+    std::vector<at::Tensor> rows;
+    for (int i = 0; i < size(); ++i) rows.push_back(in[i]);  // contiguous views of in
+    pending.wire_ = {{out}, rows};
+    std::vector<std::vector<at::Tensor>> inputs = {rows};
+    pending.work_ = start_work(pending.op_, [&] {
+      return backend_->reduce_scatter(pending.wire_[0], inputs, options);
+    });
   }
-  pending.outputs_ = {pending.out_};
-  pending.inputs_.resize(1);
-  for (int i = 0; i < size(); ++i) pending.inputs_[0].push_back(pending.in_[i]);  // views
-  pending.work_ = start_work("reduce_scatter", [&] {
-    return backend_->reduce_scatter(pending.outputs_, pending.inputs_, options);
-  });
+  const at::Device device = input.device();
+  const at::ScalarType dtype = input.scalar_type();
+  pending.finish_ = [out, device, dtype] { return out.to(device, dtype); };
   return pending;
 }
 
-at::Tensor Group::PendingReduceScatter::wait() {
-  TORCH_CHECK(!waited_, "PendingReduceScatter::wait: called twice");
+Group::Pending Group::all_reduce_start(at::Tensor& t, ReduceOp op) {
+  Pending pending;
+  pending.op_ = "all_reduce";
+  pending.finish_ = [t] { return t; };
+  if (!backend_) return pending;
+  pending.group_ = this;
+  pending.wire_ = {{to_wire(t, device_, is_gloo_)}};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  pending.work_ =
+      start_work(pending.op_, [&] { return backend_->allreduce(pending.wire_[0], options); });
+  const at::Tensor wire = pending.wire_[0][0];
+  if (!wire.is_same(t)) {
+    pending.finish_ = [t, wire]() mutable { return t.copy_(wire); };
+  }
+  return pending;
+}
+
+at::Tensor Group::Pending::wait() {
+  TORCH_CHECK(!waited_, "Group::Pending::wait: called twice");
   waited_ = true;
-  if (group_ != nullptr) group_->wait_work("reduce_scatter", work_);
-  return out_.to(device_, dtype_);
+  if (group_ != nullptr) group_->wait_work(op_, work_);
+  at::Tensor result = finish_();
+  finish_ = nullptr;
+  wire_.clear();
+  return result;
 }
 
 void Group::broadcast(at::Tensor& t, int root) {

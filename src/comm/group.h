@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -110,10 +111,15 @@ class Group {
 
   // reduce_scatter in two halves, so that the caller computes while it runs (ZeRO-2/3 reduce a
   // layer's gradients during the backward of the layer before it): reduce_scatter_start issues
-  // it now (members issue their collectives in the same order) and PendingReduceScatter::wait()
-  // returns what reduce_scatter returns. `input` must stay unchanged until wait() returns.
-  class PendingReduceScatter;
-  PendingReduceScatter reduce_scatter_start(const at::Tensor& input);
+  // it now (members issue their collectives in the same order) and Pending::wait() returns what
+  // reduce_scatter returns. `input` must stay unchanged until wait() returns.
+  class Pending;
+  Pending reduce_scatter_start(const at::Tensor& input);
+
+  // all_reduce in two halves (a layer's gradients summed while the layer before computes):
+  // Pending::wait() leaves the result in `t` and returns it. `t` must not be read or written
+  // until then.
+  Pending all_reduce_start(at::Tensor& t, ReduceOp op = ReduceOp::kSum);
 
   // In place: every member's `t` becomes member `root`'s `t` (root is a group rank).
   // REQUIRES: 0 <= root < size().
@@ -163,23 +169,21 @@ class Group::PendingGather {
   bool waited_ = false;
 };
 
-// A reduce_scatter in flight (Group::reduce_scatter_start). Not copyable; movable.
-class Group::PendingReduceScatter {
+// A collective in flight (Group::reduce_scatter_start, all_reduce_start). Not copyable; movable.
+class Group::Pending {
  public:
-  // Waits for the reduce-scatter (once) and returns [...] on the input's device in its dtype.
-  // Throws CommError as the blocking reduce_scatter does. REQUIRES: not waited before; the Group
-  // that started it still exists.
+  // Waits for the collective (once) and returns its result on the caller's device in the
+  // caller's dtype. Throws CommError as the blocking form does. REQUIRES: not waited before; the
+  // Group that started it still exists.
   at::Tensor wait();
 
  private:
   friend class Group;
   Group* group_ = nullptr;  // null: finished at start (a group of one)
+  const char* op_ = "";
   c10::intrusive_ptr<c10d::Work> work_;
-  at::Tensor in_, out_;                          // the wire tensors: [size, ...] and [...]
-  std::vector<at::Tensor> outputs_;              // Gloo's argument lists, kept alive in flight
-  std::vector<std::vector<at::Tensor>> inputs_;
-  at::Device device_ = at::Device(at::kCPU);     // the caller's device and dtype
-  at::ScalarType dtype_ = at::kFloat;
+  std::vector<std::vector<at::Tensor>> wire_;  // what the backend reads and writes, kept alive
+  std::function<at::Tensor()> finish_;         // after the wait: the caller's result
   bool waited_ = false;
 };
 

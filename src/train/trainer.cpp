@@ -30,6 +30,7 @@
 #include "train/evaluator.h"
 #include "zero/gradient_step.h"
 #include "zero/grad_buffers.h"
+#include "zero/layer_all_reduce.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "train/metrics.h"
@@ -151,7 +152,6 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                            config.memory.offload_activations;
     memory::enable_layer_hooks(model, config.memory.offload_activations, recompute, partition);
   }
-  profile::install_model_ranges(model);
   std::vector<at::Tensor> params = model->parameters();
   // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there),
   // padded to a multiple of the world for ZeRO's shards; none under stage 2/3 (the partition
@@ -161,6 +161,19 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   GradientBuffers gradients(zero_stage >= 2 ? std::vector<at::Tensor>{} : params,
                             zero_stage > 0 ? mesh.world().size() : 1,
                             /*on_host=*/zero_stage == 0 && placement == OptimizerPlacement::kHost);
+  // Stage 0 over several ranks with the gradients on the device: each layer's sum over the world
+  // starts as soon as its backward of the step's last micro-batch is done, while the layers below
+  // compute (the layer hooks take over build_model's checkpointing runner, recompute and offload
+  // included).
+  std::shared_ptr<LayerAllReduce> layer_all_reduce;
+  if (zero_stage == 0 && mesh.world().size() > 1 && placement == OptimizerPlacement::kDevice) {
+    layer_all_reduce =
+        std::make_shared<LayerAllReduce>(model, gradients, mesh.world(), bucket_bytes);
+    memory::enable_layer_hooks(model, config.memory.offload_activations,
+                               config.memory.checkpointing || config.memory.offload_activations,
+                               layer_all_reduce);
+  }
+  profile::install_model_ranges(model);  // around the runners installed so far
   std::unique_ptr<AdamW> adamw;        // zero.stage 0
   std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2, 3
   if (zero_stage >= 2) {
@@ -295,6 +308,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     GradientOptions gradient_options{config.memory.tiled_loss, &gradients, bucket_bytes};
     gradient_options.reduce = zero == nullptr;
     gradient_options.partition = partition.get();
+    gradient_options.layer_all_reduce = layer_all_reduce.get();
     StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
     if (zero) zero->reduce_gradients();
     const double lr = lr_at(config.optim, step, config.train.steps);

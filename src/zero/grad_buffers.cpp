@@ -212,6 +212,8 @@ void GradientBuffers::settle() {
 
 void GradientBuffers::zero() {
   settle();
+  wait_in_flight();  // none after a step that ended normally
+  for (auto& ranges : started_) ranges.clear();
   for (auto& flat : flats_) flat.zero_();
   std::fill(host_has_sum_.begin(), host_has_sum_.end(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -224,18 +226,79 @@ void GradientBuffers::zero() {
   }
 }
 
+namespace {
+
+// Issues the sum of flat[begin, end) over `group` in buckets of at most `bucket_numel` elements.
+void start_buckets(comm::Group& group, at::Tensor& flat, int64_t begin, int64_t end,
+                   int64_t bucket_numel, std::vector<comm::Group::Pending>& in_flight) {
+  for (int64_t start = begin; start < end; start += bucket_numel) {
+    at::Tensor bucket = flat.narrow(0, start, std::min(bucket_numel, end - start));
+    in_flight.push_back(group.all_reduce_start(bucket, comm::ReduceOp::kSum));  // in place
+  }
+}
+
+int64_t bucket_numel_of(const at::Tensor& flat, int64_t bucket_bytes) {
+  return std::max<int64_t>(bucket_bytes / flat.element_size(), 1);
+}
+
+}  // namespace
+
+void GradientBuffers::wait_in_flight() {
+  for (auto& pending : in_flight_) pending.wait();
+  in_flight_.clear();
+}
+
+void GradientBuffers::all_reduce_start(comm::Group& group, size_t first, size_t last,
+                                       int64_t bucket_bytes) {
+  TORCH_CHECK(!on_host_, "GradientBuffers::all_reduce_start: not with on_host buffers");
+  TORCH_CHECK(first <= last && last <= params_.size() && bucket_bytes >= 1,
+              "GradientBuffers::all_reduce_start: bad range or bucket size");
+  if (group.size() == 1) return;
+  // Not timed as grad_sync: issuing is quick, and inside backward; all_reduce times the wait.
+  started_.resize(flats_.size());
+  // Within a flat the parameters lie in their order, so those of [first, last) in flat f cover
+  // one contiguous element range, holding nothing else but padding.
+  std::vector<std::pair<int64_t, int64_t>> range(flats_.size(), {-1, -1});
+  for (size_t i = first; i < last; ++i) {
+    const int f = flat_index_[i];
+    if (f < 0) continue;
+    const int64_t begin = flat_offset_[i], end = begin + grads_[i].numel();
+    auto& r = range[static_cast<size_t>(f)];
+    r = r.first < 0 ? std::make_pair(begin, end)
+                    : std::make_pair(std::min(r.first, begin), std::max(r.second, end));
+  }
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    const auto [begin, end] = range[f];
+    if (begin < 0) continue;
+    for (const auto& [b, e] : started_[f]) {
+      TORCH_CHECK(end <= b || begin >= e, "GradientBuffers::all_reduce_start: range started twice");
+    }
+    start_buckets(group, flats_[f], begin, end, bucket_numel_of(flats_[f], bucket_bytes),
+                  in_flight_);
+    started_[f].emplace_back(begin, end);
+    std::sort(started_[f].begin(), started_[f].end());
+  }
+  ++ranges_started_;
+}
+
 void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes) {
   TORCH_CHECK(bucket_bytes >= 1, "GradientBuffers::all_reduce: bucket_bytes must be >= 1");
   settle();
   if (group.size() == 1) return;
   profile::ScopedPhase phase("grad_sync");
-  for (auto& flat : flats_) {
-    const int64_t bucket_numel = std::max<int64_t>(bucket_bytes / flat.element_size(), 1);
-    for (int64_t start = 0; start < flat.numel(); start += bucket_numel) {
-      at::Tensor bucket = flat.narrow(0, start, std::min(bucket_numel, flat.numel() - start));
-      group.all_reduce(bucket, comm::ReduceOp::kSum);  // contiguous slice, reduced in place
+  // What all_reduce_start did not start, in buckets, then wait for everything.
+  started_.resize(flats_.size());
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    const int64_t bucket_numel = bucket_numel_of(flats_[f], bucket_bytes);
+    int64_t next = 0;
+    for (const auto& [begin, end] : started_[f]) {
+      start_buckets(group, flats_[f], next, begin, bucket_numel, in_flight_);
+      next = end;
     }
+    start_buckets(group, flats_[f], next, flats_[f].numel(), bucket_numel, in_flight_);
+    started_[f].clear();
   }
+  wait_in_flight();
 }
 
 void GradientBuffers::copy_to_param_grads() {

@@ -79,7 +79,19 @@ class GradientBuffers {
   // Sums every buffer over `group` in place, `bucket_bytes` at a time (contiguous slices of the
   // flat buffer: no extra copy of the gradients). Every member must call it with the same
   // parameters in the same order. REQUIRES: bucket_bytes >= 1.
+  // Ranges already started by all_reduce_start are waited for, not reduced again.
   void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes);
+
+  // Starts summing over `group` the gradients of params()[first, last) (a decoder layer's, once
+  // its last contribution of the step is in), `bucket_bytes` at a time, and returns at once:
+  // the sums run while backward goes on, and all_reduce() waits for them and reduces only the
+  // rest. Every member must start the same ranges in the same order. REQUIRES: not on_host (the
+  // host sums arrive asynchronously; they are reduced by all_reduce); first <= last <=
+  // params().size(); the range not started before in this step.
+  void all_reduce_start(comm::Group& group, size_t first, size_t last,
+                        int64_t bucket_bytes = kDefaultGradBucketBytes);
+  // Ranges started by all_reduce_start since the buffers were made (tests).
+  int64_t ranges_started() const { return ranges_started_; }
 
   // Writes each accumulated gradient into its parameter's .grad() in the parameter's dtype (a
   // no-op for fp32/fp64 parameters, whose .grad() is the buffer), for callers that read .grad().
@@ -111,6 +123,13 @@ class GradientBuffers {
   void move_pending_to_host();
   void copy(at::Tensor& dst, const at::Tensor& src);  // device <-> host, on the side stream
   c10::Stream side_stream(c10::Device device);
+
+  // all_reduce_start: the sums in flight, and per flat the element ranges [begin, end) started
+  // this step (kept sorted), which all_reduce leaves out.
+  std::vector<comm::Group::Pending> in_flight_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> started_;
+  int64_t ranges_started_ = 0;
+  void wait_in_flight();
 
   bool on_host_ = false;
   std::vector<at::Tensor> staged_;     // per parameter: [param shape] fp32 sum beside the param

@@ -81,7 +81,12 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
   const auto add_loss = [&](const at::Tensor& sum) {
     local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
   };
+  LayerAllReduce* layer_all_reduce = partition == nullptr ? options.layer_all_reduce : nullptr;
   for (const auto& b : micro_batches) {
+    // The layers' sums start during the last micro-batch's backward, once each layer is done.
+    if (layer_all_reduce != nullptr) {
+      layer_all_reduce->arm(options.reduce && &b == &micro_batches.back());
+    }
     if (partition != nullptr) {
       add_loss(sharded_micro_batch(model, b, *partition, options.loss_tiles, inv_count));
       continue;
@@ -113,6 +118,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     add_loss(loss.sum.detach().to(at::kDouble));
   }
 
+  if (layer_all_reduce != nullptr) layer_all_reduce->arm(false);
   if (buffers != nullptr) buffers->settle();  // optimizer offload: every sum is on the host
   TORCH_CHECK(options.reduce || options.buffers != nullptr || partition != nullptr,
               "compute_gradients: reduce = false needs options.buffers");

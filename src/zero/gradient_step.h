@@ -14,6 +14,7 @@
 #include "data/batch.h"
 #include "model/llama.h"
 #include "zero/grad_buffers.h"
+#include "zero/layer_all_reduce.h"
 #include "zero/zero_partition.h"
 
 namespace ulysses::train {
@@ -37,6 +38,9 @@ struct GradientOptions {
   // done, per micro-batch. Backward runs in two parts: the head's (its gradients complete), then
   // the layers' and the embedding's from the head's input gradient.
   ZeroPartition* partition = nullptr;
+  // Stage 0 (not owned; may be null): the layer hooks that start each layer's all-reduce during
+  // the backward of the last micro-batch (layer_all_reduce.h). Armed only when `reduce`.
+  LayerAllReduce* layer_all_reduce = nullptr;
 };
 
 struct StepLoss {

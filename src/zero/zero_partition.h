@@ -165,7 +165,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
   struct Reduction {
     size_t i;
     int64_t o, n;
-    comm::Group::PendingReduceScatter work;
+    comm::Group::Pending work;
   };
   // Waits for the reductions in flight and adds their results into the shards.
   void finish_reductions();

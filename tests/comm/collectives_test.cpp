@@ -146,8 +146,8 @@ TEST(Collectives, ReduceScatterSumsOnlyThisRanksSlice) {
 
     // Two in flight at once with a blocking collective between start and wait, waited out of
     // order (ZeRO-2/3 reduce a unit while the next computes); bf16 comes back as bf16.
-    Group::PendingReduceScatter first = group.reduce_scatter_start(input);
-    Group::PendingReduceScatter second = group.reduce_scatter_start(input.to(at::kBFloat16));
+    Group::Pending first = group.reduce_scatter_start(input);
+    Group::Pending second = group.reduce_scatter_start(input.to(at::kBFloat16));
     at::Tensor sum = at::ones({1});
     group.all_reduce(sum, ReduceOp::kSum);
     EXPECT_EQ(sum.item<float>(), static_cast<float>(kWorld));

@@ -7,10 +7,16 @@
 #include <stdexcept>
 
 #include "comm/mesh.h"
+#include "data/data_loader.h"
+#include "memory/activation_checkpoint.h"
 #include "sp/contribution_window.h"
 #include "sp/sequence_tiled_compute.h"
 #include "support/multi_rank.h"
+#include "train/train_test_util.h"
+#include "train/trainer.h"
 #include "zero/grad_buffers.h"
+#include "zero/gradient_step.h"
+#include "zero/layer_all_reduce.h"
 
 namespace ulysses::train {
 namespace {
@@ -96,6 +102,83 @@ TEST(GradientBuffers, BucketedAllReduceSumsEveryElement) {
     EXPECT_TRUE(at::equal(buffers.grads()[0], at::full({7}, 6.0f))) << buffers.grads()[0];
     EXPECT_TRUE(at::equal(buffers.grads()[1], at::full({2, 5}, 12.0f))) << buffers.grads()[1];
     EXPECT_TRUE(at::equal(buffers.grads()[2], at::full({3}, 24.0f))) << buffers.grads()[2];
+  });
+}
+
+// A range started early (a layer's gradients during backward) is summed once: all_reduce waits
+// for it and sums only the rest, also where the range splits a flat and a bucket; starting a
+// range twice is refused.
+TEST(GradientBuffers, AllReduceStartSumsARangeEarlyAndAllReduceTheRest) {
+  constexpr int kWorld = 3;
+  run_ranks(kWorld, [](const RankContext& ctx) {
+    comm::DeviceMesh mesh =
+        comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, kWorld, 1);
+    at::Tensor a = at::zeros({7}, at::kFloat).requires_grad_(true);
+    at::Tensor b = at::zeros({2, 5}, at::kBFloat16).requires_grad_(true);
+    at::Tensor c = at::zeros({3}, at::kFloat).requires_grad_(true);
+    at::Tensor d = at::zeros({4}, at::kFloat).requires_grad_(true);
+    GradientBuffers buffers({a, b, c, d});
+    for (int step = 0; step < 2; ++step) {
+      buffers.zero();
+      const double r = ctx.rank + 1;
+      contribute(a, r);
+      contribute(b, 2 * r);
+      contribute(c, 4 * r);
+      contribute(d, 8 * r);
+      // b and c: the bf16 flat's only parameter and the middle of the fp32 flat [a, c, d].
+      buffers.all_reduce_start(mesh.world(), 1, 3, /*bucket_bytes=*/8);
+      EXPECT_THROW(buffers.all_reduce_start(mesh.world(), 2, 3, 8), c10::Error);
+      buffers.all_reduce(mesh.world(), /*bucket_bytes=*/12);
+      EXPECT_TRUE(at::equal(buffers.grads()[0], at::full({7}, 6.0f))) << buffers.grads()[0];
+      EXPECT_TRUE(at::equal(buffers.grads()[1], at::full({2, 5}, 12.0f))) << buffers.grads()[1];
+      EXPECT_TRUE(at::equal(buffers.grads()[2], at::full({3}, 24.0f))) << buffers.grads()[2];
+      EXPECT_TRUE(at::equal(buffers.grads()[3], at::full({4}, 48.0f))) << buffers.grads()[3];
+    }
+    EXPECT_EQ(buffers.ranges_started(), 2);
+  });
+}
+
+// Stage 0 on 2 data-parallel ranks, 2 micro-batches: with LayerAllReduce each layer's sum
+// starts during the last micro-batch's backward (L ranges per step, none in the first
+// micro-batch), with and without checkpointing, and the summed gradients and the loss are those of
+// the sum after backward. Two ranks add a + b either way, so the comparison is exact.
+TEST(LayerAllReduce, LayersAreSummedDuringTheLastBackwardWithTheSameResult) {
+  constexpr int kWorld = 2;
+  run_ranks(kWorld, [](const RankContext& ctx) {
+    for (bool checkpointing : {false, true}) {
+      config::RunConfig c = testing::tiny_run_config(4, 2, kWorld, 1);
+      c.sequence.length = 16;
+      c.sequence.grad_accum = 2;
+      auto mesh = comm::DeviceMesh::create_for_test(
+          ctx.rank, ctx.world, ctx.store_path + (checkpointing ? "-ckpt" : ""), kWorld, 1);
+      data::DataLoader loader(c.data, c.sequence, c.model.vocab_size, kWorld, ctx.rank, 1, 0);
+      const std::vector<data::Batch> batches = {loader.micro_batch(1, 0), loader.micro_batch(1, 1)};
+      std::vector<at::Tensor> want;
+      double want_loss = 0;
+      for (bool overlap : {false, true}) {
+        model::LlamaForCausalLM model = train::build_model(c, mesh, at::Device(at::kCPU), nullptr);
+        GradientBuffers buffers(model->parameters());
+        std::shared_ptr<LayerAllReduce> hooks;
+        GradientOptions options;
+        options.buffers = &buffers;
+        if (overlap) {
+          hooks = std::make_shared<LayerAllReduce>(model, buffers, mesh.world(), 64);
+          memory::enable_layer_hooks(model, false, checkpointing, hooks);
+          options.layer_all_reduce = hooks.get();
+        }
+        const StepLoss loss = compute_gradients(model, batches, mesh, options);
+        if (!overlap) {
+          for (const auto& g : buffers.grads()) want.push_back(g.clone());
+          want_loss = loss.loss;
+          continue;
+        }
+        EXPECT_EQ(buffers.ranges_started(), c.model.num_layers);
+        EXPECT_EQ(loss.loss, want_loss);
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_TRUE(at::equal(buffers.grads()[i], want[i])) << i << " ckpt " << checkpointing;
+        }
+      }
+    }
   });
 }
 
