@@ -161,12 +161,13 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   GradientBuffers gradients(zero_stage >= 2 ? std::vector<at::Tensor>{} : params,
                             zero_stage > 0 ? mesh.world().size() : 1,
                             /*on_host=*/zero_stage == 0 && placement == OptimizerPlacement::kHost);
-  // Stage 0 over several ranks with the gradients on the device: each layer's sum over the world
-  // starts as soon as its backward of the step's last micro-batch is done, while the layers below
-  // compute (the layer hooks take over build_model's checkpointing runner, recompute and offload
-  // included).
+  // Stages 0 and 1 over several ranks with the gradients on the device: each layer's sum over
+  // the world starts as soon as its backward of the step's last micro-batch is done, while the
+  // layers below compute (the layer hooks take over build_model's checkpointing runner, recompute
+  // and offload included).
   std::shared_ptr<LayerAllReduce> layer_all_reduce;
-  if (zero_stage == 0 && mesh.world().size() > 1 && placement == OptimizerPlacement::kDevice) {
+  if (zero_stage <= 1 && mesh.world().size() > 1 &&
+      !(zero_stage == 0 && placement == OptimizerPlacement::kHost)) {
     layer_all_reduce =
         std::make_shared<LayerAllReduce>(model, gradients, mesh.world(), bucket_bytes);
     memory::enable_layer_hooks(model, config.memory.offload_activations,

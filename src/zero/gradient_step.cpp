@@ -84,9 +84,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
   LayerAllReduce* layer_all_reduce = partition == nullptr ? options.layer_all_reduce : nullptr;
   for (const auto& b : micro_batches) {
     // The layers' sums start during the last micro-batch's backward, once each layer is done.
-    if (layer_all_reduce != nullptr) {
-      layer_all_reduce->arm(options.reduce && &b == &micro_batches.back());
-    }
+    if (layer_all_reduce != nullptr) layer_all_reduce->arm(&b == &micro_batches.back());
     if (partition != nullptr) {
       add_loss(sharded_micro_batch(model, b, *partition, options.loss_tiles, inv_count));
       continue;

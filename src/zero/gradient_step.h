@@ -38,8 +38,9 @@ struct GradientOptions {
   // done, per micro-batch. Backward runs in two parts: the head's (its gradients complete), then
   // the layers' and the embedding's from the head's input gradient.
   ZeroPartition* partition = nullptr;
-  // Stage 0 (not owned; may be null): the layer hooks that start each layer's all-reduce during
-  // the backward of the last micro-batch (layer_all_reduce.h). Armed only when `reduce`.
+  // Stages 0 and 1 (not owned; may be null): the layer hooks that start each layer's all-reduce
+  // of `buffers` during the backward of the last micro-batch (layer_all_reduce.h); the rest is
+  // summed by buffers->all_reduce, here (reduce) or by ZeroOptimizer::reduce_gradients.
   LayerAllReduce* layer_all_reduce = nullptr;
 };
 

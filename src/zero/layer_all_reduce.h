@@ -13,11 +13,12 @@
 
 namespace ulysses::train {
 
-// The layer hooks of stage 0 (memory::enable_layer_hooks): weights stay whole (gather and
+// The layer hooks of stages 0 and 1 (memory::enable_layer_hooks): weights stay whole (gather and
 // release do nothing); after a layer's nested backward, while armed, it starts the all-reduce of
 // that layer's slice of `buffers` (GradientBuffers::all_reduce_start). compute_gradients arms it
-// for the last micro-batch of a step; GradientBuffers::all_reduce then sums the rest (embedding,
-// final norm, LM head) and waits. Holds references to `buffers` and `group`.
+// for the last micro-batch of a step; GradientBuffers::all_reduce (stage 0: compute_gradients;
+// stage 1: ZeroOptimizer::reduce_gradients) then sums the rest (embedding, final norm, LM head)
+// and waits. Holds references to `buffers` and `group`.
 // REQUIRES: buffers not on_host, made over model->parameters() in their order.
 class LayerAllReduce : public memory::LayerParameterHooks {
  public:

@@ -147,14 +147,9 @@ std::vector<at::Tensor> ZeroOptimizer::shard_grads() const {
 void ZeroOptimizer::reduce_gradients() {
   if (world_.size() == 1 || partition_ != nullptr) return;  // the partition reduced per unit
   profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
-  // Stage 1: all-reduce of every bucket as stage 0 does; only the own shard is read.
-  for (const at::Tensor& flat : buffers_->flats()) {
-    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / flat.element_size(), 1);
-    for (int64_t start = 0; start < flat.numel(); start += bucket) {
-      at::Tensor slice = flat.narrow(0, start, std::min(bucket, flat.numel() - start));
-      world_.all_reduce(slice, comm::ReduceOp::kSum);
-    }
-  }
+  // Stage 1: the buffers' all-reduce as at stage 0 (the layers' ranges may have started during
+  // backward); only the own shard is read.
+  buffers_->all_reduce(world_, bucket_bytes_);
 }
 
 double ZeroOptimizer::clip(double max_norm) {

@@ -141,7 +141,8 @@ TEST(GradientBuffers, AllReduceStartSumsARangeEarlyAndAllReduceTheRest) {
 // Stage 0 on 2 data-parallel ranks, 2 micro-batches: with LayerAllReduce each layer's sum
 // starts during the last micro-batch's backward (L ranges per step, none in the first
 // micro-batch), with and without checkpointing, and the summed gradients and the loss are those of
-// the sum after backward. Two ranks add a + b either way, so the comparison is exact.
+// the sum after backward. Two ranks add a + b either way, so the comparison is exact. Stage 1
+// leaves the rest to its optimizer (reduce = false, then GradientBuffers::all_reduce): the same.
 TEST(LayerAllReduce, LayersAreSummedDuringTheLastBackwardWithTheSameResult) {
   constexpr int kWorld = 2;
   run_ranks(kWorld, [](const RankContext& ctx) {
@@ -166,7 +167,9 @@ TEST(LayerAllReduce, LayersAreSummedDuringTheLastBackwardWithTheSameResult) {
           memory::enable_layer_hooks(model, false, checkpointing, hooks);
           options.layer_all_reduce = hooks.get();
         }
+        options.reduce = !checkpointing;  // as stage 1 does: the sum comes after
         const StepLoss loss = compute_gradients(model, batches, mesh, options);
+        if (!options.reduce) buffers.all_reduce(mesh.world(), 64);
         if (!overlap) {
           for (const auto& g : buffers.grads()) want.push_back(g.clone());
           want_loss = loss.loss;
