@@ -104,7 +104,8 @@ if [ "$dry" = 1 ]; then
   device=cpu dtype=fp32 hardware=cpu-local model=tiny
   compare_model='{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 4096, "tie_word_embeddings": false}'
   compare_lengths=128,256 compare_reps=2 maxlen_start=256 maxlen_ours=8192 maxlen_theirs=8192
-  maxlen_extra=(--limit-gib 0.1 --granule 128 --budget-s 120 --probe-timeout 120)
+  # No time budget: the searches end by their resolution, however busy the machine is.
+  maxlen_extra=(--limit-gib 0.1 --granule 128 --probe-timeout 300)
   alst_length=512
   export OMP_NUM_THREADS=1
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)

@@ -427,7 +427,8 @@ def cmd_run(args):
         args.start, args.max_length, args.granule = 256, 8192, 128
         args.limit_gib = args.limit_gib or 0.1
         args.hardware = args.hardware or "cpu-local"
-        args.timeout, args.probe_timeout, args.budget_s = 120, 120, 240
+        # No time budget: the search ends by its resolution, whatever the load of the machine.
+        args.timeout, args.probe_timeout, args.budget_s = 300, 300, 0
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.dtype == "bf16" and args.device != "cuda":
         sys.exit("error: --dtype bf16 needs --device cuda (ulysses-train runs bf16 only on CUDA)")

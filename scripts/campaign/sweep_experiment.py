@@ -39,7 +39,9 @@ def main():
         base.setdefault("train", {})["device"] = "cpu"
         base["comm"] = {"timeout_s": 60, "collective_timeout_s": 60}
         e["space"]["sequence.length"] = {"search": "max", "from": 256, "to": 4096, "step": 256}
-        e["budget"] = {"max_trials": 12, "wall_clock_s": 120, "trial_timeout_s": 60}
+        # Bounded by trials, not by the clock: on a busy machine a wall-clock budget would stop
+        # the sweep after fewer trials and leave plan --fit too few to fit.
+        e["budget"] = {"max_trials": 12, "wall_clock_s": 3600, "trial_timeout_s": 300}
     base.setdefault("train", {})["steps"] = 20
     text = (f"# written by scripts/campaign/sweep_experiment.py from {args.source}\n" +
             yaml.safe_dump(e, sort_keys=False, default_flow_style=None, width=100))

@@ -125,7 +125,7 @@ at::Tensor Group::all_to_all_single(const at::Tensor& input,
 
 at::Tensor Group::all_gather(const at::Tensor& t) { return all_gather_start(t).wait(); }
 
-Group::PendingGather Group::all_gather_start(const at::Tensor& t, at::Tensor into) {
+Group::Pending Group::all_gather_start(const at::Tensor& t, at::Tensor into) {
   std::vector<int64_t> out_shape = {static_cast<int64_t>(size())};
   for (int64_t s : t.sizes()) out_shape.push_back(s);
   if (into.defined()) {
@@ -135,38 +135,37 @@ Group::PendingGather Group::all_gather_start(const at::Tensor& t, at::Tensor int
                 c10::IntArrayRef(out_shape), " ", t.scalar_type(), " tensor on ", t.device(),
                 ", got ", into.sizes(), " ", into.scalar_type(), " on ", into.device());
   }
-  PendingGather pending;
-  pending.device_ = t.device();
-  pending.dtype_ = t.scalar_type();
-  pending.into_ = into;
+  Pending pending;
+  pending.op_ = "all_gather";
+  const at::Device device = t.device();
+  const at::ScalarType dtype = t.scalar_type();
+  // The caller's result from the gathered wire tensor: `into` (filled, or copied into), or a new
+  // tensor in t's device and dtype.
+  const auto finish = [into, device, dtype](const at::Tensor& out) -> std::function<at::Tensor()> {
+    if (!into.defined()) return [out, device, dtype] { return out.to(device, dtype); };
+    return [out, into]() mutable { return out.is_same(into) ? into : into.copy_(out); };
+  };
   if (!backend_) {
-    pending.out_ = t.unsqueeze(0).clone(at::MemoryFormat::Contiguous);
+    pending.finish_ = finish(t.unsqueeze(0).clone(at::MemoryFormat::Contiguous));
     return pending;
   }
   pending.group_ = this;
-  pending.in_ = to_wire(t, device_, is_gloo_);
+  at::Tensor in = to_wire(t, device_, is_gloo_);
   const bool direct = into.defined() && !is_gloo_ && into.device() == device_;
-  pending.out_ = direct ? into : at::empty(out_shape, pending.in_.options());  // [size, ...]
-  if (!is_gloo_) {                                              // NCCL: one flat buffer
-    pending.work_ = start_work("all_gather",
-                               [&] { return backend_->_allgather_base(pending.out_, pending.in_); });
-    return pending;
+  at::Tensor out = direct ? into : at::empty(out_shape, in.options());  // [size, ...]
+  if (!is_gloo_) {  // NCCL: one flat buffer
+    pending.work_ = start_work(pending.op_, [&] { return backend_->_allgather_base(out, in); });
+    pending.wire_ = {{in}, {out}};
+  } else {
+    std::vector<at::Tensor> rows;
+    for (int i = 0; i < size(); ++i) rows.push_back(out[i]);  // views
+    pending.wire_ = {{in}, rows, {out}};
+    std::vector<std::vector<at::Tensor>> outputs = {rows};
+    pending.work_ = start_work(pending.op_,
+                               [&] { return backend_->allgather(outputs, pending.wire_[0]); });
   }
-  pending.inputs_ = {pending.in_};
-  pending.outputs_.resize(1);
-  for (int i = 0; i < size(); ++i) pending.outputs_[0].push_back(pending.out_[i]);  // views
-  pending.work_ = start_work(
-      "all_gather", [&] { return backend_->allgather(pending.outputs_, pending.inputs_); });
+  pending.finish_ = finish(out);
   return pending;
-}
-
-at::Tensor Group::PendingGather::wait() {
-  TORCH_CHECK(!waited_, "PendingGather::wait: called twice");
-  waited_ = true;
-  if (group_ != nullptr) group_->wait_work("all_gather", work_);
-  if (!into_.defined()) return out_.to(device_, dtype_);
-  if (!out_.is_same(into_)) into_.copy_(out_);  // converts from the wire dtype where it differs
-  return into_;
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& input) {

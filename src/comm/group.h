@@ -95,13 +95,13 @@ class Group {
 
   // all_gather in two halves, so that the caller computes while it runs (ZeRO-3's prefetch of the
   // next layer's weights): all_gather_start issues it now (members must issue their collectives
-  // in the same order, as for the blocking ones) and PendingGather::wait() returns what
-  // all_gather returns. `t` must stay unchanged until wait() returns.
+  // in the same order, as for the blocking ones) and Pending::wait() returns what all_gather
+  // returns. `t` must stay unchanged until wait() returns.
   // `into`, when given, receives the result ([size, ...t.shape], contiguous, t's device and
   // dtype) and wait() returns it: NCCL gathers straight into it (no buffer of its own, no copy);
   // otherwise the result is copied into it at wait().
-  class PendingGather;
-  PendingGather all_gather_start(const at::Tensor& t, at::Tensor into = at::Tensor());
+  class Pending;
+  Pending all_gather_start(const at::Tensor& t, at::Tensor into = at::Tensor());
 
   // Reduce-scatter (sum): returns input[rank()] summed over members, a new contiguous tensor;
   // `input` is not modified. A real reduce-scatter (each member receives only its slice: about
@@ -113,7 +113,6 @@ class Group {
   // layer's gradients during the backward of the layer before it): reduce_scatter_start issues
   // it now (members issue their collectives in the same order) and Pending::wait() returns what
   // reduce_scatter returns. `input` must stay unchanged until wait() returns.
-  class Pending;
   Pending reduce_scatter_start(const at::Tensor& input);
 
   // all_reduce in two halves (a layer's gradients summed while the layer before computes):
@@ -148,30 +147,16 @@ class Group {
   double timeout_s_ = 0.0;
 };
 
-// An all_gather in flight (Group::all_gather_start). Not copyable; movable.
-class Group::PendingGather {
- public:
-  // Waits for the gather (once) and returns [size, ...t.shape] on t's device in t's dtype.
-  // Throws CommError as the blocking all_gather does. REQUIRES: not waited before; the Group
-  // that started it still exists.
-  at::Tensor wait();
-
- private:
-  friend class Group;
-  Group* group_ = nullptr;                 // null: finished at start (a group of one)
-  c10::intrusive_ptr<c10d::Work> work_;
-  at::Tensor in_, out_;                     // the wire tensors: [...] and [size, ...]
-  std::vector<at::Tensor> inputs_;          // Gloo's argument lists, kept alive while in flight
-  std::vector<std::vector<at::Tensor>> outputs_;
-  at::Device device_ = at::Device(at::kCPU);  // the caller's device and dtype
-  at::ScalarType dtype_ = at::kFloat;
-  at::Tensor into_;  // the caller's result tensor, or undefined
-  bool waited_ = false;
-};
-
-// A collective in flight (Group::reduce_scatter_start, all_reduce_start). Not copyable; movable.
+// A collective in flight (Group::all_gather_start, reduce_scatter_start, all_reduce_start).
+// Not copyable; movable.
 class Group::Pending {
  public:
+  Pending() = default;
+  Pending(Pending&&) = default;
+  Pending& operator=(Pending&&) = default;
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+
   // Waits for the collective (once) and returns its result on the caller's device in the
   // caller's dtype. Throws CommError as the blocking form does. REQUIRES: not waited before; the
   // Group that started it still exists.

@@ -130,7 +130,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
     struct Part {
       size_t member;               // index into members
       int64_t offset, numel;       // the bucket's elements of the shard
-      comm::Group::PendingGather gather;
+      comm::Group::Pending gather;
       bool into_full = false;  // gathered straight into fulls[member] (a one-part parameter)
     };
     std::vector<Part> parts;

@@ -175,8 +175,8 @@ TEST(Collectives, AllGatherBroadcastBarrier) {
 
     // Two gathers in flight at once, and a blocking collective issued between start and wait
     // (ZeRO-3's prefetch); bf16 travels as fp32 over Gloo and comes back as bf16.
-    Group::PendingGather first = group.all_gather_start(mine);
-    Group::PendingGather second = group.all_gather_start(mine.to(at::kBFloat16) + 1);
+    Group::Pending first = group.all_gather_start(mine);
+    Group::Pending second = group.all_gather_start(mine.to(at::kBFloat16) + 1);
     at::Tensor sum = at::ones({1});
     group.all_reduce(sum, ReduceOp::kSum);
     EXPECT_EQ(sum.item<float>(), static_cast<float>(kWorld));

@@ -480,6 +480,39 @@ TEST(CostModelFit, TimeCoefficientsAreNeverNegative) {
   EXPECT_NEAR(std::sqrt(sum / static_cast<double>(trials.size())), fit.rms_relative_error, 1e-9);
 }
 
+TEST(CostModelFit, TrialsOfOneShapeFitGemmTimeAndNameWhatTheyCannotSeparate) {
+  // One mesh and one length (a one-GPU sweep's whole-step trials, at its longest length): GEMM,
+  // attention and overhead are in the same proportion in every trial.
+  TimeCoefficients truth;
+  truth.ms_per_tflop = 4000, truth.ms_per_tflop_attention = 9000, truth.overhead_ms = 12;
+  config::RunConfig same = tiny();
+  same.mesh.sp = 1, same.mesh.dp = 1, same.sequence.length = 1024;
+  const double t = predict_time(step_work(same), truth).step_ms;
+  const std::vector<Measured> trials = {{same, t}, {same, 1.05 * t}};  // two runs, 5 % apart
+  LinearFit fit;
+  std::vector<std::string> inseparable;
+  const TimeCoefficients k = fit_time(trials, {}, &fit, &inseparable);
+  EXPECT_EQ(inseparable, (std::vector<std::string>{"attention", "overhead"}));
+  EXPECT_EQ(k.ms_per_tflop_attention, 0);
+  EXPECT_EQ(k.overhead_ms, 0);
+  // GEMM alone predicts the shape's time within the measurements' own spread.
+  const double predicted = predict_time(step_work(same), k).step_ms;
+  EXPECT_GT(predicted, trials[0].value);
+  EXPECT_LT(predicted, trials[1].value);
+  EXPECT_LT(fit.rms_relative_error, 0.03);
+  EXPECT_THROW(fit_time({}, {}), UserError);
+}
+
+TEST(CostModelFit, IndependentColumnsKeepTheFirstOfEachDependentSet) {
+  // Column 1 = 2 x column 0, column 2 is zero, column 3 is new, column 4 = column 0 + column 3.
+  const std::vector<std::vector<double>> x = {{1, 2, 0, 5, 6}, {2, 4, 0, 1, 3}, {3, 6, 0, 2, 5}};
+  EXPECT_EQ(independent_columns(x), (std::vector<size_t>{0, 3}));
+  EXPECT_EQ(independent_columns({{1e-12, 1e12, 1}}), (std::vector<size_t>{0}));
+  EXPECT_TRUE(independent_columns({}).empty());
+  // Widely different scales are still told apart.
+  EXPECT_EQ(independent_columns({{1e-9, 1}, {2e-9, 1}}), (std::vector<size_t>{0, 1}));
+}
+
 TEST(CostModelFit, DependentColumnsAndTooFewRowsAreUserErrors) {
   EXPECT_THROW(fit_relative_least_squares({{1, 2}, {2, 4}, {3, 6}}, {1, 2, 3}), UserError);
   EXPECT_THROW(fit_relative_least_squares({{1, 2}}, {1}), UserError);

@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 
 #include "common/error.h"
 
 namespace ulysses::costmodel {
+
+const char* const kTimeColumns[4] = {"GEMM", "attention", "communication", "overhead"};
 
 double comm_bytes(const StepWork& w) {
   return w.a2a_bytes + w.allreduce_bytes + w.zero_reduce_bytes + w.zero_gather_bytes;
@@ -30,7 +33,8 @@ MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fi
 }
 
 TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
-                          LinearFit* fit) {
+                          LinearFit* fit, std::vector<std::string>* inseparable) {
+  if (trials.empty()) throw UserError("fit: no step times to fit");
   std::vector<std::vector<double>> all;
   std::vector<double> y;
   for (const Measured& m : trials) {
@@ -39,12 +43,17 @@ TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoeffic
                    comm_bytes(w) / 1e9, 1.0});
     y.push_back(m.value);
   }
-  std::vector<size_t> used;
-  for (size_t c = 0; c < 4; ++c) {
-    for (const auto& row : all) {
-      if (row[c] != 0) {
-        used.push_back(c);
-        break;
+  // Only the columns these trials tell apart: trials of one shape (one mesh, one length) do the
+  // same GEMM, attention and communication work in the same proportions, so one coefficient
+  // explains them all and the others are left at 0.
+  std::vector<size_t> used = independent_columns(all);
+  if (inseparable) {
+    inseparable->clear();
+    for (size_t c = 0; c < 4; ++c) {
+      bool nonzero = false;
+      for (const auto& row : all) nonzero = nonzero || row[c] != 0;
+      if (nonzero && std::find(used.begin(), used.end(), c) == used.end()) {
+        inseparable->push_back(kTimeColumns[c]);
       }
     }
   }

@@ -2,6 +2,7 @@
 // and allocator fraction, and the time model's throughputs and per-step overhead, each a
 // least-squares fit (fit.h) over trials whose config and measurement are given.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "config/options.h"
@@ -26,9 +27,16 @@ double comm_bytes(const StepWork& w);
 // step_ms = ms_per_tflop x GEMM TFLOP + ms_per_tflop_attention x attention TFLOP
 //           + ms_per_gb x comm_bytes GB + overhead_ms.
 // Columns that are zero in every trial (e.g. no communication at world 1) are left out and their
-// coefficient set to 0; so is a coefficient the least-squares fit makes negative (that column is
-// dropped and the rest refitted). Offload and overlap keep their values from `base`.
+// coefficient set to 0; so is a column these trials cannot tell from the ones before it (trials
+// of one shape do GEMM, attention and overhead work in the same proportions: GEMM alone then
+// explains them), named in `inseparable` (kTimeColumns' names); and so is a coefficient the
+// least-squares fit makes negative (that column is dropped and the rest refitted). Offload and
+// overlap keep their values from `base`. REQUIRES >= 1 trial (else UserError).
 TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
-                          LinearFit* fit = nullptr);
+                          LinearFit* fit = nullptr,
+                          std::vector<std::string>* inseparable = nullptr);
+
+// The time fit's columns, in order: "GEMM", "attention", "communication", "overhead".
+extern const char* const kTimeColumns[4];
 
 }  // namespace ulysses::costmodel

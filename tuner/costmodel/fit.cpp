@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 
@@ -18,7 +19,8 @@ LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
                     " coefficients");
   }
   // A = X^T W X (k x k), r = X^T W y, augmented into [A | r].
-  std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
+  std::vector<std::vector<double>> a(k);
+  for (std::vector<double>& row : a) row.assign(k + 1, 0.0);
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i].size() != k) throw UserError("fit: row " + std::to_string(i) + " has another width");
     if (!(y[i] > 0)) throw UserError("fit: measurement " + std::to_string(i) + " is not > 0");
@@ -56,6 +58,37 @@ LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
   }
   fit.rms_relative_error = std::sqrt(sum / static_cast<double>(x.size()));
   return fit;
+}
+
+std::vector<size_t> independent_columns(const std::vector<std::vector<double>>& x) {
+  std::vector<size_t> kept;
+  if (x.empty()) return kept;
+  // Modified Gram-Schmidt over the columns: what is left of a column after removing its
+  // projections on the kept ones is (numerically) nothing when it depends on them.
+  std::vector<std::vector<double>> basis;
+  for (size_t c = 0; c < x.front().size(); ++c) {
+    std::vector<double> v;
+    double norm = 0;
+    for (const auto& row : x) {
+      v.push_back(row.at(c));
+      norm += row.at(c) * row.at(c);
+    }
+    norm = std::sqrt(norm);
+    if (norm == 0) continue;
+    for (const auto& q : basis) {
+      double dot = 0;
+      for (size_t i = 0; i < v.size(); ++i) dot += q[i] * v[i];
+      for (size_t i = 0; i < v.size(); ++i) v[i] -= dot * q[i];
+    }
+    double rest = 0;
+    for (double e : v) rest += e * e;
+    rest = std::sqrt(rest);
+    if (rest <= 1e-9 * norm) continue;
+    for (double& e : v) e /= rest;
+    basis.push_back(std::move(v));
+    kept.push_back(c);
+  }
+  return kept;
 }
 
 }  // namespace ulysses::costmodel

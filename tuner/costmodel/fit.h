@@ -2,6 +2,7 @@
 // squares y ~ X b over a handful of columns, solved by the normal equations (Gauss-Jordan with
 // partial pivoting). Used to refine memory and time coefficients from a sweep's own trials.
 #pragma once
+#include <cstddef>
 #include <vector>
 
 namespace ulysses::costmodel {
@@ -18,5 +19,10 @@ struct LinearFit {
 // or the columns are linearly dependent on these rows (singular).
 LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
                                      const std::vector<double>& y);
+
+// The columns of x, left to right, that are not linear combinations of the columns kept before
+// them on these rows (a column of zeros is never kept): a fit over them has a unique solution.
+// Rows are all of one width; no rows keep no columns.
+std::vector<size_t> independent_columns(const std::vector<std::vector<double>>& x);
 
 }  // namespace ulysses::costmodel

@@ -108,9 +108,13 @@ int run_fit(const PlanOptions& o) {
     }
   }
   if (mem.size() < 2) throw UserError("--fit: " + o.fit_db + ": fewer than 2 ok trials to fit");
+  if (time.empty()) {
+    throw UserError("--fit: " + o.fit_db + ": no ok trial ran whole steps (probes only) to fit time");
+  }
   costmodel::LinearFit mfit, tfit;
+  std::vector<std::string> inseparable;
   const costmodel::MemoryCoefficients mk = costmodel::fit_memory(mem, &mfit);
-  const costmodel::TimeCoefficients tk = costmodel::fit_time(time, {}, &tfit);
+  const costmodel::TimeCoefficients tk = costmodel::fit_time(time, {}, &tfit, &inseparable);
 
   report::Table table;
   for (const char* h : {"trial", "sp", "seqlen", "probe", "point", "peak MiB", "predicted",
@@ -156,6 +160,15 @@ int run_fit(const PlanOptions& o) {
             << fmt(", %.1f ms/GB comm", tk.ms_per_gb_a2a)
             << fmt(", overhead %.1f ms", tk.overhead_ms)
             << fmt("; worst error %.1f %%", 100 * worst_time) << "\n";
+  if (!inseparable.empty()) {
+    std::string names;
+    for (size_t i = 0; i < inseparable.size(); ++i) {
+      names += (i == 0 ? "" : i + 1 == inseparable.size() ? " and " : ", ") + inseparable[i];
+    }
+    std::cout << "time: " << names << " cannot be told apart from the terms before them on these"
+              << " trials (all of one shape), so they are folded into those and set to 0; trials"
+              << " at more lengths or meshes separate them\n";
+  }
   {  // the calibrations table of the store it was fitted on, with those trials
     CalibratedModel fitted;
     fitted.memory = mk, fitted.time = tk;
@@ -195,6 +208,7 @@ int run_fit(const PlanOptions& o) {
           {"ms_per_tflop_attention", tk.ms_per_tflop_attention},
           {"ms_per_gb_comm", tk.ms_per_gb_a2a},
           {"overhead_ms", tk.overhead_ms},
+          {"inseparable", inseparable},
           {"rms_relative_error", tfit.rms_relative_error}}}};
     write_output_file(o.out, out.dump(2) + "\n", out_owner(o), o.force);
     std::cout << "calibration written to " << o.out << "\n";
