@@ -166,6 +166,47 @@ TEST(Experiment, BadInputIsOneLineNamingTheKey) {
             "x.yaml: space: empty: give at least sequence.length and one axis");
 }
 
+TEST(Experiment, BackendsBecomeTheFirstAxisAndNeverARunConfigKey) {
+  // Only native: no backend axis, so a sweep's points and keys stay what they were.
+  const search::Space native = build_space(parse_experiment(kValid, "x.yaml", profiles()));
+  EXPECT_EQ(native.axes.front().key, "mesh.sp");
+  EXPECT_EQ(point_backend(native, search::all_points(native).front()), "native");
+
+  std::string text = kValid;
+  text += "backend: [native, deepspeed]\n";
+  const Experiment e = parse_experiment(text, "x.yaml", profiles());
+  EXPECT_EQ(e.backends, (std::vector<std::string>{"native", "deepspeed"}));
+  const search::Space s = build_space(e);
+  ASSERT_EQ(s.axes.front().key, kBackendAxis);
+  EXPECT_TRUE(s.axes.front().saving.empty());  // unordered: no dominance across backends
+  EXPECT_EQ(search::all_points(s).size(), 2 * search::all_points(native).size());
+  int deepspeed = 0;
+  for (const search::Point& p : search::all_points(s)) {
+    for (const std::string& o : point_overrides(s, p)) EXPECT_NE(o.rfind("backend", 0), 0u) << o;
+    const TrialPlan plan = plan_trial(e, s, p, 1024, false, "out");  // a valid run config
+    EXPECT_EQ(plan.config.sequence.length, 1024);
+    deepspeed += point_backend(s, p) == "deepspeed";
+  }
+  EXPECT_EQ(deepspeed, static_cast<int>(search::all_points(native).size()));
+
+  EXPECT_EQ(error_of(kValid + std::string("backend: megatron\n")),
+            "x.yaml: backend: expected native or deepspeed (or a list of them), got 'megatron'");
+  EXPECT_EQ(error_of(kValid + std::string("backend: [deepspeed, deepspeed]\n")),
+            "x.yaml: backend: value 'deepspeed' listed twice");
+  // Memory probes run attention in one layer only, which DeepSpeed cannot.
+  auto replace = [](std::string text, const std::string& from, const std::string& to) {
+    return text.replace(text.find(from), from.size(), to);
+  };
+  const std::string search_max = replace(
+      replace(kValid, "sequence.length: [2048, 1024]",
+              "sequence.length: {search: max, from: 1024, to: 4096, step: 1024}"),
+      "objective: throughput\ntarget_length: 2048", "objective: max-seqlen");
+  EXPECT_EQ(error_of(search_max), "");
+  EXPECT_EQ(error_of(search_max + "backend: deepspeed\n").substr(0, 36),
+            "x.yaml: search.probe: a memory probe");
+  EXPECT_EQ(error_of(search_max + "backend: deepspeed\nsearch: {probe: false}\n"), "");
+}
+
 TEST(Experiment, SweepNamesAreOneDirectoryNameOfSafeCharacters) {
   for (const char* good : {"t", "node-8gpu_llama.8b", "A.b-C_9", "..x", "x.."}) {
     EXPECT_NO_THROW(check_sweep_name("--name", good)) << good;
@@ -278,7 +319,9 @@ TEST(Experiment, ShippedExperimentsLoad) {
     ++files;
     const Experiment e = load_experiment(entry.path().string(), profiles());
     const search::Space s = build_space(e);
-    if (entry.path().filename() == "quickstart-cpu.yaml") EXPECT_EQ(s.curve, 3);
+    if (entry.path().filename() == "quickstart-cpu.yaml") {
+      EXPECT_EQ(s.curve, 3);
+    }
     int valid = 0;
     for (const search::Point& p : search::all_points(s)) {
       try {

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kTopKeys = {
     "name",     "description", "hardware", "model",     "world_size", "nproc",
     "memory_limit_gib", "base", "space",   "objective", "target_length", "headroom",
-    "budget",   "trial",       "search",   "runner",   "nodes"};
+    "budget",   "trial",       "search",   "runner",   "nodes",     "backend"};
 
 // Errors name the file and the key: "<source>: <key>: <what>".
 struct Reader {
@@ -256,6 +256,21 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
     if (s["prune"].IsDefined()) r.read(s["prune"], "search.prune", e.prune);
     if (e.method != "smart" && e.method != "grid") {
       r.fail("search.method", "expected smart or grid, got '" + e.method + "'");
+    }
+  }
+  if (root["backend"].IsDefined()) {
+    e.backends = scalar_list(r, root["backend"], "backend");
+    for (const std::string& b : e.backends) {  // scalar_list refuses repeated values
+      if (b != "native" && b != "deepspeed") {
+        r.fail("backend", "expected native or deepspeed (or a list of them), got '" + b + "'");
+      }
+    }
+    const bool deepspeed =
+        std::find(e.backends.begin(), e.backends.end(), "deepspeed") != e.backends.end();
+    if (deepspeed && e.probe && e.lengths.search_max) {
+      r.fail("search.probe", "a memory probe skips attention in all but the last layer, which "
+                             "only the native backend can do; set search.probe: false with "
+                             "backend: deepspeed");
     }
   }
   if (root["runner"].IsDefined()) r.read(root["runner"], "runner", e.runner);

@@ -27,6 +27,9 @@
 //                                  # allocation (trial/srun_runner.h); default: the hardware's
 //   nodes: 1                       # nodes per trial (srun); default: the hardware's nodes,
 //                                  # at most ceil(world_size / devices_per_node)
+//   backend: native                # who trains each trial: native (ulysses-train), deepspeed
+//                                  # (transformers + DeepSpeed, backends/deepspeed/), or a list
+//                                  # of both: every configuration then runs on each
 #pragma once
 #include <cstdint>
 #include <string>
@@ -81,6 +84,8 @@ struct Experiment {
   std::string runner = "local";  // local | srun (trial/runner.h); default: the hardware's runner
   int64_t nodes = 1;             // nodes per trial; world_size is a multiple; 1 for local
   std::string device = "cpu";  // base.train.device: cpu | cuda
+  // native | deepspeed, in file order; more than {native} makes `backend` an axis of the space.
+  std::vector<std::string> backends = {"native"};
 };
 
 // profiles/ of the project home (common/paths.h), where profile names are looked up.
@@ -91,8 +96,9 @@ std::string default_profiles_dir();
 // Throws UserError "<file>: <key>: <what is wrong>" for a missing file, a file over the YAML size
 // limit (config/yaml_reader.h), invalid YAML, a name check_sweep_name refuses, an unknown
 // or duplicate key, a wrong type, an empty space or empty value list, a missing profile, a bad
-// length spec (from > to, step < 1), an unknown objective, method or runner, a budget below zero,
-// or nodes < 1, not dividing world_size, or > 1 with runner: local.
+// length spec (from > to, step < 1), an unknown objective, method, runner or backend, a budget
+// below zero, nodes < 1, not dividing world_size, or > 1 with runner: local, or memory probes
+// (search.probe with a max-length search) with backend deepspeed.
 Experiment load_experiment(const std::string& path, const std::string& profiles_dir);
 
 // load_experiment on text; `source` names it in errors.

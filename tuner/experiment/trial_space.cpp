@@ -94,6 +94,10 @@ search::Space build_space(const Experiment& e) {
   space.lengths = e.lengths.values;
   space.search_max = e.lengths.search_max;
   space.curve = static_cast<int>(e.lengths.curve);
+  if (e.backends != std::vector<std::string>{"native"}) {
+    // Unordered: no memory or time is assumed of one backend against the other.
+    space.axes.push_back(search::Axis{kBackendAxis, e.backends, {}});
+  }
   for (const AxisSpec& spec : e.axes) {
     search::Axis axis{spec.key, spec.values, {}};
     if (spec.key == "mesh.sp" && spec.values.size() == 1 && spec.values[0] == "auto") {
@@ -129,6 +133,7 @@ std::vector<std::string> point_overrides(const search::Space& space, const searc
   for (size_t i = 0; i < space.axes.size(); ++i) {
     const search::Axis& axis = space.axes[i];
     const std::string& value = axis.values[p[i]];
+    if (axis.key == kBackendAxis) continue;  // not a run-config key
     if (auto it = shorthands().find(axis.key); it != shorthands().end()) {
       const std::vector<std::string>& expanded = it->second.at(value);
       out.insert(out.end(), expanded.begin(), expanded.end());
@@ -137,6 +142,13 @@ std::vector<std::string> point_overrides(const search::Space& space, const searc
     }
   }
   return out;
+}
+
+std::string point_backend(const search::Space& space, const search::Point& p) {
+  for (size_t i = 0; i < space.axes.size(); ++i) {
+    if (space.axes[i].key == kBackendAxis) return space.axes[i].values[p[i]];
+  }
+  return "native";
 }
 
 double trial_memory_limit_gib(const Experiment& e) {

@@ -15,14 +15,22 @@ namespace ulysses::experiment {
 // The search space of `e`. Axis keys must be run-config keys (config/field table) or shorthands
 // (memory.offload: none|activations|optimizer|both); `mesh.sp: auto` becomes every sp that
 // divides world_size and fits the model's head counts. Axes whose memory order is known
-// (tiles, checkpointing, offloads, micro-batch, ZeRO stage) get it; others are unordered. ZeRO
+// (tiles, checkpointing, offloads, micro-batch, ZeRO stage) get it; others are unordered (the
+// backend axis too, added first when the experiment lists more than native). ZeRO
 // stage and tiled loss save memory without necessarily costing time (Axis::saving_costs_time
 // false: no dominance along them).
 // Throws UserError "<file>: space.<key>: ..." for an unknown key, mesh.dp (derived), or a base
 // run config that is itself invalid ("<file>: base: <config error>").
 search::Space build_space(const Experiment& e);
 
-// The --set overrides of point `p` (shorthands expanded), in axis order.
+// The axis of the trial backend, first in the space when the experiment lists another backend
+// than native (experiment.h `backend`); its values are backend names, not run-config values.
+inline constexpr const char* kBackendAxis = "backend";
+
+// The backend of point `p`: its `backend` axis value, else "native".
+std::string point_backend(const search::Space& space, const search::Point& p);
+
+// The --set overrides of point `p` (shorthands expanded, the backend left out), in axis order.
 std::vector<std::string> point_overrides(const search::Space& space, const search::Point& p);
 
 // The per-rank memory limit a trial runs under (GiB, 0 = none). On CPU the kernel enforces it

@@ -3,6 +3,8 @@
 #include "tuner/sweep/sweep_command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include "common/error.h"
 #include "common/output_dir.h"
 #include "common/paths.h"
+#include "tuner/backends/deepspeed/deepspeed_trial.h"
 #include "tuner/experiment/experiment.h"
 #include "tuner/experiment/result_inputs.h"
 #include "tuner/experiment/trial_space.h"
@@ -152,6 +155,31 @@ std::string sweep_names(store::SweepStore& sweeps) {
   return names.empty() ? "none" : names;
 }
 
+// The Python of the deepspeed backend's ranks ("" when the experiment has no deepspeed trials),
+// checked to import what ds_trial.py needs before anything is written.
+std::string deepspeed_python(const SweepOptions& options, const experiment::Experiment& e) {
+  if (std::find(e.backends.begin(), e.backends.end(), "deepspeed") == e.backends.end()) return "";
+  const char* env = std::getenv("ULYSSES_PYTHON");
+  std::string python = !options.python.empty() ? options.python : (env && *env ? env : "python3");
+  if (python.find('/') == std::string::npos) {  // ranks are started by execve: no PATH lookup
+    const std::string found = find_on_path(python);
+    if (found.empty()) throw UserError("--python: " + python + " is not on PATH");
+    python = found;
+  }
+  const std::string versions = command_output(
+      shell_quote(python) + " -c 'import deepspeed, transformers, torch; print(deepspeed.__version__)'");
+  if (versions.empty()) {
+    throw UserError("--python: " + python + " cannot import deepspeed, transformers and torch "
+                    "(the deepspeed backend's ranks need them; pass --python or set "
+                    "ULYSSES_PYTHON)");
+  }
+  if (!fs::is_regular_file(backends::deepspeed_trial_script())) {
+    throw UserError("backend: deepspeed: " + backends::deepspeed_trial_script() +
+                    ": no such file (set ULYSSES_HOME to the project's directory)");
+  }
+  return python;
+}
+
 // --submit: this sweep as one sbatch job of the experiment's size (see sweep_command.h).
 int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
                  const std::string& name, const std::string& trainer, bool resume) {
@@ -175,6 +203,7 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
     words.insert(words.end(), {"--wall-clock-s", std::to_string(options.wall_clock_s)});
   }
   if (resume) words.push_back("--resume");
+  if (!options.python.empty()) words.insert(words.end(), {"--python", options.python});
   std::string command = "exec";
   for (const std::string& word : words) command += " " + shell_quote(word);
 
@@ -237,6 +266,9 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
                   "local (ranks as local processes) or srun (each trial one SLURM job step; "
                   "inside salloc / sbatch); default: the experiment's")
       ->check(CLI::IsMember({"local", "srun"}));
+  cmd->add_option("--python", options->python,
+                  "Python with torch, transformers and deepspeed for trials of the deepspeed "
+                  "backend (default: $ULYSSES_PYTHON, else python3)");
   cmd->add_flag("--submit", options->submit,
                 "Submit this sweep as one sbatch job of the experiment's size (runner srun) and "
                 "print its job id; with --resume the job continues the sweep");
@@ -264,6 +296,7 @@ int run_sweep(const SweepOptions& options) {
   const std::string trainer = options.trainer.empty() ? sibling_binary("ulysses-train")
                                                       : options.trainer;
   if (!fs::exists(trainer)) throw UserError("--trainer: " + trainer + ": no such file");
+  const std::string python = deepspeed_python(options, e);
 
   // Created before anything is written: runner srun checks for an allocation here.
   std::unique_ptr<trial::TrialRunner> runner;
@@ -305,6 +338,7 @@ int run_sweep(const SweepOptions& options) {
   HostSettings settings;
   settings.runs_dir = runs_dir_of(options, name);
   settings.trainer = trainer;
+  settings.python = python;
   settings.runner = runner.get();
   const int64_t points = static_cast<int64_t>(search::all_points(space).size());
   settings.expected_runs = expected_runs(space, e, points);

@@ -26,6 +26,8 @@ struct SweepOptions {
   bool dry_run = false;             // --dry-run
   std::string runner;               // --runner local|srun; "" = the experiment's
   bool submit = false;              // --submit: write <runs dir>/sweep.sbatch and sbatch it
+  std::string python;               // --python: the deepspeed backend's ranks; "" =
+                                    // $ULYSSES_PYTHON, else python3
 };
 
 // Adds the `sweep` subcommand; parsing writes into *options (which must outlive the parse).

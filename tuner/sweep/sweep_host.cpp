@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "config/run_config.h"
+#include "tuner/backends/deepspeed/deepspeed_trial.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/experiment/trial_space.h"
 #include "tuner/results/calibrated_model.h"
@@ -89,6 +90,8 @@ std::optional<std::string> SweepHost::invalid_reason(const search::Point& p) {
 
 std::optional<std::string> SweepHost::prune_reason(const search::Point& p, int64_t length) {
   if (e_.memory_limit_gib <= 0) return std::nullopt;
+  // The memory model's lower bound is ulysses-train's, not a bound for another stack.
+  if (experiment::point_backend(space_, p) != backends::kNativeBackend) return std::nullopt;
   const experiment::TrialPlan plan = experiment::plan_trial(e_, space_, p, length, false, "unused");
   const int64_t predicted = costmodel::lower_bound_peak(plan.config).total_bytes();
   if (predicted <= trial_limit_bytes()) return std::nullopt;
@@ -146,7 +149,8 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   r.dp = plan.config.mesh.dp;
   r.sp = plan.config.mesh.sp;
   r.run_dir = run_dir;
-  predict(plan.config, &r);
+  const bool native = experiment::point_backend(space_, p) == backends::kNativeBackend;
+  if (native) predict(plan.config, &r);
   r.started_at = utc_now();
 
   trial::TrialSpec spec;
@@ -156,6 +160,13 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   spec.nproc = static_cast<int>(e_.world_size);
   spec.timeout_s = e_.budget.trial_timeout_s;
   spec.trainer = settings_.trainer;
+  if (!native) {
+    const backends::DeepSpeedTrial ds =
+        backends::prepare_deepspeed_trial(plan.config, run_dir, settings_.python);
+    spec.trainer = ds.program;
+    spec.trainer_args = ds.arguments;
+    spec.config_yaml = ds.config_yaml;
+  }
   spec.nnodes = static_cast<int>(e_.nodes);
   spec.name = "ulysses-trial-" + std::to_string(r.id);
   const trial::TrialOutcome outcome = settings_.runner->run(spec);
@@ -193,7 +204,7 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
     r.config_yaml = plan.yaml;
     r.dp = plan.config.mesh.dp;
     r.sp = plan.config.mesh.sp;
-    predict(plan.config, &r);
+    if (experiment::point_backend(space_, p) == backends::kNativeBackend) predict(plan.config, &r);
   }
   store_.add_trial(r);
   progress_.not_run(r.key, status, reason);

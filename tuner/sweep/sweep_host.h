@@ -1,7 +1,9 @@
 // The search engine's Host for a real sweep: plans each trial's run config from the experiment,
 // prunes with the memory model, stores the cost model's predictions beside each trial and
 // predicts the objective to order the search, runs trials as real ulysses-train ranks
-// (trial/trial_runner.h), stores every result in its own transaction, replays finished trials on
+// (trial/trial_runner.h) or, for a point of the deepspeed backend, as transformers + DeepSpeed
+// ranks (backends/deepspeed/deepspeed_trial.h; neither pruned nor predicted: the cost model is
+// ulysses-train's), stores every result in its own transaction, replays finished trials on
 // --resume, enforces the budget and prints progress.
 #pragma once
 #include <cstdint>
@@ -29,6 +31,7 @@ struct Interrupted : std::runtime_error {
 struct HostSettings {
   std::string runs_dir;  // trial i runs in <runs_dir>/<trial id>/
   std::string trainer;   // ulysses-train
+  std::string python;    // the deepspeed backend's Python (backends/deepspeed/); "" = none
   trial::TrialRunner* runner = nullptr;  // runs each trial (local | srun); not owned, non-null
   int64_t expected_runs = 0;
 };
