@@ -22,6 +22,7 @@
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/sbatch.h"
 #include "tuner/recommend/ranking.h"
+#include "tuner/results/sweep_analysis.h"
 #include "tuner/recommend/why.h"
 #include "tuner/results/sweep_source.h"
 #include "tuner/store/sweep_store.h"
@@ -118,6 +119,10 @@ CLI::App* add_recommend_command(CLI::App& app, RecommendOptions* options) {
                   "Output directory: new, empty, or an earlier recommendation (replaced); any "
                   "other directory is refused")
       ->required();
+  cmd->add_option("--backend", options->backend,
+                  "Rank only the trials of this backend, native (ulysses-train) or deepspeed "
+                  "(default: every trial)")
+      ->check(CLI::IsMember({"native", "deepspeed"}));
   return cmd;
 }
 
@@ -144,10 +149,17 @@ int run_recommend(const RecommendOptions& options) {
       sweep.experiment_yaml, sweep.experiment_path, experiment::default_profiles_dir());
   Objective o = report::sweep_objective(sweep);  // the one every "best" follows
   if (!options.objective.empty()) o.kind = options.objective;
-  const std::vector<store::TrialRecord> trials = sweeps.trials(sweep.id);
+  std::vector<store::TrialRecord> trials = sweeps.trials(sweep.id);
+  if (!options.backend.empty()) {
+    std::erase_if(trials, [&](const store::TrialRecord& t) {
+      return report::trial_backend(t) != options.backend;
+    });
+  }
   const std::vector<const store::TrialRecord*> ranked = rank_trials(trials, o);
   if (ranked.empty()) {
-    throw UserError("--sweep " + sweep.name + ": no trial qualifies for " + o.kind +
+    throw UserError("--sweep " + sweep.name + ": no " +
+                    (options.backend.empty() ? "" : options.backend + " ") +
+                    "trial qualifies for " + o.kind +
                     (o.kind == "throughput" ? " at " + std::to_string(o.target_length) + " tokens"
                                             : std::string()) +
                     " within the memory head-room");
@@ -168,7 +180,8 @@ int run_recommend(const RecommendOptions& options) {
   const fs::path& tmp = staged.staging();
   write_file(tmp / "recommended.yaml",
              "# Recommended by ulysses-tune from sweep '" + sweep.name + "', trial #" +
-                 std::to_string(winner.id) + " (objective " + o.kind + ").\n" +
+                 std::to_string(winner.id) + " (objective " + o.kind + ", measured on backend " +
+                 report::trial_backend(winner) + ").\n" +
                  config::to_yaml(tuned));
   exports::ExportFiles files = exports::write_exports(tuned, tmp.string(), e.nodes);
   files.warnings = exports::settle_torch_version_warning(std::move(files.warnings), tuned,
@@ -192,7 +205,8 @@ int run_recommend(const RecommendOptions& options) {
   std::cout << "recommended: trial #" << winner.id << " (" << winner.seqlen << " tokens, dp "
             << winner.dp << " x sp " << winner.sp << ", "
             << static_cast<int64_t>(winner.tokens_per_s_per_rank.value_or(0))
-            << " tokens/s per rank)\nwrote " << out.string()
+            << " tokens/s per rank, measured on backend " << report::trial_backend(winner)
+            << ")\nwrote " << out.string()
             << "/{recommended.yaml, ds_config.json, " << exports::kArcticRecipeFile
             << ", accelerate_config.yaml, launch.sh, launch.sbatch, WHY.md}\n";
   return kExitOk;
@@ -213,6 +227,13 @@ int run_export(const ExportOptions& options) {
                     " and has no run config to export");
   }
   const config::RunConfig c = config::parse_run_config_yaml(t->config_yaml);
+  if (report::trial_backend(*t) != "native") {
+    std::cerr << "note: trial #" << t->id << " ran on the " << report::trial_backend(*t)
+              << " backend (transformers + DeepSpeed)"
+              << (options.format == "deepspeed" ? "; this is the DeepSpeed config it ran with"
+                                                : "")
+              << "\n";
+  }
   std::string text;
   std::vector<std::string> warnings;
   if (options.format == "native") {

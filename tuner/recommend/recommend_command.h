@@ -20,6 +20,7 @@ struct RecommendOptions {
   std::string sweep;      // --sweep; "" = the newest
   std::string objective;  // --objective; "" = the experiment's
   std::string out_dir;    // --out (required)
+  std::string backend;    // --backend native|deepspeed: rank that backend's trials; "" = all
 };
 
 struct ExportOptions {

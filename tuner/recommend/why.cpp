@@ -44,7 +44,16 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
   if (winner.limit_bytes) {
     md << " of a per-rank limit of " << report::gib(winner.limit_bytes) << " GiB";
   }
-  md << ".\n\n" << report::memory_basis_note({winner});
+  md << ".\n\n";
+  if (report::trial_backend(winner) == "deepspeed") {
+    md << "Measured on the **deepspeed** backend: transformers under DeepSpeed's Ulysses, ZeRO "
+          "and offloads with the `ds_config.json` written here, which is the DeepSpeed config "
+          "that ran. `recommended.yaml` and `launch.sh` run the same configuration with "
+          "ulysses-train, which this trial did not measure.\n\n";
+  } else {
+    md << "Measured on the **native** backend (ulysses-train, as `launch.sh` runs it).\n\n";
+  }
+  md << report::memory_basis_note({winner});
   if (o.check_peak) {
     md << " A configuration qualifies when that peak stays within " << num(100 * (1 - o.headroom))
        << "% of its limit.";

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "tuner/results/backend_comparison.h"
 #include "tuner/results/format.h"
 #include "tuner/results/memory_basis.h"
 #include "tuner/results/sweep_analysis.h"
@@ -312,6 +313,42 @@ bool prediction_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
   return true;
 }
 
+// Tokens/s per rank of each configuration and length on both backends, side by side (one pair
+// of bars per row of the report's "Ours vs DeepSpeed" table; a backend that has no measurement
+// there has no bar). Returns false when the sweep holds one backend only.
+bool backends_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
+  const std::vector<BackendPair> pairs = backend_pairs(data.trials);
+  if (pairs.empty()) return false;
+  dat = "# label native_tokens_per_s_per_rank deepspeed_tokens_per_s_per_rank (NaN = none)\n";
+  double highest = 0.0;
+  int rows = 0;
+  auto value = [&](const TrialRecord* t) {
+    if (!t || !is_measured(*t)) return std::string("NaN");
+    highest = std::max(highest, *t->tokens_per_s_per_rank);
+    return exact(t->tokens_per_s_per_rank);
+  };
+  for (const BackendPair& p : pairs) {
+    std::string label = p.configuration + " sl=" + std::to_string(p.seqlen);
+    std::replace(label.begin(), label.end(), '"', '\'');
+    dat += "\"" + label + "\" " + value(p.native) + " " + value(p.deepspeed) + "\n";
+    ++rows;
+  }
+  if (!(highest > 0)) {
+    plot.omitted = "Not drawn: neither backend measured a configuration the other ran.";
+    return true;
+  }
+  const int width = std::clamp(260 + 90 * rows, 900, 4000);
+  std::string xtic;
+  const std::string x_axis = trial_axis(rows, width - 150, "configuration", &xtic);
+  gp += begin_plot(plot.file, plot.title, width, 700) + "set ylabel 'tokens/s per rank'\n" +
+        x_axis + "set style data histograms\nset style histogram clustered gap 1\n"
+        "set style fill solid 0.85 border -1\n" + y_from_zero(highest, highest) +
+        "set key below horizontal\n"
+        "plot 'backends.dat' using 2:" + xtic + " title 'native (ulysses-train)' lc rgb '#1f77b4', "
+        "'' using 3 title 'deepspeed (transformers + DeepSpeed)' lc rgb '#ff7f0e'\n";
+  return true;
+}
+
 }  // namespace
 
 std::string gnuplot_quote(const std::string& text) {
@@ -346,6 +383,12 @@ PlotFiles make_plot_files(const SweepData& data) {
   if (prediction_plot(data, prediction, dat, gp)) {
     out.plots.push_back(prediction);
     out.files.emplace_back("prediction.dat", dat);
+  }
+  Plot backends{"backends.png", "Ours vs DeepSpeed: tokens/s per rank", ""};
+  dat.clear();
+  if (backends_plot(data, backends, dat, gp)) {
+    out.plots.push_back(backends);
+    if (!dat.empty()) out.files.emplace_back("backends.dat", dat);
   }
   gp += "\nset output\n";
   out.files.emplace_back("plots.gp", gp);

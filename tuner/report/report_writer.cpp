@@ -1,6 +1,9 @@
 // The markdown report (see report_writer.h).
 #include "tuner/report/report_writer.h"
 
+#include <algorithm>
+
+#include "tuner/results/backend_comparison.h"
 #include "tuner/results/format.h"
 #include "tuner/results/memory_basis.h"
 #include "tuner/report/summary_tables.h"
@@ -68,6 +71,7 @@ std::string plots_section(const SweepData& data, const std::vector<Plot>& plots)
       "Every measured trial in the plane of sequence length and throughput; the Pareto front "
       "holds the trials no other trial beats in both:"};
   for (size_t i = 0; i < plots.size(); ++i) {
+    if (plots[i].file == "backends.png") continue;  // in "Ours vs DeepSpeed"
     out += "### " + plots[i].title + "\n\n";
     if (plots[i].omitted.empty()) {
       out += "![" + plots[i].title + "](" + plots[i].file + ")\n\n";
@@ -78,6 +82,39 @@ std::string plots_section(const SweepData& data, const std::vector<Plot>& plots)
     } else {
       out += plots[i].omitted + "\n\n";
     }
+  }
+  return out;
+}
+
+// Ours against DeepSpeed, side by side, with the workarounds the deepspeed trials applied.
+std::string backends_section(const SweepData& data, const Table& table,
+                             const std::vector<Plot>& plots) {
+  std::string out =
+      "## Ours vs DeepSpeed\n\n"
+      "Each configuration at each length as `ulysses-train` (backend `native`) and as "
+      "transformers under DeepSpeed's Ulysses, ZeRO and offloads (backend `deepspeed`, the "
+      "`ds_config.json` `ulysses-tune export --format deepspeed` writes for it) ran it, on the "
+      "same weights and tokens. Ratios are deepspeed / native; a tokens/s ratio below 1 means "
+      "ours is faster, a peak ratio above 1 that ours needs less memory. Peaks are above each "
+      "backend's own start-up baseline (see Memory above). Loss differences are of the first "
+      "and the last step; on the same weights (`model.load`) they are rounding, with freshly "
+      "initialised weights the two backends start from different ones.\n\n" +
+      render_markdown(table) + "\n";
+  std::vector<std::string> applied;
+  for (const store::TrialRecord& t : data.trials) {
+    for (const std::string& w : workarounds(t)) {
+      if (std::find(applied.begin(), applied.end(), w) == applied.end()) applied.push_back(w);
+    }
+  }
+  if (!applied.empty()) {
+    out += "DeepSpeed's own code was corrected where it disagrees with the loss both backends "
+           "define (the deepspeed trials applied these workarounds):\n\n";
+    for (const std::string& w : applied) out += "- " + w + "\n";
+    out += "\n";
+  }
+  for (const Plot& p : plots) {
+    if (p.file != "backends.png") continue;
+    out += p.omitted.empty() ? "![" + p.title + "](" + p.file + ")\n\n" : p.omitted + "\n\n";
   }
   return out;
 }
@@ -111,9 +148,13 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
            render_markdown(best_per_mesh_table(data.trials)) + "\n";
   }
 
+  const Table backends = backends_table(data);
+  if (!backends.rows.empty()) out += backends_section(data, backends, plots);
+
   out += plots_section(data, plots);
   out +=
-      "Plot data: `throughput.dat`, `memory.dat`, `phases.dat`, `pareto.dat` (those with data); "
+      "Plot data: `throughput.dat`, `memory.dat`, `phases.dat`, `pareto.dat`, `prediction.dat`, "
+      "`backends.dat` (those with data); "
       "redraw with `gnuplot plots.gp` in this directory.\n\n";
 
   const Table predictions = prediction_table(data.trials);

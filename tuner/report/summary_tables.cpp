@@ -2,10 +2,13 @@
 #include "tuner/report/summary_tables.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "tuner/results/backend_comparison.h"
 #include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
 #include "tuner/results/objective.h"
 #include "tuner/results/sweep_analysis.h"
 #include "tuner/report/trial_table.h"
@@ -141,6 +144,46 @@ Table grid_comparison_table(const SweepData& data) {
   if (summary.is_object() && summary.contains("grid_comparison")) {
     const Json& grid = summary["grid_comparison"];
     flatten(grid, grid.is_object() ? "" : "grid_comparison", table);
+  }
+  return table;
+}
+
+Table backends_table(const SweepData& data) {
+  Table table;
+  const std::vector<BackendPair> pairs = backend_pairs(data.trials);
+  if (pairs.empty()) return table;
+  for (const char* h : {"configuration", "seqlen", "native", "deepspeed", "native tok/s/rank",
+                        "deepspeed tok/s/rank", "tok/s ratio", "native peak GiB",
+                        "deepspeed peak GiB", "peak ratio", "first loss |diff|",
+                        "final loss |diff|"}) {
+    const std::string name = h;
+    table.add_column(name, name != "configuration" && name != "native" && name != "deepspeed");
+  }
+  auto side = [](const store::TrialRecord* t) {
+    if (!t) return std::string("-");
+    std::string text = std::to_string(t->id);  // "#12 ok"
+    text.insert(0, 1, '#');
+    return text + ' ' + t->status;
+  };
+  auto throughput = [](const store::TrialRecord* t) {
+    return t && is_measured(*t) ? fixed(t->tokens_per_s_per_rank, 1) : std::string("-");
+  };
+  auto peak = [](const store::TrialRecord* t) {
+    return t && t->status == "ok" ? gib(peak_above_baseline(*t)) : std::string("-");
+  };
+  auto ratio = [](std::optional<double> r) { return r ? fixed(r, 2) : std::string("-"); };
+  auto loss = [](std::optional<double> d) {
+    if (!d) return std::string("-");
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1e", *d);
+    return std::string(text);
+  };
+  for (const BackendPair& p : pairs) {
+    table.rows.push_back({p.configuration, std::to_string(p.seqlen), side(p.native),
+                          side(p.deepspeed), throughput(p.native), throughput(p.deepspeed),
+                          ratio(p.throughput_ratio), peak(p.native), peak(p.deepspeed),
+                          ratio(p.peak_ratio), loss(p.first_loss_difference),
+                          loss(p.final_loss_difference)});
   }
   return table;
 }

@@ -24,4 +24,10 @@ Table search_summary_table(const SweepData& data);
 // summary.grid_comparison as a table; a table without rows when there is none.
 Table grid_comparison_table(const SweepData& data);
 
+// Ours against DeepSpeed (results/backend_comparison.h): one row per configuration and length
+// that either backend ran, each side's trial and status, tokens/s per rank, peak above its own
+// baseline, the deepspeed / native ratios and the loss differences; a table without rows when
+// the sweep holds one backend only.
+Table backends_table(const SweepData& data);
+
 }  // namespace ulysses::report

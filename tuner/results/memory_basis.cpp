@@ -28,10 +28,19 @@ int64_t memory_baseline_bytes(const std::string& device) {
   return static_cast<int64_t>(costmodel::default_memory_coefficients(device).runtime_bytes);
 }
 
+int64_t trial_baseline_bytes(const store::TrialRecord& trial) {
+  const auto summary = nlohmann::json::parse(trial.summary, nullptr, /*allow_exceptions=*/false);
+  if (summary.is_object() && summary.contains("memory_baseline_bytes") &&
+      summary["memory_baseline_bytes"].is_number_integer()) {
+    return summary["memory_baseline_bytes"].get<int64_t>();
+  }
+  return memory_baseline_bytes(trial_device(trial));
+}
+
 std::optional<int64_t> above_baseline(const store::TrialRecord& trial,
                                       std::optional<int64_t> bytes) {
   if (!bytes) return std::nullopt;
-  return std::max<int64_t>(0, *bytes - memory_baseline_bytes(trial_device(trial)));
+  return std::max<int64_t>(0, *bytes - trial_baseline_bytes(trial));
 }
 
 std::optional<int64_t> peak_above_baseline(const store::TrialRecord& trial) {
@@ -67,6 +76,14 @@ std::string memory_basis_note(const std::vector<store::TrialRecord>& trials) {
             "OpenMP pool): trials do not record it, so this is the cost model's estimate "
             "(its runtime term). There the limit caps address space above the baseline and the "
             "kernel enforces it: a trial that ran to the end fit.";
+  }
+  const bool own = std::any_of(trials.begin(), trials.end(), [](const store::TrialRecord& t) {
+    return t.summary.find("\"memory_baseline_bytes\"") != std::string::npos;
+  });
+  if (own) {
+    note += " Trials of the deepspeed backend record their own baseline (the resident set of "
+            "the rank's Python process before it builds the model), which is subtracted "
+            "instead.";
   }
   if (d.cuda) {
     note += " On CUDA it is the rank's device footprint at its peak: the caching allocator's "

@@ -27,8 +27,13 @@ std::string trial_device(const store::TrialRecord& trial);
 // Bytes of a rank's start-up baseline that the stored peaks of `device` include (0 on cuda).
 int64_t memory_baseline_bytes(const std::string& device);
 
-// `bytes` (a peak the trial stored or the model predicted) minus the baseline of the trial's
-// device, at least 0; nullopt for nullopt.
+// The baseline the trial's stored peak includes: the one its summary.json recorded
+// ("memory_baseline_bytes": the deepspeed backend measures its process, Python and all, before
+// it builds the model), else memory_baseline_bytes of its device.
+int64_t trial_baseline_bytes(const store::TrialRecord& trial);
+
+// `bytes` (a peak the trial stored or the model predicted) minus trial_baseline_bytes, at least
+// 0; nullopt for nullopt.
 std::optional<int64_t> above_baseline(const store::TrialRecord& trial,
                                       std::optional<int64_t> bytes);
 // above_baseline(trial, trial.peak_mem_bytes): the peak that counts against limit_bytes.

@@ -65,14 +65,21 @@ std::string axis_value(const TrialRecord& trial, const std::string& key) {
   return "";
 }
 
-std::string configuration(const TrialRecord& trial) {
+std::string configuration(const TrialRecord& trial, const std::string& except) {
   std::string out = "dp=" + std::to_string(trial.dp) + " sp=" + std::to_string(trial.sp);
   std::vector<std::string> keys;
   for (const auto& [key, value] : axis_values(trial)) keys.push_back(key);
   const auto headers = axis_headers(keys);
   const auto values = axis_values(trial);
-  for (size_t i = 0; i < values.size(); ++i) out += " " + headers[i] + "=" + values[i].second;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i].first != except) out += " " + headers[i] + "=" + values[i].second;
+  }
   return out;
+}
+
+std::string trial_backend(const TrialRecord& trial) {
+  const std::string backend = axis_value(trial, "backend");
+  return backend.empty() ? "native" : backend;
 }
 
 std::vector<std::pair<std::string, int>> status_counts(const std::vector<TrialRecord>& trials) {

@@ -32,9 +32,13 @@ std::vector<std::string> axis_headers(const std::vector<std::string>& keys);
 // The value of axis `key` of the trial, "" when the point has no such axis.
 std::string axis_value(const TrialRecord& trial, const std::string& key);
 
-// "dp=1 sp=2 tiled_mlp=4 offload=none": the mesh and every axis but the length. Trials with the
-// same configuration form one line of a plot against sequence length.
-std::string configuration(const TrialRecord& trial);
+// "dp=1 sp=2 tiled_mlp=4 offload=none": the mesh and every axis but the length (and but the
+// axis `except` when given). Trials with the same configuration form one line of a plot against
+// sequence length.
+std::string configuration(const TrialRecord& trial, const std::string& except = "");
+
+// The backend that ran the trial: its point's "backend" axis, else "native" (ulysses-train).
+std::string trial_backend(const TrialRecord& trial);
 
 // Counts by status: kTrialStatuses order first, then unknown statuses in first-seen order; only
 // statuses that occur.
