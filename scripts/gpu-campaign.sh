@@ -22,7 +22,8 @@
 #   smoke             scripts/gpu-smoke.sh: bf16 per SDPA kernel, memory cap, ALST features, ...
 #   compare-throughput  bench/compare: tokens/s and MFU, ulysses-train vs transformers, interleaved
 #   compare-maxlen-ours / compare-maxlen-theirs  bench/compare: the longest length each trains
-#   sweep             the one-GPU sweep (experiments/gpu-1x.yaml's space on a 1B model, 7 minutes)
+#   sweep             the one-GPU sweep (four of experiments/gpu-1x.yaml's configurations, their
+#                     longest length and a curve of shorter ones, on a 1B model, 7 minutes)
 #                     + report + recommend
 #   plan-fit          ulysses-tune plan --fit on the sweep, and plans with the fit
 #   alst-run          ALST features with and without optimizer offload: offload time, peak
