@@ -89,12 +89,13 @@ TEST(BackendComparison, TheReportShowsBothSideBySideWithThePlot) {
   data.trials = both_backends();
   const Table table = backends_table(data);
   ASSERT_EQ(table.rows.size(), 3u);
-  EXPECT_EQ(table.rows[0][2], "#1 ok");
-  EXPECT_EQ(table.rows[0][3], "#2 ok");
-  EXPECT_EQ(table.rows[0][6], "0.80");
-  EXPECT_EQ(table.rows[1][3], "#4 oom");
-  EXPECT_EQ(table.rows[1][6], "-");
-  EXPECT_EQ(table.rows[2][3], "-");
+  EXPECT_EQ(table.rows[0][0], "1");  // the plot's label
+  EXPECT_EQ(table.rows[0][3], "#1 ok");
+  EXPECT_EQ(table.rows[0][4], "#2 ok");
+  EXPECT_EQ(table.rows[0][7], "0.80");
+  EXPECT_EQ(table.rows[1][4], "#4 oom");
+  EXPECT_EQ(table.rows[1][7], "-");
+  EXPECT_EQ(table.rows[2][4], "-");
 
   const PlotFiles files = make_plot_files(data);
   const auto plot = std::find_if(files.plots.begin(), files.plots.end(),
@@ -104,8 +105,8 @@ TEST(BackendComparison, TheReportShowsBothSideBySideWithThePlot) {
   const auto dat = std::find_if(files.files.begin(), files.files.end(),
                                 [](const auto& f) { return f.first == "backends.dat"; });
   ASSERT_NE(dat, files.files.end());
-  EXPECT_NE(dat->second.find(" 1000 800\n"), std::string::npos) << dat->second;
-  EXPECT_NE(dat->second.find(" 900 NaN\n"), std::string::npos) << dat->second;
+  EXPECT_NE(dat->second.find("\n1 1000 800\n"), std::string::npos) << dat->second;
+  EXPECT_NE(dat->second.find("\n2 900 NaN\n"), std::string::npos) << dat->second;
 
   const std::string readme = render_readme(data, files.plots, "ulysses-tune report");
   EXPECT_NE(readme.find("## Ours vs DeepSpeed"), std::string::npos);

@@ -319,7 +319,7 @@ bool prediction_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
 bool backends_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
   const std::vector<BackendPair> pairs = backend_pairs(data.trials);
   if (pairs.empty()) return false;
-  dat = "# label native_tokens_per_s_per_rank deepspeed_tokens_per_s_per_rank (NaN = none)\n";
+  dat = "# row native_tokens_per_s_per_rank deepspeed_tokens_per_s_per_rank (NaN = none)\n";
   double highest = 0.0;
   int rows = 0;
   auto value = [&](const TrialRecord* t) {
@@ -327,24 +327,21 @@ bool backends_plot(const SweepData& data, Plot& plot, std::string& dat, std::str
     highest = std::max(highest, *t->tokens_per_s_per_rank);
     return exact(t->tokens_per_s_per_rank);
   };
-  for (const BackendPair& p : pairs) {
-    std::string label = p.configuration + " sl=" + std::to_string(p.seqlen);
-    std::replace(label.begin(), label.end(), '"', '\'');
-    dat += "\"" + label + "\" " + value(p.native) + " " + value(p.deepspeed) + "\n";
+  for (const BackendPair& p : pairs) {  // labelled by the row of the report's table
     ++rows;
+    dat += std::to_string(rows) + " " + value(p.native) + " " + value(p.deepspeed) + "\n";
   }
   if (!(highest > 0)) {
     plot.omitted = "Not drawn: neither backend measured a configuration the other ran.";
     return true;
   }
-  const int width = std::clamp(260 + 90 * rows, 900, 4000);
-  std::string xtic;
-  const std::string x_axis = trial_axis(rows, width - 150, "configuration", &xtic);
-  gp += begin_plot(plot.file, plot.title, width, 700) + "set ylabel 'tokens/s per rank'\n" +
-        x_axis + "set style data histograms\nset style histogram clustered gap 1\n"
+  const int width = std::clamp(260 + 70 * rows, 900, 4000);
+  gp += begin_plot(plot.file, plot.title, width, 560) + "set ylabel 'tokens/s per rank'\n" +
+        "set xlabel 'row of the table above (a configuration at a length)'\n"
+        "set style data histograms\nset style histogram clustered gap 1\n"
         "set style fill solid 0.85 border -1\n" + y_from_zero(highest, highest) +
         "set key below horizontal\n"
-        "plot 'backends.dat' using 2:" + xtic + " title 'native (ulysses-train)' lc rgb '#1f77b4', "
+        "plot 'backends.dat' using 2:xtic(1) title 'native (ulysses-train)' lc rgb '#1f77b4', "
         "'' using 3 title 'deepspeed (transformers + DeepSpeed)' lc rgb '#ff7f0e'\n";
   return true;
 }

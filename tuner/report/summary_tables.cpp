@@ -152,8 +152,8 @@ Table backends_table(const SweepData& data) {
   Table table;
   const std::vector<BackendPair> pairs = backend_pairs(data.trials);
   if (pairs.empty()) return table;
-  for (const char* h : {"configuration", "seqlen", "native", "deepspeed", "native tok/s/rank",
-                        "deepspeed tok/s/rank", "tok/s ratio", "native peak GiB",
+  for (const char* h : {"row", "configuration", "seqlen", "native", "deepspeed",
+                        "native tok/s/rank", "deepspeed tok/s/rank", "tok/s ratio", "native peak GiB",
                         "deepspeed peak GiB", "peak ratio", "first loss |diff|",
                         "final loss |diff|"}) {
     const std::string name = h;
@@ -178,11 +178,12 @@ Table backends_table(const SweepData& data) {
     std::snprintf(text, sizeof text, "%.1e", *d);
     return std::string(text);
   };
+  int row = 0;
   for (const BackendPair& p : pairs) {
-    table.rows.push_back({p.configuration, std::to_string(p.seqlen), side(p.native),
-                          side(p.deepspeed), throughput(p.native), throughput(p.deepspeed),
-                          ratio(p.throughput_ratio), peak(p.native), peak(p.deepspeed),
-                          ratio(p.peak_ratio), loss(p.first_loss_difference),
+    table.rows.push_back({std::to_string(++row), p.configuration, std::to_string(p.seqlen),
+                          side(p.native), side(p.deepspeed), throughput(p.native),
+                          throughput(p.deepspeed), ratio(p.throughput_ratio), peak(p.native),
+                          peak(p.deepspeed), ratio(p.peak_ratio), loss(p.first_loss_difference),
                           loss(p.final_loss_difference)});
   }
   return table;
