@@ -4,7 +4,8 @@
 # and otherwise writes metrics.jsonl and summary.json (rank 0) with a synthetic throughput.
 # memory (MiB) = 100 + length / sp / 4 x (0.5 if tiled_loss > 1) x (0.6 if offload_activations)
 # against memory.limit_gib. FAKE_HANG_AT=<length> hangs at that length; FAKE_SLEEP=<s> delays
-# every rank (to kill a sweep in the middle of a trial).
+# every rank (to kill a sweep in the middle of a trial); FAKE_BACKEND=deepspeed plays the deepspeed
+# backend's rank program (0.8 x the throughput, its own memory baseline, a workaround named).
 [ "$1" = --version ] && { echo "fake trainer"; exit 0; }
 cfg=$2
 get() {
@@ -20,6 +21,12 @@ eval "$(awk -v len="$len" -v sp="$sp" -v tl="$tl" -v off="$off" -v limit="$limit
   tps = 10000 / (1 + 0.1 * (sp - 1)) * (tl == "1" ? 1 : 0.95) * (off == "true" ? 0.8 : 1)
   printf "mem=%d tps=%.1f oom=%d\n", mem, tps, (limit > 0 && mem > limit * 1024)
 }')"
+extra=""
+if [ "$FAKE_BACKEND" = deepspeed ]; then
+  tps=$(awk -v t="$tps" 'BEGIN { printf "%.1f", 0.8 * t }')
+  extra=', "backend": "deepspeed", "memory_baseline_bytes": 52428800, "first_loss": 5.0,
+ "workarounds": ["fake: loss scaled by 1 / sp"]'
+fi
 if [ "$oom" = 1 ]; then
   echo "out of memory: fake trainer needs $mem MiB at length $len" >&2
   exit 12
@@ -36,7 +43,7 @@ if [ "${RANK:-0}" = 0 ]; then
  "tokens_per_s_per_rank_median": $tps, "final_loss": 5.0, "peak_mem_bytes": $bytes,
  "peak_host_bytes": $bytes, "phases_ms_median": {"attention": 40.0, "a2a": 10.0},
  "compute_ms_median": 70.0, "comm_ms_median": 20.0, "offload_ms_median": 0.0,
- "optimizer_ms_median": 5.0}
+ "optimizer_ms_median": 5.0$extra}
 JSON
 fi
 exit 0

@@ -193,5 +193,75 @@ TEST_F(SweepCliTest, BadInputIsOneLineAndWritesNothing) {
   EXPECT_FALSE(fs::exists(dir_ / "rec"));
 }
 
+// Both backends in one sweep, with a stand-in for the deepspeed backend's Python
+// (fake_python.sh, which checks the files its rank program reads and reports 0.8x the throughput):
+// every configuration runs on each, each DeepSpeed trial gets its ds_config.json and the run's
+// tokens, the report sets them side by side, recommend says which backend measured its pick.
+TEST_F(SweepCliTest, BothBackendsRunEveryConfigurationAndTheReportComparesThem) {
+  std::string text = kExperiment;
+  auto set = [&](const std::string& from, const std::string& to) {
+    text.replace(text.find(from), from.size(), to);
+  };
+  set("memory.offload: [none, activations]", "memory.offload: [none]");
+  set("sequence.length: {search: max, from: 1024, to: 32768, step: 1024}",
+      "sequence.length: [1024, 2048]");
+  set("objective: max-seqlen", "objective: throughput");
+  text += "backend: [native, deepspeed]\nsearch: {probe: false}\n";
+  std::ofstream(experiment_) << text;
+  const std::string python = (fs::path(project_home()) / "tests/tuner/fake_python.sh").string();
+
+  Result bad = tune(sweep_args("--python /bin/false"));
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_EQ(bad.err, "error: --python: /bin/false cannot import deepspeed, transformers and torch "
+                     "(the deepspeed backend's ranks need them; pass --python or set "
+                     "ULYSSES_PYTHON)\n");
+  EXPECT_FALSE(fs::exists(db_));
+
+  Result sweep = tune(sweep_args("--search grid --python '" + python + "'"));
+  ASSERT_EQ(sweep.status, 0) << sweep.out << sweep.err;
+  const auto all = trials("fake-grid");
+  int native = 0, deepspeed = 0;
+  for (const store::TrialRecord& t : all) {
+    if (t.status == "invalid") continue;
+    ASSERT_EQ(t.status, "ok") << t.key << ": " << t.error;
+    const bool ds = t.point.find("\"backend\":\"deepspeed\"") != std::string::npos;
+    (ds ? deepspeed : native) += 1;
+    EXPECT_EQ(t.predicted_peak_bytes.has_value(), !ds) << t.key;  // ulysses-train's model only
+    if (!ds) continue;
+    const fs::path run = t.run_dir;
+    EXPECT_NE(read_text(run / "ds_config.json").find("\"zero_optimization\""), std::string::npos);
+    // 3 steps (1 warm-up + 2 measured) x dp (4 / sp) samples of the trial's length, 2-byte ids
+    // (vocabulary 128).
+    EXPECT_EQ(fs::file_size(run / "tokens.bin"),
+              static_cast<uintmax_t>(3 * (4 / t.sp) * t.seqlen * 2)) << t.key;
+    EXPECT_NE(read_text(run / "run.yaml").find("tokens:" + (run / "tokens.bin").string()),
+              std::string::npos);
+    EXPECT_EQ(t.config_yaml.find("tokens:"), std::string::npos);  // the trial's own config
+  }
+  EXPECT_EQ(native, deepspeed);
+  EXPECT_EQ(native, 3 * 2 * 2);  // sp 1, 2, 4 x tiled loss 1, 8 x two lengths
+
+  const fs::path report = dir_ / "report";
+  Result rep = tune("report --db '" + db_ + "' --out '" + report.string() + "'");
+  ASSERT_EQ(rep.status, 0) << rep.err;
+  const std::string readme = read_text(report / "README.md");
+  EXPECT_NE(readme.find("## Ours vs DeepSpeed"), std::string::npos);
+  EXPECT_NE(readme.find("| 0.80 |"), std::string::npos);
+  EXPECT_NE(readme.find("- fake: loss scaled by 1 / sp"), std::string::npos);
+  EXPECT_TRUE(fs::exists(report / "backends.dat"));
+
+  Result rec = tune("recommend --db '" + db_ + "' --out '" + (dir_ / "rec").string() + "'");
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  EXPECT_NE(rec.out.find("measured on backend native"), std::string::npos) << rec.out;
+  Result ds = tune("recommend --db '" + db_ + "' --backend deepspeed --out '" +
+                   (dir_ / "rec-ds").string() + "'");
+  ASSERT_EQ(ds.status, 0) << ds.err;
+  EXPECT_NE(ds.out.find("measured on backend deepspeed"), std::string::npos) << ds.out;
+  EXPECT_NE(read_text(dir_ / "rec-ds" / "WHY.md").find("the **deepspeed** backend"),
+            std::string::npos);
+  const std::string first_line = read_text(dir_ / "rec-ds" / "recommended.yaml").substr(0, 120);
+  EXPECT_NE(first_line.find("measured on backend deepspeed"), std::string::npos) << first_line;
+}
+
 }  // namespace
 }  // namespace ulysses::sweep

@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""One rank of a trial of the deepspeed backend: the run config a sweep wrote (run.yaml, the
+schema ulysses-train reads) trained by Hugging Face transformers under DeepSpeed's own Ulysses
+sequence parallelism (UlyssesSPAttentionHF), TiledMLP, tiled loss (sequence_tiled_compute),
+gradient checkpointing and the ZeRO stage and offloads of the ds_config.json that `ulysses-tune
+export --format deepspeed` writes for it. Started like ulysses-train, one process per rank with
+torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), and writes what
+it writes: output.dir/metrics.jsonl and summary.json (docs/outputs.md), and the same exit
+statuses (0 ok, 2 bad input, 12 out of memory, 13 a peer or a collective failed, 1 otherwise).
+
+  ds_trial.py --config RUN/run.yaml --ds-config RUN/ds_config.json
+
+Data: data.source must be tokens:PATH (the sweep writes the run's samples there): sample i is
+tokens [i*L, (i+1)*L), its labels the next token within the sample; step s trains samples
+[(s-1)G, sG), G = dp x micro_batch x grad_accum, dp rank d taking [d*mb*ga, (d+1)*mb*ga) of them,
+micro-step by micro-step, as ulysses-train does. The loss is ulysses-train's: the sum of the token
+cross-entropies over every valid label of the global batch divided by their count.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+
+EXIT_USAGE, EXIT_OOM, EXIT_COMM = 2, 12, 13
+
+
+class BadInput(Exception):
+    """One line naming the run-config key and what is wrong."""
+
+
+def fail(code, text):
+    sys.stderr.write(text.rstrip("\n") + "\n")
+    sys.stderr.flush()
+    os._exit(code)  # a rank that stops must not wait for the others in atexit handlers
+
+
+def is_oom(error):
+    text = str(error)
+    return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or
+            any(s in text for s in ("out of memory", "can't allocate memory", "DefaultCPUAllocator",
+                                    "std::bad_alloc", "Cannot allocate memory")))
+
+
+def is_comm(error):
+    text = str(error).lower()
+    return any(s in text for s in ("connection reset", "connection closed", "gloo", "nccl",
+                                   "timed out", "broken pipe", "peer"))
+
+
+def rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def vm_size_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def section(config, name):
+    value = config.get(name) or {}
+    if not isinstance(value, dict):
+        raise BadInput(f"{name}: expected a mapping")
+    return value
+
+
+def check_config(run):
+    """The run-config keys this backend cannot honour, each refused in one line."""
+    data = section(run, "data")
+    source = str(data.get("source", "synthetic"))
+    if not source.startswith("tokens:"):
+        raise BadInput(f"data.source: the deepspeed backend reads tokens:PATH (the sweep writes the "
+                       f"run's samples to one), got '{source}'")
+    if data.get("pack"):
+        raise BadInput("data.pack: the deepspeed backend trains unpacked samples")
+    memory = section(run, "memory")
+    if memory.get("offload_activations"):
+        raise BadInput("memory.offload_activations: the deepspeed backend does not offload "
+                       "activation checkpoints to the host")
+    model = section(run, "model")
+    if model.get("preset"):
+        raise BadInput("model.preset: the deepspeed backend builds the model from model.load or "
+                       "the inline model.* shapes")
+    if str(section(run, "attention").get("backend", "auto")) not in ("auto", "sdpa", "math"):
+        raise BadInput("attention.backend: the deepspeed backend runs transformers' sdpa")
+    if section(run, "sequence").get("micro_batch", 1) != 1:
+        raise BadInput("sequence.micro_batch: the deepspeed backend runs micro batch 1")
+
+
+def resolve_tiles(value, local_length, hidden):
+    """memory.tiled_mlp / tiled_loss: N, or auto = ceil(local length / hidden size)."""
+    if str(value) == "auto":
+        return max(1, math.ceil(local_length / hidden))
+    return max(1, int(value))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="run.yaml: the trial's run config")
+    p.add_argument("--ds-config", required=True, help="ds_config.json for this run config")
+    args = p.parse_args()
+
+    import yaml
+    try:
+        with open(args.config) as f:
+            run = yaml.safe_load(f) or {}
+        with open(args.ds_config) as f:
+            ds_config = json.load(f)
+        check_config(run)
+    except BadInput as e:
+        fail(EXIT_USAGE, f"error: {e}")
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        fail(EXIT_USAGE, f"error: {e}")
+
+    train = section(run, "train")
+    device = str(train.get("device", "cpu"))
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import deepspeed
+    import transformers
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import (TiledMLP, UlyssesSPAttentionHF,
+                                                                sequence_tiled_compute)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    mesh, sequence, memory = section(run, "mesh"), section(run, "sequence"), section(run, "memory")
+    sp, dp = int(mesh.get("sp", 1)), int(mesh.get("dp", 1))
+    if sp * dp != world:
+        fail(EXIT_USAGE, f"error: mesh.dp: dp {dp} x sp {sp} is not the {world} ranks started")
+    length = int(sequence["length"])
+    mb, ga = int(sequence.get("micro_batch", 1)), int(sequence.get("grad_accum", 1))
+    steps = int(train.get("steps", 1))
+    warmup = int(section(run, "profile").get("warmup_steps", 1))
+    limit_gib = float(memory.get("limit_gib", 0) or 0)
+    bf16 = str(memory.get("precision", "fp32")) == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+    # The process before the model: what peak_mem_bytes counts above (summary memory_baseline_bytes).
+    baseline = rss_bytes()
+    if limit_gib > 0 and device == "cpu":
+        cap = vm_size_bytes() + int(limit_gib * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        if limit_gib > 0:
+            total = torch.cuda.get_device_properties(local_rank).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * (1 << 30) / total))
+
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    workarounds = []
+
+    # The model: the checkpoint of model.load, or the inline shapes with transformers' init.
+    model_options = section(run, "model")
+    load = str(model_options.get("load", "") or "")
+    if load:
+        with open(os.path.join(load, "config.json")) as f:
+            model_type = json.load(f).get("model_type", "llama")
+        if model_type != "llama":
+            fail(EXIT_USAGE, f"error: model.load: the deepspeed backend runs llama, got {model_type}")
+        model = LlamaForCausalLM.from_pretrained(load, torch_dtype=dtype, attn_implementation="sdpa")
+        weights = "loaded"
+    else:
+        torch.manual_seed(int(model_options.get("init_seed", 0)))
+        hidden = int(model_options["hidden_size"])
+        heads = int(model_options["num_heads"])
+        config = LlamaConfig(
+            hidden_size=hidden, num_hidden_layers=int(model_options["num_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(model_options.get("num_kv_heads", heads)),
+            head_dim=int(model_options.get("head_dim", 0) or hidden // heads),
+            intermediate_size=int(model_options["intermediate_size"]),
+            vocab_size=int(model_options["vocab_size"]),
+            rms_norm_eps=float(model_options.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(model_options.get("rope_theta", 500000.0)),
+            tie_word_embeddings=bool(model_options.get("tie_embeddings", False)),
+            max_position_embeddings=max(length, 2048), attn_implementation="sdpa")
+        model = LlamaForCausalLM(config).to(dtype)
+        weights = "transformers-init"
+    if device == "cuda":
+        model = model.to(f"cuda:{local_rank}")
+    hidden = model.config.hidden_size
+    vocab = model.config.vocab_size
+
+    local_length = length // sp
+    if length % sp != 0:
+        fail(EXIT_USAGE, f"error: sequence.length: {length} is not a multiple of mesh.sp {sp} "
+                         "(the deepspeed backend does not pad)")
+    mlp_tiles = resolve_tiles(memory.get("tiled_mlp", 1), local_length, hidden)
+    loss_tiles = resolve_tiles(memory.get("tiled_loss", 1), local_length, hidden)
+    if mlp_tiles > 1:
+        def tiled_mlp_forward(self, x):
+            def mlp(module, shard):
+                return module.down_proj(module.act_fn(module.gate_proj(shard)) * module.up_proj(shard))
+            params = [self.down_proj.weight, self.gate_proj.weight, self.up_proj.weight]
+            return TiledMLP.apply(mlp, self, x, mlp_tiles, params)
+        for layer in model.model.layers:
+            layer.mlp.forward = tiled_mlp_forward.__get__(layer.mlp)
+    if memory.get("checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    mpu = None
+    if sp > 1:
+        mpu = UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=sp,
+            micro_batch_size=mb, seq_length=length, seq_length_is_variable=False)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=ds_config, mpu=mpu)
+    sp_rank = rank % sp  # SP groups are contiguous ranks (ds_config's data_parallel x sequence_parallel)
+    dp_rank = rank // sp
+
+    # The engine sums gradients over all dp x sp ranks and divides by dp (DeepSpeed's
+    # sequence-data-parallel reduction) and divides each micro-step's loss by grad_accum; each rank
+    # backpropagates its own tokens' share of ulysses-train's loss, scaled to undo both.
+    loss_scale = dp * ga
+    if sp > 1:
+        workarounds.append(
+            "loss: each rank backpropagates the cross-entropy sum of its own tokens / the global "
+            "batch's label count x dp x grad_accum (DeepSpeed sums gradients over dp x sp ranks "
+            "and divides by dp); an all-gathered, sp-averaged loss as ArcticTraining computes it "
+            "makes the gradients sp times too large, and gloo's all_gather backward picks the "
+            "wrong rank when the sp group is not the world")
+    zero_stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
+    data = section(run, "data")
+    token_dtype = "<u4" if str(data.get("token_dtype", "uint16")) == "uint32" else "<u2"
+    tokens = np.memmap(str(data["source"])[len("tokens:"):], dtype=token_dtype, mode="r")
+    global_batch = dp * mb * ga
+
+    def sample(index):
+        ids = torch.from_numpy(np.array(tokens[index * length:(index + 1) * length], dtype=np.int64))
+        if ids.numel() != length:
+            fail(EXIT_USAGE, f"error: data.source: sample {index} is past the end of the file")
+        labels = torch.full_like(ids, -100)
+        labels[:-1] = ids[1:]
+        return ids, labels
+
+    def local_loss(hidden_states, labels):
+        """Sum of the cross-entropies of this rank's tokens, over loss_tiles sequence tiles."""
+        lm_head = engine.module.lm_head
+
+        def tile_loss(hidden_states, labels):
+            logits = lm_head(hidden_states).float()
+            return torch.nn.functional.cross_entropy(
+                logits.view(-1, vocab), labels.reshape(-1), ignore_index=-100, reduction="sum")
+
+        if loss_tiles == 1:
+            return tile_loss(hidden_states, labels)
+        # DeepSpeed's TiledFusedLogitsLoss gives a wrong lm_head gradient (0.19.8): the tiles go
+        # through sequence_tiled_compute instead (named in summary.json "workarounds").
+        return sequence_tiled_compute(
+            tile_loss, local_length, loss_tiles, {"hidden_states": hidden_states, "labels": labels},
+            {}, "hidden_states", compute_params=[lm_head.weight], output_unshard_dimension=0,
+            output_reduction="sum")
+
+    if loss_tiles > 1:
+        workarounds.append(
+            "tiled loss: lm_head + cross-entropy tiled by sequence_tiled_compute, not "
+            "TiledFusedLogitsLoss, whose lm_head gradient is wrong")
+    out_dir = str(section(run, "output").get("dir", "out"))
+    if rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+    records = []
+    target = torch.device(f"cuda:{local_rank}" if device == "cuda" else "cpu")
+    for step in range(1, steps + 1):
+        first = (step - 1) * global_batch
+        # Every label of the global batch: all but each sample's last position.
+        valid = global_batch * (length - 1)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for micro in range(ga):
+            index = first + dp_rank * mb * ga + micro * mb
+            ids, labels = sample(index)
+            chunk = slice(sp_rank * local_length, (sp_rank + 1) * local_length)
+            input_ids = ids[chunk].unsqueeze(0).to(target)
+            shift_labels = labels[chunk].unsqueeze(0).to(target)
+            position_ids = torch.arange(length)[chunk].unsqueeze(0).to(target)
+            outputs = engine.module.model(input_ids=input_ids, position_ids=position_ids)
+            local = local_loss(outputs.last_hidden_state, shift_labels)
+            loss_sum += local.detach().double().cpu()
+            engine.backward(local * (loss_scale / valid))
+            if micro == ga - 1 and zero_stage == 0:
+                # Stage 0 reduced whole gradients in the boundary's backward; the engine keeps
+                # no norm of them, so it is taken here, before clipping and the update.
+                squares = sum(float(p.grad.double().pow(2).sum())
+                              for p in engine.module.parameters() if p.grad is not None)
+                grad_norm = math.sqrt(squares)
+            engine.step()
+        if zero_stage > 0:
+            grad_norm = engine.get_global_grad_norm()  # the ZeRO optimizer's, before clipping
+        if device == "cuda":
+            torch.cuda.synchronize()
+        step_ms = 1000.0 * (time.perf_counter() - start)
+        total = loss_sum.to(target)  # every rank's tokens: the global batch's sum
+        dist.all_reduce(total)
+        loss = float(total) / valid
+        if device == "cuda":
+            peak = int(torch.cuda.max_memory_reserved())
+        else:
+            peak = peak_rss_bytes()
+        tokens_step = global_batch * length
+        lr = engine.get_lr()[0] if engine.get_lr() else 0.0
+        records.append({
+            "step": step, "loss": loss,
+            "grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "lr": lr, "tokens": tokens_step, "valid_tokens": valid, "step_ms": step_ms,
+            "tokens_per_s": tokens_step / (step_ms / 1000.0),
+            "tokens_per_s_per_rank": tokens_step / (step_ms / 1000.0) / world,
+            "peak_mem_bytes": peak, "peak_host_bytes": peak_rss_bytes(), "first_sample": first})
+
+    peaks = torch.tensor([max(r["peak_mem_bytes"] for r in records),
+                          max(r["peak_host_bytes"] for r in records)], dtype=torch.float64)
+    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        measured = records[warmup:] if len(records) > warmup else records
+        summary = {
+            "backend": "deepspeed", "steps": len(records), "measured_steps": len(measured),
+            "warmup_steps": warmup,
+            "step_ms_median": statistics.median(r["step_ms"] for r in measured),
+            "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in measured),
+            "tokens_per_s_per_rank_median":
+                statistics.median(r["tokens_per_s_per_rank"] for r in measured),
+            "peak_mem_bytes": max(r["peak_mem_bytes"] for r in records),
+            "peak_host_bytes": max(r["peak_host_bytes"] for r in records),
+            "max_rank_peak_mem_bytes": int(peaks[0]), "max_rank_peak_host_bytes": int(peaks[1]),
+            "memory_baseline_bytes": baseline if device == "cpu" else 0,
+            "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
+            "world_size": world, "dp": dp, "sp": sp, "sequence_length": length,
+            "device": f"cuda:{local_rank}" if device == "cuda" else "cpu",
+            "weights": weights, "mlp_tiles": mlp_tiles, "loss_tiles": loss_tiles,
+            "zero_stage": zero_stage,
+            "workarounds": workarounds,
+            "versions": {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
+                         "torch": torch.__version__}}
+        for name, text in (("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records)),
+                           ("summary.json", json.dumps(summary, indent=1) + "\n")):
+            path = os.path.join(out_dir, name)
+            with open(path + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit:
+        raise
+    except BaseException as e:  # the status says what happened; the message is one line
+        first_line = str(e).strip().split("\n")[0][:300]
+        if is_oom(e):
+            fail(EXIT_OOM, f"out of memory: {first_line}")
+        if is_comm(e):
+            fail(EXIT_COMM, f"communication failed: {first_line}")
+        fail(1, f"error: {type(e).__name__}: {first_line}")
