@@ -101,10 +101,22 @@ def check_config(run):
         raise BadInput("sequence.micro_batch: the deepspeed backend runs micro batch 1")
 
 
-def resolve_tiles(value, local_length, hidden):
-    """memory.tiled_mlp / tiled_loss: N, or auto = ceil(local length / hidden size)."""
+def mlp_tiles_of(value, local_length, hidden):
+    """memory.tiled_mlp as ulysses-train resolves it: N, or auto = ceil(local length / hidden)."""
     if str(value) == "auto":
         return max(1, math.ceil(local_length / hidden))
+    return max(1, int(value))
+
+
+AUTO_LOSS_TILE_BYTES = 1 << 30  # ulysses-train's auto: tiles of at most 1 GiB of fp32 logits
+
+
+def loss_tiles_of(value, batch, local_length, vocab):
+    """memory.tiled_loss as ulysses-train resolves it: N, or auto = the fp32 logits in tiles of
+    at most AUTO_LOSS_TILE_BYTES (at least 1, at most one token per tile)."""
+    if str(value) == "auto":
+        tiles = math.ceil(batch * local_length * vocab * 4 / AUTO_LOSS_TILE_BYTES)
+        return min(max(tiles, 1), local_length)
     return max(1, int(value))
 
 
@@ -205,8 +217,8 @@ def main():
     if length % sp != 0:
         fail(EXIT_USAGE, f"error: sequence.length: {length} is not a multiple of mesh.sp {sp} "
                          "(the deepspeed backend does not pad)")
-    mlp_tiles = resolve_tiles(memory.get("tiled_mlp", 1), local_length, hidden)
-    loss_tiles = resolve_tiles(memory.get("tiled_loss", 1), local_length, hidden)
+    mlp_tiles = mlp_tiles_of(memory.get("tiled_mlp", 1), local_length, hidden)
+    loss_tiles = loss_tiles_of(memory.get("tiled_loss", 1), mb, local_length, vocab)
     if mlp_tiles > 1:
         def tiled_mlp_forward(self, x):
             def mlp(module, shard):
