@@ -107,8 +107,8 @@ std::string backends_section(const SweepData& data, const Table& table,
     }
   }
   if (!applied.empty()) {
-    out += "DeepSpeed's own code was corrected where it disagrees with the loss both backends "
-           "define (the deepspeed trials applied these workarounds):\n\n";
+    out += "The deepspeed trials worked around these pitfalls of DeepSpeed's own code, keeping "
+           "the loss both backends define:\n\n";
     for (const std::string& w : applied) out += "- " + w + "\n";
     out += "\n";
   }
