@@ -51,18 +51,11 @@ def is_comm(error):
                                    "timed out", "broken pipe", "peer"))
 
 
-def rss_bytes():
+def proc_status_bytes(field):
+    """A size from /proc/self/status: "VmRSS" (resident now) or "VmSize" (address space)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def vm_size_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -168,9 +161,9 @@ def main():
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
     # The process before the model: what peak_mem_bytes counts above (summary memory_baseline_bytes).
-    baseline = rss_bytes()
+    baseline = proc_status_bytes("VmRSS")
     if limit_gib > 0 and device == "cpu":
-        cap = vm_size_bytes() + int(limit_gib * (1 << 30))
+        cap = proc_status_bytes("VmSize") + int(limit_gib * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     if device == "cuda":
         torch.cuda.set_device(local_rank)
