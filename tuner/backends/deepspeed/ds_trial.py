@@ -38,8 +38,15 @@ def fail(code, text):
     os._exit(code)  # a rank that stops must not wait for the others in atexit handlers
 
 
+# Set once the address space is capped (memory.limit_gib on CPU): then a C extension whose
+# allocation fails can surface as a SystemError without an exception set instead of MemoryError.
+ADDRESS_SPACE_CAPPED = False
+
+
 def is_oom(error):
     text = str(error)
+    if ADDRESS_SPACE_CAPPED and isinstance(error, SystemError) and "without exception set" in text:
+        return True
     return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or
             any(s in text for s in ("out of memory", "can't allocate memory", "DefaultCPUAllocator",
                                     "std::bad_alloc", "Cannot allocate memory")))
@@ -165,6 +172,8 @@ def main():
     if limit_gib > 0 and device == "cpu":
         cap = proc_status_bytes("VmSize") + int(limit_gib * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        global ADDRESS_SPACE_CAPPED
+        ADDRESS_SPACE_CAPPED = True
     if device == "cuda":
         torch.cuda.set_device(local_rank)
         if limit_gib > 0:
@@ -374,10 +383,13 @@ if __name__ == "__main__":
         main()
     except SystemExit:
         raise
-    except BaseException as e:  # the status says what happened; the message is one line
-        first_line = str(e).strip().split("\n")[0][:300]
+    except BaseException as e:  # the status says what happened; the last line says it in one
+        import traceback
+        sys.stderr.write(traceback.format_exc())
+        first_line = str(e).strip().split("\n")[0][:300] or type(e).__name__
         if is_oom(e):
-            fail(EXIT_OOM, f"out of memory: {first_line}")
+            capped = " (memory.limit_gib caps the address space)" if ADDRESS_SPACE_CAPPED else ""
+            fail(EXIT_OOM, f"out of memory: {first_line}{capped}")
         if is_comm(e):
             fail(EXIT_COMM, f"communication failed: {first_line}")
         fail(1, f"error: {type(e).__name__}: {first_line}")
