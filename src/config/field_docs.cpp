@@ -21,6 +21,9 @@ const std::map<std::string, std::string>& meanings() {
        "A model from profiles/models/NAME.yaml (tiny, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
        "...) or a path to such a file; its fields replace the defaults below, and fields written "
        "in the run config win over it. \"\" = the inline fields."},
+      {"model.family",
+       "Decoder family: llama, qwen2 (Qwen2/2.5: q/k/v biases), qwen3 (per-head q/k RMSNorm "
+       "before RoPE) or mistral; checkpoints are written in its HF layout (model_type)."},
       {"model.hidden_size", "Model width h."},
       {"model.num_layers", "Decoder layers."},
       {"model.num_heads", "Query heads hq; must be divisible by mesh.sp."},
@@ -37,6 +40,9 @@ const std::map<std::string, std::string>& meanings() {
       {"model.rope_high_freq_factor", "llama3 scaling: high-frequency factor (> low)."},
       {"model.rope_original_max_position", "llama3 scaling: original context length."},
       {"model.rms_norm_eps", "RMSNorm epsilon."},
+      {"model.sliding_window",
+       "Sliding-window attention span in tokens (Mistral); 0 = none. A window shorter than "
+       "sequence.length is refused (sliding-window attention is not implemented)."},
       {"model.tie_embeddings", "The LM head shares the token embedding's weight."},
       {"model.init_seed",
        "Seed of the random weight init (identical on every rank; on CUDA the weights are drawn on "

@@ -14,6 +14,7 @@ namespace ulysses::config {
 template <class M, class Visit>
 void for_each_model_field(M& m, Visit&& visit) {
   visit("preset", m.preset);
+  visit("family", m.family);
   visit("hidden_size", m.hidden_size);
   visit("num_layers", m.num_layers);
   visit("num_heads", m.num_heads);
@@ -28,6 +29,7 @@ void for_each_model_field(M& m, Visit&& visit) {
   visit("rope_high_freq_factor", m.rope_high_freq_factor);
   visit("rope_original_max_position", m.rope_original_max_position);
   visit("rms_norm_eps", m.rms_norm_eps);
+  visit("sliding_window", m.sliding_window);
   visit("tie_embeddings", m.tie_embeddings);
   visit("init_seed", m.init_seed);
   visit("init_std", m.init_std);

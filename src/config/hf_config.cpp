@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "config/model_family.h"
 
 using nlohmann::json;
 
@@ -24,7 +25,7 @@ class JsonFields {
   }
 
   const json& require(const char* key) const {
-    if (!has(key)) fail(key, "missing (required for a Llama model)");
+    if (!has(key)) fail(key, "missing (required for a decoder model)");
     return object_[key];
   }
 
@@ -81,23 +82,34 @@ void read_rope_scaling(const json& scaling, const std::string& source, ModelOpti
 ModelOptions model_options_from_hf_config(const json& config, const std::string& source) {
   if (!config.is_object()) throw UserError(source + ": expected a JSON object");
   const JsonFields fields(config, source);
+  ModelOptions model;
+  fields.read("model_type", model.family);  // absent: llama, as older Llama configs
+  const ModelFamily& family = model_family(model.family, source + ": model_type");
   std::string text;
-  fields.read("model_type", text);
-  if (!text.empty() && text != "llama") {
-    fields.fail("model_type", "'" + text + "' is not supported (llama only)");
-  }
-  text.clear();
   fields.read("hidden_act", text);
   if (!text.empty() && text != "silu") {
     fields.fail("hidden_act", "'" + text + "' is not supported (silu only)");
   }
+  // Qwen2's q/k/v biases are implied by its model_type; an attention_bias key (Llama, Qwen3) puts
+  // a bias on o_proj too, which no supported family has.
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
     bool has_bias = false;
     fields.read(bias, has_bias);
-    if (has_bias) fields.fail(bias, "true is not supported (the model has no biases)");
+    if (has_bias) {
+      fields.fail(bias, std::string("true is not supported (") + family.name +
+                            (family.qkv_bias ? " has biases on q/k/v only)" : " has no biases)"));
+    }
+  }
+  // Qwen's configs carry a window that applies only with use_sliding_window; Mistral's applies
+  // whenever it is not null (v0.3 and Nemo write null). Both default to 4096 when the key is absent,
+  // as transformers' config classes do.
+  bool use_sliding_window = model.family == "mistral";
+  if (model.family != "llama") fields.read("use_sliding_window", use_sliding_window);
+  if (use_sliding_window) {
+    model.sliding_window = config.contains("sliding_window") ? 0 : 4096;
+    fields.read("sliding_window", model.sliding_window);
   }
 
-  ModelOptions model;
   model.rms_norm_eps = 1.0e-6;  // HF LlamaConfig's defaults where they differ from ours
   model.max_position_embeddings = 2048;
   fields.read("hidden_size", model.hidden_size, true);
@@ -105,7 +117,7 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
   fields.read("num_attention_heads", model.num_heads, true);
   model.num_kv_heads = model.num_heads;
   fields.read("num_key_value_heads", model.num_kv_heads);
-  model.head_dim = 0;
+  model.head_dim = model.family == "qwen3" ? 128 : 0;  // Qwen3Config's default is 128, not h / hq
   fields.read("head_dim", model.head_dim);
   fields.read("intermediate_size", model.intermediate_size, true);
   fields.read("vocab_size", model.vocab_size, true);
@@ -171,9 +183,10 @@ json to_hf_config_json(const ModelOptions& model, const std::string& torch_dtype
                     {"high_freq_factor", model.rope_high_freq_factor},
                     {"original_max_position_embeddings", model.rope_original_max_position}};
   }
-  return json{
-      {"architectures", json::array({"LlamaForCausalLM"})},
-      {"model_type", "llama"},
+  const ModelFamily& family = model_family(model.family);
+  json config{
+      {"architectures", json::array({family.hf_architecture})},
+      {"model_type", family.name},
       {"hidden_size", model.hidden_size},
       {"intermediate_size", model.intermediate_size},
       {"num_hidden_layers", model.num_layers},
@@ -187,16 +200,25 @@ json to_hf_config_json(const ModelOptions& model, const std::string& torch_dtype
       {"rms_norm_eps", model.rms_norm_eps},
       {"tie_word_embeddings", model.tie_embeddings},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
       {"attention_dropout", 0.0},
-      {"mlp_bias", false},
       {"initializer_range", model.init_std},
-      {"pretraining_tp", 1},
       {"bos_token_id", model.bos_token_id},
       {"eos_token_id", model.eos_token_id},
       {"torch_dtype", torch_dtype},
       {"use_cache", true},
   };
+  const json window = model.sliding_window > 0 ? json(model.sliding_window) : json(nullptr);
+  if (model.family == "llama") {
+    config.update({{"attention_bias", false}, {"mlp_bias", false}, {"pretraining_tp", 1}});
+  } else if (model.family == "mistral") {
+    config["sliding_window"] = window;
+  } else {  // qwen2, qwen3: the window is off unless use_sliding_window
+    config.update({{"use_sliding_window", model.sliding_window > 0},
+                   {"sliding_window", window},
+                   {"max_window_layers", model.num_layers}});
+    if (model.family == "qwen3") config["attention_bias"] = false;
+  }
+  return config;
 }
 
 }  // namespace ulysses::config

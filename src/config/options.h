@@ -8,9 +8,12 @@
 
 namespace ulysses::config {
 
-// Shapes of a Llama-family decoder.
+// Shapes of a decoder of one of the supported families (model/family.h).
 struct ModelOptions {
   std::string preset;               // name of profiles/models/<preset>.yaml, "" = inline fields
+  // llama | qwen2 | qwen3 | mistral: what the family adds to the Llama block (q/k/v biases,
+  // per-head q/k norms) and the HF layout its checkpoints are written in.
+  std::string family = "llama";
   int64_t hidden_size = 256;        // h
   int64_t num_layers = 2;           // L
   int64_t num_heads = 8;            // hq
@@ -26,6 +29,9 @@ struct ModelOptions {
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_position = 8192;
   double rms_norm_eps = 1.0e-5;
+  // Sliding-window attention span in tokens (Mistral's sliding_window); 0 = none. Not implemented:
+  // validation refuses a window shorter than the sequence, where it would change attention.
+  int64_t sliding_window = 0;
   bool tie_embeddings = false;
   uint64_t init_seed = 1234;
   double init_std = 0.02;           // normal(0, init_std) for every weight matrix

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "config/model_family.h"
 #include "config/run_config.h"
 #include "config/yaml_values.h"
 
@@ -60,6 +61,7 @@ void data_source(const std::string& key, const std::string& source) {
 }
 
 void validate_model(ModelOptions& m) {
+  model_family(m.family);
   at_least("model.hidden_size", m.hidden_size, 1);
   at_least("model.num_layers", m.num_layers, 1);
   at_least("model.num_heads", m.num_heads, 1);
@@ -75,10 +77,6 @@ void validate_model(ModelOptions& m) {
   }
   require(m.head_dim % 2 == 0, "model.head_dim",
           "must be even (RoPE rotates half-splits), got " + show(m.head_dim));
-  require(m.num_heads * m.head_dim == m.hidden_size, "model.head_dim",
-          "num_heads " + show(m.num_heads) + " * head_dim " + show(m.head_dim) + " = " +
-              show(m.num_heads * m.head_dim) + " does not match hidden_size " +
-              show(m.hidden_size));
   require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
           show(m.num_kv_heads) + " does not divide num_heads " + show(m.num_heads));
   positive("model.rope_theta", m.rope_theta);
@@ -93,6 +91,7 @@ void validate_model(ModelOptions& m) {
     at_least("model.rope_original_max_position", m.rope_original_max_position, 1);
   }
   positive("model.rms_norm_eps", m.rms_norm_eps);
+  at_least("model.sliding_window", m.sliding_window, 0);
   positive("model.init_std", m.init_std);
   at_least("model.max_position_embeddings", m.max_position_embeddings, 1);
   for (auto [key, id] : {std::pair{"model.bos_token_id", m.bos_token_id},
@@ -126,6 +125,13 @@ void validate_run(const RunConfig& c) {
   at_least("train.steps", c.train.steps, 0);
 
   at_least("sequence.length", c.sequence.length, 1);  // padded to a multiple of sp at run time
+  // A window at least as long as the sequence never masks anything (no token is that far back).
+  require(c.model.sliding_window == 0 || c.model.sliding_window >= c.sequence.length,
+          "model.sliding_window",
+          show(c.model.sliding_window) + " is shorter than sequence.length " +
+              show(c.sequence.length) +
+              ": sliding-window attention is not implemented (a model without a window, such as "
+              "Mistral v0.3, or a sequence no longer than the window)");
   at_least("sequence.micro_batch", c.sequence.micro_batch, 1);
   at_least("sequence.grad_accum", c.sequence.grad_accum, 1);
 

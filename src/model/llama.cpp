@@ -115,10 +115,18 @@ void init_llama_weights(torch::nn::Module& module, uint64_t seed, double std) {
                 "init_llama_weights: ", item.key(), " must be CPU fp32 (init before .to())");
     if (p.dim() == 2) {
       p.normal_(0.0, std, generator);
+    } else if (is_bias(item.key())) {
+      p.zero_();
     } else {
       p.fill_(1.0);
     }
   }
+}
+
+bool is_bias(const std::string& parameter_name) {
+  const std::string suffix = ".bias";
+  return parameter_name.size() >= suffix.size() &&
+         parameter_name.compare(parameter_name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace ulysses::model

@@ -1,4 +1,5 @@
-// The Llama-family decoder with HF module names, so named_parameters() yields
+// The decoder of every supported family (Llama, Qwen2/2.5, Qwen3, Mistral: their differences are
+// the flags of config/model_family.h) with HF module names, so named_parameters() yields
 // "model.embed_tokens.weight", "model.layers.<i>.self_attn.q_proj.weight", ...,
 // "model.norm.weight", "lm_head.weight" (absent with tie_embeddings) in HF's order.
 #pragma once
@@ -8,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "config/options.h"
 #include "model/attention_core.h"
@@ -107,8 +109,12 @@ TORCH_MODULE(LlamaForCausalLM);
 
 // Deterministic init: walks module.named_parameters() in order and, with one local CPU generator
 // seeded with `seed`, fills every 2-D parameter (Linear/Embedding weight) with N(0, std) drawn in
-// fp32 and every 1-D parameter (norm weight) with 1. Same seed and shapes -> bit-identical weights
-// on every rank and mesh. REQUIRES: parameters on CPU, fp32.
+// fp32, every bias with 0 and every other 1-D parameter (norm weight) with 1, as transformers
+// initializes them. Same seed and shapes -> bit-identical weights on every rank and mesh.
+// REQUIRES: parameters on CPU, fp32.
 void init_llama_weights(torch::nn::Module& module, uint64_t seed, double std);
+
+// Whether a parameter name ends in ".bias" (q/k/v projections of Qwen2).
+bool is_bias(const std::string& parameter_name);
 
 }  // namespace ulysses::model

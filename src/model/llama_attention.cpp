@@ -2,6 +2,7 @@
 #include "model/llama_attention.h"
 
 #include "common/error.h"
+#include "config/model_family.h"
 #include "model/rotary.h"
 
 namespace ulysses::model {
@@ -22,11 +23,16 @@ LlamaAttentionImpl::LlamaAttentionImpl(const config::ModelOptions& o)
                     "), got " + std::to_string(num_kv_heads_));
   }
   if (head_dim_ <= 0) throw UserError("model.head_dim: must be > 0");
+  const config::ModelFamily& family = config::model_family(o.family);
   const int64_t h = o.hidden_size;
-  q_proj = register_module("q_proj", Linear(h, num_heads_ * head_dim_));
-  k_proj = register_module("k_proj", Linear(h, num_kv_heads_ * head_dim_));
-  v_proj = register_module("v_proj", Linear(h, num_kv_heads_ * head_dim_));
+  q_proj = register_module("q_proj", Linear(h, num_heads_ * head_dim_, family.qkv_bias));
+  k_proj = register_module("k_proj", Linear(h, num_kv_heads_ * head_dim_, family.qkv_bias));
+  v_proj = register_module("v_proj", Linear(h, num_kv_heads_ * head_dim_, family.qkv_bias));
   o_proj = register_module("o_proj", Linear(num_heads_ * head_dim_, h));
+  if (family.qk_norm) {  // registered after the projections, as transformers' Qwen3Attention
+    q_norm = register_module("q_norm", RMSNorm(head_dim_, o.rms_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(head_dim_, o.rms_norm_eps));
+  }
 }
 
 void LlamaAttentionImpl::set_core(std::shared_ptr<AttentionCore> core) {
@@ -40,6 +46,10 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   at::Tensor q = q_proj(x).view({bs, tokens, num_heads_, head_dim_});     // [bs, T, hq, hd]
   at::Tensor k = k_proj(x).view({bs, tokens, num_kv_heads_, head_dim_});  // [bs, T, hkv, hd]
   at::Tensor v = v_proj(x).view({bs, tokens, num_kv_heads_, head_dim_});  // [bs, T, hkv, hd]
+  if (q_norm) {
+    q = q_norm(q);  // [bs, T, hq, hd]
+    k = k_norm(k);  // [bs, T, hkv, hd]
+  }
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
   at::Tensor out = core_->forward(q, k, v, ctx);  // [bs, T, hq, hd]

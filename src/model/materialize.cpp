@@ -25,6 +25,8 @@ void allocate_on_cuda(LlamaForCausalLM& model, const at::Device& device, at::Sca
     if (draw) {
       if (p.dim() == 2) {
         on_device.normal_(0.0, std, generator);
+      } else if (is_bias(item.key())) {
+        on_device.zero_();
       } else {
         on_device.fill_(1.0);
       }

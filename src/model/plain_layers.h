@@ -1,4 +1,4 @@
-// Bias-free Linear and token Embedding as bare weight holders. Unlike torch::nn::Linear/Embedding
+// Linear (bias optional) and token Embedding as bare weight holders. Unlike torch::nn::Linear/Embedding
 // they draw nothing from the global RNG: weights start uninitialized (host memory not yet touched)
 // and init_llama_weights (llama.h) or materialize_weights (materialize.h) gives them their values.
 #pragma once
@@ -7,16 +7,18 @@
 
 namespace ulysses::model {
 
-// y = x W^T. HF name of the parameter: "weight".
+// y = x W^T (+ b). HF names of the parameters: "weight", "bias".
 class LinearImpl : public torch::nn::Module {
  public:
-  LinearImpl(int64_t in_features, int64_t out_features) {
+  LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = false) {
     weight = register_parameter("weight", torch::empty({out_features, in_features}));
+    if (with_bias) bias = register_parameter("bias", torch::empty({out_features}));
   }
   // x [..., in] -> [..., out]
-  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight); }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
 
   at::Tensor weight;  // [out, in]
+  at::Tensor bias;    // [out]; undefined without a bias
 };
 TORCH_MODULE(Linear);
 

@@ -43,6 +43,8 @@ inline void expect_user_error_prefix(const std::function<void()>& fn, const std:
 
 // Every ModelOptions field except preset, load and init_seed, which HF config.json does not hold.
 inline void expect_same_shapes(const ModelOptions& a, const ModelOptions& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
   EXPECT_EQ(a.hidden_size, b.hidden_size);
   EXPECT_EQ(a.num_layers, b.num_layers);
   EXPECT_EQ(a.num_heads, b.num_heads);

@@ -168,14 +168,8 @@ TEST(ConfigErrors, HeadCountsIncompatibleWithSp) {
   }
 }
 
-TEST(ConfigErrors, HiddenSizeAndHeadDimInconsistent) {
+TEST(ConfigErrors, HeadDimUnsetOrOdd) {
   expect_errors({
-      {"model: {num_heads: 8, head_dim: 64}\n",
-       {},
-       "model.head_dim: num_heads 8 * head_dim 64 = 512 does not match hidden_size 256"},
-      {"model: {preset: tiny}\n",
-       {"model.hidden_size=512"},
-       "model.head_dim: num_heads 8 * head_dim 32 = 256 does not match hidden_size 512"},
       {"model: {hidden_size: 250}\n",
        {},
        "model.head_dim: not set, and hidden_size 250 is not divisible by num_heads 8"},
@@ -183,6 +177,31 @@ TEST(ConfigErrors, HiddenSizeAndHeadDimInconsistent) {
        {},
        "model.head_dim: must be even (RoPE rotates half-splits), got 33"},
   });
+}
+
+// Qwen3 and Mistral-Nemo give head_dim explicitly: num_heads * head_dim need not be hidden_size.
+TEST(ConfigErrors, ExplicitHeadDimNeedNotMatchHiddenSize) {
+  const RunConfig c = parse_run_config_yaml("model: {num_heads: 8, head_dim: 64}\n");
+  EXPECT_EQ(c.model.head_dim, 64);
+  EXPECT_EQ(c.model.hidden_size, 256);
+}
+
+TEST(ConfigErrors, FamilyAndSlidingWindow) {
+  expect_errors({
+      {"model: {family: gemma2}\n",
+       {},
+       "model.family: 'gemma2' is not supported (supported: llama, mistral, qwen2, qwen3)"},
+      {"model: {family: mistral, sliding_window: 4096}\nsequence: {length: 8192}\n",
+       {},
+       "model.sliding_window: 4096 is shorter than sequence.length 8192: sliding-window attention "
+       "is not implemented (a model without a window, such as Mistral v0.3, or a sequence no "
+       "longer than the window)"},
+      {"model: {sliding_window: -1}\n", {}, "model.sliding_window: must be >= 0, got -1"},
+  });
+  // A window as long as the sequence masks nothing.
+  const RunConfig c = parse_run_config_yaml(
+      "model: {family: mistral, sliding_window: 4096}\nsequence: {length: 4096}\n");
+  EXPECT_EQ(c.model.sliding_window, 4096);
 }
 
 TEST(ConfigErrors, UnknownPreset) {

@@ -1,5 +1,6 @@
-// HF Llama config.json: reading real HF files, writing checkpoint configs, the write/read round
-// trip, `model.load: DIR` in a run config, and errors naming the file.
+// HF config.json of every family (Llama, Qwen2/2.5, Qwen3, Mistral): reading real HF files, writing
+// checkpoint configs in each family's layout, the write/read round trip, `model.load: DIR` in a
+// run config, and errors naming the file.
 #include "config/hf_config.h"
 
 #include <gtest/gtest.h>
@@ -85,6 +86,175 @@ const char* kLlama31_8B_Instruct = R"({
   "use_cache": true,
   "vocab_size": 128256
 })";
+
+// Qwen/Qwen2.5-7B config.json as published (q/k/v biases are implied by model_type; the window
+// is off: use_sliding_window false).
+const char* kQwen25_7B = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 3584,
+  "initializer_range": 0.02,
+  "intermediate_size": 18944,
+  "max_position_embeddings": 131072,
+  "max_window_layers": 28,
+  "model_type": "qwen2",
+  "num_attention_heads": 28,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 4,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 131072,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1",
+  "use_cache": true,
+  "use_mrope": false,
+  "use_sliding_window": false,
+  "vocab_size": 152064
+})";
+
+// Qwen/Qwen3-8B config.json as published (explicit head_dim; rope_theta an integer).
+const char* kQwen3_8B = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 12288,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 36,
+  "model_type": "qwen3",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 36,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// mistralai/Mistral-7B-v0.3 config.json as published (sliding_window null: no window).
+const char* kMistral7B_v03 = R"({
+  "architectures": ["MistralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32768
+})";
+
+TEST(HfConfig, ReadsQwen2Qwen3AndMistral) {
+  const ModelOptions qwen2 = model_options_from_hf_config(json::parse(kQwen25_7B), "q2");
+  EXPECT_EQ(qwen2.family, "qwen2");
+  EXPECT_EQ(qwen2.hidden_size, 3584);
+  EXPECT_EQ(qwen2.num_heads, 28);
+  EXPECT_EQ(qwen2.num_kv_heads, 4);
+  EXPECT_EQ(qwen2.head_dim, 0);  // resolved by validation to 3584 / 28 = 128
+  EXPECT_EQ(qwen2.sliding_window, 0);  // use_sliding_window false
+  EXPECT_EQ(qwen2.rms_norm_eps, 1e-6);
+
+  const ModelOptions qwen3 = model_options_from_hf_config(json::parse(kQwen3_8B), "q3");
+  EXPECT_EQ(qwen3.family, "qwen3");
+  EXPECT_EQ(qwen3.head_dim, 128);
+  EXPECT_EQ(qwen3.rope_theta, 1.0e6);
+  EXPECT_EQ(qwen3.eos_token_id, 151645);
+  EXPECT_EQ(qwen3.sliding_window, 0);
+  // Qwen3Config's head_dim default is 128, not hidden_size / num_heads.
+  json no_head_dim = json::parse(kQwen3_8B);
+  no_head_dim.erase("head_dim");
+  no_head_dim["hidden_size"] = 2560;
+  EXPECT_EQ(model_options_from_hf_config(no_head_dim, "q3").head_dim, 128);
+
+  const ModelOptions mistral = model_options_from_hf_config(json::parse(kMistral7B_v03), "m");
+  EXPECT_EQ(mistral.family, "mistral");
+  EXPECT_EQ(mistral.vocab_size, 32768);
+  EXPECT_EQ(mistral.sliding_window, 0);
+}
+
+TEST(HfConfig, SlidingWindowAsTransformersReadsIt) {
+  json mistral = json::parse(kMistral7B_v03);
+  mistral["sliding_window"] = 4096;  // Mistral-7B-v0.1
+  EXPECT_EQ(model_options_from_hf_config(mistral, "m").sliding_window, 4096);
+  mistral.erase("sliding_window");  // MistralConfig's default
+  EXPECT_EQ(model_options_from_hf_config(mistral, "m").sliding_window, 4096);
+  json qwen = json::parse(kQwen25_7B);
+  qwen["use_sliding_window"] = true;
+  EXPECT_EQ(model_options_from_hf_config(qwen, "q").sliding_window, 131072);
+  // A window longer than the sequence changes nothing and trains; a shorter one is refused.
+  testing::TempDir dir;
+  mistral["sliding_window"] = 4096;
+  dir.write("config.json", mistral.dump());
+  EXPECT_EQ(parse_run_config_yaml("model: {load: " + dir.path() + "}\nsequence: {length: 4096}\n")
+                .model.sliding_window,
+            4096);
+  expect_user_error(
+      [&] {
+        parse_run_config_yaml("model: {load: " + dir.path() + "}\nsequence: {length: 4097}\n");
+      },
+      "model.sliding_window: 4096 is shorter than sequence.length 4097: sliding-window attention "
+      "is not implemented (a model without a window, such as Mistral v0.3, or a sequence no "
+      "longer than the window)");
+}
+
+TEST(HfConfig, WritesEachFamilyInItsOwnLayout) {
+  ModelOptions model = load_model_preset("tiny");
+  const struct {
+    const char* family;
+    const char* architecture;
+  } families[] = {{"llama", "LlamaForCausalLM"},
+                  {"mistral", "MistralForCausalLM"},
+                  {"qwen2", "Qwen2ForCausalLM"},
+                  {"qwen3", "Qwen3ForCausalLM"}};
+  for (const auto& f : families) {
+    SCOPED_TRACE(f.family);
+    model.family = f.family;
+    const json written = to_hf_config_json(model);
+    EXPECT_EQ(written["architectures"], json::array({f.architecture}));
+    EXPECT_EQ(written["model_type"], f.family);
+    const ModelOptions read = model_options_from_hf_config(json::parse(written.dump()), "w");
+    EXPECT_EQ(read.family, f.family);
+    EXPECT_EQ(read.sliding_window, 0);
+    expect_same_shapes(read, model);
+  }
+  model.family = "qwen2";
+  EXPECT_EQ(to_hf_config_json(model)["use_sliding_window"], false);
+  EXPECT_TRUE(to_hf_config_json(model)["sliding_window"].is_null());
+  EXPECT_FALSE(to_hf_config_json(model).contains("attention_bias"));  // implied q/k/v biases
+  model.family = "qwen3";
+  EXPECT_EQ(to_hf_config_json(model)["attention_bias"], false);
+  model.family = "mistral";
+  model.sliding_window = 8192;
+  EXPECT_EQ(to_hf_config_json(model)["sliding_window"], 8192);
+  EXPECT_EQ(model_options_from_hf_config(to_hf_config_json(model), "w").sliding_window, 8192);
+}
 
 TEST(HfConfig, ReadsLlama32_1BLikeThePreset) {
   const ModelOptions from_hf = model_options_from_hf_config(json::parse(kLlama32_1B), "1b");
@@ -192,12 +362,14 @@ TEST(HfConfig, ErrorsNameTheFileAndKey) {
     json config;
     std::string message;
   } cases[] = {
-      {with("hidden_size", drop), "hidden_size: missing (required for a Llama model)"},
+      {with("hidden_size", drop), "hidden_size: missing (required for a decoder model)"},
       {with("hidden_size", "big"), "hidden_size: expected an integer, got \"big\""},
       {with("rope_theta", true), "rope_theta: expected a number, got true"},
-      {with("model_type", "qwen2"), "model_type: 'qwen2' is not supported (llama only)"},
+      {with("model_type", "gemma2"),
+       "model_type: 'gemma2' is not supported (supported: llama, mistral, qwen2, qwen3)"},
       {with("attention_bias", true),
-       "attention_bias: true is not supported (the model has no biases)"},
+       "attention_bias: true is not supported (llama has no biases)"},
+      {with("mlp_bias", true), "mlp_bias: true is not supported (llama has no biases)"},
       {with("hidden_act", "gelu"), "hidden_act: 'gelu' is not supported (silu only)"},
       {with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}),
        "rope_scaling.rope_type: 'yarn' is not supported (llama3 or no rope_scaling)"},

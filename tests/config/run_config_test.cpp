@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/paths.h"
+#include "config/model_family.h"
 #include "config/presets.h"
 #include "config_test_util.h"
 
@@ -37,14 +38,20 @@ TEST(RunConfig, TinyCpuExampleLoads) {
 
 TEST(RunConfig, EveryPresetLoadsAndIsConsistent) {
   const std::vector<std::string> presets = available_presets();
-  for (const char* required : {"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"}) {
+  for (const char* required : {"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "qwen2.5-7b",
+                               "qwen3-4b", "qwen3-8b", "mistral-7b-v0.3", "mistral-nemo-12b"}) {
     EXPECT_NE(std::find(presets.begin(), presets.end(), required), presets.end()) << required;
   }
   for (const std::string& name : presets) {
     SCOPED_TRACE(name);
     const RunConfig c = parse_run_config_yaml("model:\n  preset: " + name + "\n", {});
     EXPECT_EQ(c.model.preset, name);
-    EXPECT_EQ(c.model.num_heads * c.model.head_dim, c.model.hidden_size);
+    model_family(c.model.family);  // one of the supported families
+    // Qwen3 and Mistral-Nemo give head_dim explicitly; every other model has h = hq * hd.
+    if (c.model.family != "qwen3" && name != "mistral-nemo-12b") {
+      EXPECT_EQ(c.model.num_heads * c.model.head_dim, c.model.hidden_size);
+    }
+    EXPECT_EQ(c.model.head_dim % 2, 0);
     EXPECT_EQ(c.model.num_heads % c.model.num_kv_heads, 0);
     EXPECT_GT(c.model.vocab_size, c.model.eos_token_id);
   }
