@@ -21,14 +21,15 @@ train="$build/bin/ulysses-train"
 tune="$build/bin/ulysses-tune"
 base=(--config experiments/runs/tiny-cpu.yaml --set train.device="$device" --set train.steps="$steps"
       --set sequence.length=1024 --set mesh.dp=1 --set mesh.sp=1)
-printf 'name\texit\tfinal_loss\tpeak_mem_bytes\n' > "$out/gpu-smoke.tsv"
+printf 'name\texit\tfinal_loss\tpeak_mem_bytes\tstep_ms_median\tattention_kernels\n' \
+  > "$out/gpu-smoke.tsv"
 failures=0
 run() {  # name, then extra --set arguments (or a launcher command line after "--launch")
   local name=$1; shift
   local dir="$out/runs/$name" status
   if [[ $device == cpu && ( " $* " == *precision=bf16* || " $* " == *backend=flash* ||
         " $* " == *backend=efficient* || " $* " == *backend=cudnn* ) ]]; then
-    printf '%s\t%s\t%s\t%s\n' "$name" skipped - - | tee -a "$out/gpu-smoke.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" skipped - - - - | tee -a "$out/gpu-smoke.tsv"
     return
   fi
   mkdir -p "$dir"
@@ -39,10 +40,14 @@ run() {  # name, then extra --set arguments (or a launcher command line after "-
     "$train" "${base[@]}" "$@" --set output.dir="$dir" >"$dir/log" 2>&1
   fi
   status=$?
-  local loss peak
-  loss=$(python3 -c "import json;print(json.load(open('$dir/summary.json'))['final_loss'])" 2>/dev/null)
-  peak=$(python3 -c "import json;print(json.load(open('$dir/summary.json'))['peak_mem_bytes'])" 2>/dev/null)
-  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "${loss:--}" "${peak:--}" | tee -a "$out/gpu-smoke.tsv"
+  local fields
+  # final loss, peak, median step time and the attention kernels the run recorded
+  fields=$(python3 -c "
+import json; s = json.load(open('$dir/summary.json'))
+print('\t'.join(str(v) for v in (s['final_loss'], s['peak_mem_bytes'], s['step_ms_median'],
+                                  ','.join(s.get('attention_kernels', [])) or '-')))" 2>/dev/null)
+  printf '%s\t%s\t%s\n' "$name" "$status" "${fields:-$(printf -- '-\t-\t-\t-')}" |
+    tee -a "$out/gpu-smoke.tsv"
   [[ $status -eq 0 ]] || { tail -5 "$dir/log"; failures=$((failures + 1)); }
 }
 run fp32_auto
@@ -62,6 +67,11 @@ precision=bf16
 run gloo_2ranks_sp2 --launch --nproc 2 --set train.device="$device" --set train.steps="$steps" \
   --set sequence.length=1024 --set mesh.dp=1 --set mesh.sp=2 --set comm.backend=gloo \
   --set memory.precision=$precision
+# Packed documents past the dense-mask size: flash and auto run every document of the batch in one
+# varlen flash launch (kernel flash_varlen); the efficient kernel runs one call per document. Same
+# tokens, so the losses agree to bf16 rounding and the step times compare the two paths.
 run bf16_packed_16k --set memory.precision=bf16 --set data.pack=true --set sequence.length=16384 \
   --set train.steps=5
+run bf16_packed_16k_per_document --set memory.precision=bf16 --set data.pack=true \
+  --set sequence.length=16384 --set train.steps=5 --set attention.backend=efficient
 [[ $failures -eq 0 ]]

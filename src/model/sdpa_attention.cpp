@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "model/varlen_flash_attention.h"
 
 namespace ulysses::model {
 namespace {
@@ -105,6 +106,17 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     TORCH_CHECK(documents->empty() || static_cast<int64_t>(documents->size()) == bs,
                 "sdpa_attention: documents of ", documents->size(), " samples for bs ", bs);
     if (!documents->empty()) blocks = documents;
+  }
+  if (blocks != nullptr &&
+      (kernel == AttentionBackend::kFlash || kernel == AttentionBackend::kSdpaAuto) &&
+      varlen_flash_applies(q, k, *blocks)) {
+    record_attention_kernel("flash_varlen");
+    try {
+      return varlen_flash_attention(q, k, v, *blocks);  // [bs, sl, hq, hd]
+    } catch (const c10::Error& e) {
+      if (is_out_of_memory_text(e.what_without_backtrace())) throw;
+      throw no_kernel_error(kernel, /*cuda=*/true, e);
+    }
   }
   if (doc_ids.defined() && blocks == nullptr) {
     at::Tensor same_doc = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));          // [bs, sl, sl]

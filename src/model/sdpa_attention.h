@@ -44,8 +44,10 @@ SdpKernels sdp_kernels_for(AttentionBackend backend, bool cuda);
 // (forced, fp32, or a dense mask), which rejects it: there k/v are expanded to hq heads.
 // With doc_ids (packed documents) two paths give the same result:
 //  - block-diagonal, when a dense mask would take more than max_dense_mask_bytes (bs * sl * sl
-//    bytes) and each document is one contiguous run of its id: one causal SDPA call per document
-//    of each sample, so no [sl, sl] mask ever exists and every kernel family can run;
+//    bytes) and each document is one contiguous run of its id: with flash or auto where
+//    varlen_flash_applies (CUDA, fp16/bf16), every document of the batch in one varlen flash
+//    launch (recorded as kernel "flash_varlen"); otherwise one causal SDPA call per document of
+//    each sample. Either way no [sl, sl] mask ever exists;
 //  - otherwise a bool mask [bs, 1, sl, sl], with flash or cudnn requests on CUDA running the
 //    efficient kernel (those CUDA kernels take no arbitrary mask).
 // `documents` (null or document_runs(doc_ids), found on the host) spares the block-diagonal path
