@@ -214,6 +214,8 @@ struct FeatureCase {
   bool offload;        // offload the checkpointed inputs (checkpointing is always on here)
   bool pack = false;   // packed documents: doc ids reach the attention of the recompute
   bool tiled = false;  // also tiled MLP and tiled loss (2 tiles each), nested in the recompute
+  // model.family; other than llama: testing::set_family's shapes, 1-D parameters perturbed
+  std::string family = "llama";
 };
 
 class CheckpointEquivalence : public ::testing::TestWithParam<FeatureCase> {};
@@ -233,7 +235,10 @@ TEST_P(CheckpointEquivalence, LossAndGradientsMatchThePlainPath) {
         c.model.tie_embeddings = tied;
         c.data.pack = fc.pack;
         if (fc.tiled) c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
+        testing::set_family(c.model, fc.family);
+        const bool perturb = fc.family != "llama";
         model::LlamaForCausalLM model = train::build_model(c, mesh, at::Device(at::kCPU));
+        if (perturb) testing::perturb_vector_parameters(*model);
         auto checkpointing = memory::enable_activation_checkpointing(model, fc.offload);
         train::StepLoss got =
             train::compute_gradients(model, rank_batches(c, fc.sp, mesh.sp_rank()), mesh,
@@ -248,6 +253,7 @@ TEST_P(CheckpointEquivalence, LossAndGradientsMatchThePlainPath) {
         ref_c.memory = config::MemoryOptions{};  // the plain path
         model::LlamaForCausalLM ref_model =
             train::build_model(ref_c, ref_mesh, at::Device(at::kCPU));
+        if (perturb) testing::perturb_vector_parameters(*ref_model);
         train::StepLoss want =
             train::compute_gradients(ref_model, rank_batches(ref_c, 1, 0), ref_mesh);
 
@@ -268,7 +274,10 @@ INSTANTIATE_TEST_SUITE_P(
                       FeatureCase{"offload_sp2", 2, true},
                       FeatureCase{"offload_packed_sp2", 2, true, true},
                       FeatureCase{"offload_tiled_sp1", 1, true, false, true},
-                      FeatureCase{"offload_tiled_packed_sp2", 2, true, true, true}),
+                      FeatureCase{"offload_tiled_packed_sp2", 2, true, true, true},
+                      // The families' attention terms in the recomputed layer
+                      FeatureCase{"qwen3_offload_tiled_packed_sp2", 2, true, true, true, "qwen3"},
+                      FeatureCase{"qwen2_checkpointing_sp2", 2, false, false, false, "qwen2"}),
     [](const ::testing::TestParamInfo<FeatureCase>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------------

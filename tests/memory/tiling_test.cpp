@@ -378,8 +378,16 @@ struct StackCase {
   int64_t length = 22;
   int64_t grad_accum = 1;
   bool checkpointing = false;  // memory.checkpointing in the tiled run: tiles inside the recompute
+  // model.family; other than llama: testing::set_family's shapes, 1-D parameters perturbed
+  std::string family = "llama";
 };
 void PrintTo(const StackCase& c, std::ostream* os) { *os << c.name; }
+
+StackCase with_family(StackCase sc, const std::string& family) {
+  sc.name = family + "_" + sc.name;
+  sc.family = family;
+  return sc;
+}
 
 class TiledStack : public ::testing::TestWithParam<StackCase> {};
 
@@ -393,6 +401,8 @@ TEST_P(TiledStack, ComputeGradientsMatchesPlainPath) {
     plain_c.sequence.length = sc.length;
     plain_c.sequence.micro_batch = sc.micro_batch;
     plain_c.sequence.grad_accum = sc.grad_accum;
+    testing::set_family(plain_c.model, sc.family);
+    const bool perturb = sc.family != "llama";
     config::RunConfig tiled_c = plain_c;
     tiled_c.memory.tiled_mlp.value = sc.mlp_tiles;
     tiled_c.memory.tiled_loss.value = sc.loss_tiles;
@@ -406,8 +416,10 @@ TEST_P(TiledStack, ComputeGradientsMatchesPlainPath) {
     for (int64_t m = 0; m < sc.grad_accum; ++m) batches.push_back(loader.micro_batch(1, m));
 
     model::LlamaForCausalLM plain = train::build_model(plain_c, mesh, cpu);
+    if (perturb) testing::perturb_vector_parameters(*plain);
     train::StepLoss want = train::compute_gradients(plain, batches, mesh);
     model::LlamaForCausalLM tiled = train::build_model(tiled_c, mesh, cpu);
+    if (perturb) testing::perturb_vector_parameters(*tiled);
     EXPECT_EQ(static_cast<bool>(tiled->model->layer(0)->mlp_runner), sc.mlp_tiles != 1);
     train::StepLoss got =
         train::compute_gradients(tiled, batches, mesh, {tiled_c.memory.tiled_loss});
@@ -438,7 +450,12 @@ INSTANTIATE_TEST_SUITE_P(
         StackCase{"sp2_mlp2_loss7_bs2_untied", 2, 2, 7, 2, false},
         StackCase{"sp2_mlp3_loss3_bs1_tied_checkpointing", 2, 3, 3, 1, true, 22, 1, true},
         // auto: local T 49 over h 32 -> 2 MLP tiles; loss auto -> 1 tile (tiny logits)
-        StackCase{"sp2_auto_bs1_tied", 2, 0, 0, 1, true, 98}),
+        StackCase{"sp2_auto_bs1_tied", 2, 0, 0, 1, true, 98},
+        // The families' attention terms inside the tiled and recomputed layers
+        with_family(StackCase{"sp2_mlp3_loss3_bs1_tied_checkpointing", 2, 3, 3, 1, true, 22, 1,
+                              true},
+                    "qwen3"),
+        with_family(StackCase{"sp2_mlp2_loss7_bs2_untied", 2, 2, 7, 2, false}, "qwen2")),
     [](const ::testing::TestParamInfo<StackCase>& info) { return info.param.name; });
 
 }  // namespace

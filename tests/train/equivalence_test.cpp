@@ -1,6 +1,10 @@
 // Loss and every parameter gradient over any dp x sp mesh equal one process running the
-// same global batch without SP (fp32: relative 1e-5 on the loss, 1e-4 on each gradient).
+// same global batch without SP (fp32: relative 1e-5 on the loss, 1e-4 on each gradient), for Llama
+// and for the Qwen2 (q/k/v biases) and Qwen3 (q/k norms, hq * hd != h) families.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
 
 #include "comm/mesh.h"
 #include "data/data_loader.h"
@@ -21,7 +25,17 @@ struct MeshCase {
   int64_t length = 24;  // padded to a multiple of sp when not divisible
   int64_t micro_batch = 1, grad_accum = 1;
   bool pack = false;
+  // model.family; other than llama: testing::set_family's shapes, 1-D parameters perturbed
+  std::string family = "llama";
 };
+
+// The family's tiny model (hq 4, hkv 2, h 32) on a dp x sp mesh: at sp 4 each KV head sits on 2
+// ranks (replication) and each rank holds one query head (sp == hq).
+MeshCase family_case(const std::string& family, int64_t dp, int64_t sp) {
+  MeshCase mc{family + "_" + std::to_string(dp) + "x" + std::to_string(sp), dp, sp, 4, 2};
+  mc.family = family;
+  return mc;
+}
 
 std::vector<data::Batch> rank_batches(const config::RunConfig& c, int64_t dp, int64_t dp_rank,
                                       int64_t sp, int64_t sp_rank) {
@@ -41,10 +55,13 @@ TEST_P(Equivalence, LossAndGradientsMatchSingleProcess) {
     c.sequence.micro_batch = mc.micro_batch;
     c.sequence.grad_accum = mc.grad_accum;
     c.data.pack = mc.pack;
+    testing::set_family(c.model, mc.family);
+    const bool perturb = mc.family != "llama";
     const at::Device cpu(at::kCPU);
 
     auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, mc.dp, mc.sp);
     model::LlamaForCausalLM model = train::build_model(c, mesh, cpu);
+    if (perturb) testing::perturb_vector_parameters(*model);
     auto batches = rank_batches(c, mc.dp, mesh.dp_rank(), mc.sp, mesh.sp_rank());
     train::StepLoss got = train::compute_gradients(model, batches, mesh);
 
@@ -57,6 +74,7 @@ TEST_P(Equivalence, LossAndGradientsMatchSingleProcess) {
     auto ref_mesh = comm::DeviceMesh::create_for_test(
         0, 1, ctx.temp_dir + "/ref-store-" + std::to_string(ctx.rank), 1, 1);
     model::LlamaForCausalLM ref_model = train::build_model(ref_c, ref_mesh, cpu);
+    if (perturb) testing::perturb_vector_parameters(*ref_model);
     train::StepLoss want = train::compute_gradients(ref_model, rank_batches(ref_c, 1, 0, 1, 0), ref_mesh);
 
     EXPECT_EQ(got.valid_tokens, want.valid_tokens);
@@ -64,11 +82,25 @@ TEST_P(Equivalence, LossAndGradientsMatchSingleProcess) {
     auto params = model->named_parameters();
     auto ref_params = ref_model->named_parameters();
     ASSERT_EQ(params.size(), ref_params.size());
+    double worst = 0.0;
+    std::string worst_name;
     for (const auto& item : ref_params) {
       const at::Tensor& g = params[item.key()].grad();
       ASSERT_TRUE(g.defined()) << item.key();
       const double err = testing::relative_error(g, item.value().grad());
       EXPECT_LT(err, kGradRelTol) << mc.name << " " << item.key() << " rank " << ctx.rank;
+      if (err > worst) {
+        worst = err;
+        worst_name = item.key();
+      }
+      // The family's own parameters (biases, q/k norms) must get a gradient that is not zero.
+      if (perturb) {
+        EXPECT_GT(item.value().grad().norm().item<double>(), 0) << item.key();
+      }
+    }
+    if (ctx.rank == 0) {
+      std::printf("%s: loss rel err %.3g, worst gradient rel err %.3g (%s)\n", mc.name.c_str(),
+                  std::abs(got.loss - want.loss) / want.loss, worst, worst_name.c_str());
     }
     // A gradient that is all zeros would match trivially: make sure it is not.
     EXPECT_GT(ref_params["model.layers.0.self_attn.q_proj.weight"].grad().norm().item<double>(), 0);
@@ -86,7 +118,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // 22 tokens over sp 4: padded to 24, last shard holds fewer valid labels
                       MeshCase{"padding_1x4", 1, 4, 4, 2, 22},
                       MeshCase{"packed_2x2", 2, 2, 4, 2, 24, 1, 1, true},
-                      MeshCase{"accum_bs2_2x2", 2, 2, 4, 2, 20, 2, 2, false}),
+                      MeshCase{"accum_bs2_2x2", 2, 2, 4, 2, 20, 2, 2, false},
+                      // The families: Qwen2's biases, Qwen3's q/k norms with hq * hd = 2 h
+                      family_case("qwen2", 1, 1), family_case("qwen2", 1, 2),
+                      family_case("qwen2", 1, 4), family_case("qwen2", 2, 1),
+                      family_case("qwen2", 2, 2), family_case("qwen3", 1, 1),
+                      family_case("qwen3", 1, 2), family_case("qwen3", 1, 4),
+                      family_case("qwen3", 2, 1), family_case("qwen3", 2, 2)),
     [](const ::testing::TestParamInfo<MeshCase>& info) { return info.param.name; });
 
 }  // namespace

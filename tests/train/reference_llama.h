@@ -3,7 +3,12 @@
 // causal softmax attention with GQA and document masks, SwiGLU MLP, LM head, at::cross_entropy_loss
 // with mean reduction and ignore_index -100, backward). No project code sits between the weights
 // and the gradients, so a bug shared by every mesh's compute_gradients (loss scaling, RoPE,
-// masking, GQA grouping) shows here.
+// masking, GQA grouping) shows here. The families' additions follow transformers' modeling files:
+// Qwen2 adds biases to q_proj, k_proj and v_proj (Qwen2Attention); Qwen3 applies an RMSNorm over
+// hd to each query and key head after the projection and before RoPE (Qwen3Attention.q_norm,
+// k_norm), and its hq * hd need not equal h. Which family has which is written here, not read from
+// config/model_family.h, so a wrong flag in the project's table shows as a missing or unexpected
+// weight.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -37,12 +42,27 @@ inline at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   return x * cos.unsqueeze(2) + rotated * sin.unsqueeze(2);
 }
 
+// What a family adds to the Llama block, as transformers' classes define it.
+struct FamilyTerms {
+  bool qkv_bias = false;  // Qwen2: q_proj, k_proj, v_proj have biases (o_proj has none)
+  bool qk_norm = false;   // Qwen3: RMSNorm over hd of each q and k head, before RoPE
+};
+
+inline FamilyTerms family_terms(const std::string& family) {
+  if (family == "llama" || family == "mistral") return {};
+  if (family == "qwen2") return {.qkv_bias = true, .qk_norm = false};
+  TORCH_CHECK(family == "qwen3", "reference: unknown model family '", family, "'");
+  return {.qkv_bias = false, .qk_norm = true};
+}
+
 }  // namespace reference_detail
 
 // The loss and gradients of one process holding the whole global batch.
 //   weights: every parameter by HF name (any float dtype; copied to fp64 leaves here)
 //   input_ids, labels, position_ids [bs, sl] int64; doc_ids [bs, sl] int64 or undefined
-// REQUIRES: options.head_dim resolved (> 0), rope_scaling_type "" (no llama3 scaling here).
+// REQUIRES: options.head_dim resolved (> 0), rope_scaling_type "" (no llama3 scaling here),
+// sliding_window 0 or >= sl (no window is applied here). `weights` holds the family's parameters by
+// transformers' names: a missing one throws; an extra one comes back with an undefined gradient.
 inline ReferenceResult reference_loss_and_gradients(
     const config::ModelOptions& options, const std::map<std::string, at::Tensor>& weights,
     const at::Tensor& input_ids, const at::Tensor& labels, const at::Tensor& position_ids,
@@ -57,6 +77,21 @@ inline ReferenceResult reference_loss_and_gradients(
   }
   const int64_t bs = input_ids.size(0), sl = input_ids.size(1);
   const int64_t hq = options.num_heads, hkv = options.num_kv_heads, hd = options.head_dim;
+  TORCH_CHECK(options.sliding_window == 0 || options.sliding_window >= sl,
+              "reference: a sliding window shorter than the sequence is not modelled");
+  const rd::FamilyTerms family = rd::family_terms(options.family);
+  // x [bs, sl, h] -> [bs, sl, heads, hd]: the projection `name` (with its bias in Qwen2), then
+  // (Qwen3, q and k only) the per-head RMSNorm `norm`.
+  auto project = [&](const at::Tensor& x, const std::string& p, const std::string& name,
+                     int64_t heads, const char* norm) {
+    const std::string proj = p + "self_attn." + name;
+    at::Tensor bias = family.qkv_bias ? w.at(proj + ".bias") : at::Tensor();
+    at::Tensor out = at::linear(x, w.at(proj + ".weight"), bias).view({bs, sl, heads, hd});
+    if (family.qk_norm && norm != nullptr) {
+      out = rd::rms_norm(out, w.at(p + "self_attn." + norm + ".weight"), options.rms_norm_eps);
+    }
+    return out;
+  };
 
   // RoPE tables from the positions: angle = position * theta^(-2i/hd), duplicated over halves.
   at::Tensor inv_freq = at::pow(options.rope_theta, -at::arange(0, hd, 2, at::kDouble) / hd);
@@ -75,9 +110,9 @@ inline ReferenceResult reference_loss_and_gradients(
   for (int64_t layer = 0; layer < options.num_layers; ++layer) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     at::Tensor h = rd::rms_norm(x, w.at(p + "input_layernorm.weight"), options.rms_norm_eps);
-    at::Tensor q = at::linear(h, w.at(p + "self_attn.q_proj.weight")).view({bs, sl, hq, hd});
-    at::Tensor k = at::linear(h, w.at(p + "self_attn.k_proj.weight")).view({bs, sl, hkv, hd});
-    at::Tensor v = at::linear(h, w.at(p + "self_attn.v_proj.weight")).view({bs, sl, hkv, hd});
+    at::Tensor q = project(h, p, "q_proj", hq, "q_norm");   // [bs, sl, hq, hd]
+    at::Tensor k = project(h, p, "k_proj", hkv, "k_norm");  // [bs, sl, hkv, hd]
+    at::Tensor v = project(h, p, "v_proj", hkv, nullptr);   // [bs, sl, hkv, hd]
     q = rd::rope(q, cos, sin);
     k = rd::rope(k, cos, sin);
     // GQA: query head i reads kv head i / (hq / hkv).

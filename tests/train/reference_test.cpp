@@ -2,8 +2,13 @@
 // (compute_gradients on real Gloo ranks, fp32) equal the plain-ATen fp64 computation of
 // reference_llama.h on the whole global batch (full logits -> cross_entropy(mean) -> backward),
 // with no project code in between. Also runs the Ulysses path through SDPA (auto and the forced CPU
-// flash kernel) with packed documents (doc masks) and GQA replication.
+// flash kernel) with packed documents (doc masks) and GQA replication, and the Qwen2 and Qwen3
+// families (their biases and q/k norms moved off their init, so that a dropped term shows) on the
+// five meshes.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
 
 #include "comm/mesh.h"
 #include "data/data_loader.h"
@@ -30,12 +35,24 @@ struct RefCase {
   bool pack = false;
   bool tied = false;
   std::string backend = "auto";  // attention.backend of the mesh run ("auto" = SDPA)
-  std::string expect_core;       // when set, the mesh model's attention core name must equal it
+  std::string expect_core = "";  // when set, the mesh model's attention core name must equal it
+  // model.family; other than llama: testing::set_family's shapes, 1-D parameters perturbed
+  std::string family = "llama";
 };
+
+// The family's tiny model (hq 4, hkv 2, h 32) on a dp x sp mesh: at sp 4 each KV head sits on 2
+// ranks (replication) and each rank holds one query head (sp == hq).
+RefCase family_case(const std::string& family, int64_t dp, int64_t sp) {
+  RefCase rc{family + "_" + std::to_string(dp) + "x" + std::to_string(sp), dp, sp, 4, 2};
+  rc.family = family;
+  return rc;
+}
 void PrintTo(const RefCase& c, std::ostream* os) { *os << c.name; }
 
-std::map<std::string, at::Tensor> initial_weights(const config::ModelOptions& options) {
+std::map<std::string, at::Tensor> initial_weights(const config::ModelOptions& options,
+                                                  bool perturb) {
   model::LlamaForCausalLM model(options);  // the seeded init every mesh starts from
+  if (perturb) testing::perturb_vector_parameters(*model);
   std::map<std::string, at::Tensor> out;
   for (const auto& item : model->named_parameters()) out[item.key()] = item.value().detach();
   return out;
@@ -53,11 +70,16 @@ TEST_P(ReferenceEquivalence, MeshGradientsMatchPlainAtenReference) {
     c.data.pack = rc.pack;
     c.model.tie_embeddings = rc.tied;
     c.attention.backend = rc.backend;
+    testing::set_family(c.model, rc.family);
+    const bool perturb = rc.family != "llama";
 
     // The mesh run: this rank's micro-batches through compute_gradients.
     auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, rc.dp, rc.sp);
     model::LlamaForCausalLM model = train::build_model(c, mesh, at::Device(at::kCPU));
-    if (!rc.expect_core.empty()) EXPECT_EQ(model->attention_core()->name(), rc.expect_core);
+    if (perturb) testing::perturb_vector_parameters(*model);
+    if (!rc.expect_core.empty()) {
+      EXPECT_EQ(model->attention_core()->name(), rc.expect_core);
+    }
     data::DataLoader loader(c.data, c.sequence, c.model.vocab_size, rc.dp, mesh.dp_rank(), rc.sp,
                             mesh.sp_rank());
     std::vector<data::Batch> batches;
@@ -71,21 +93,31 @@ TEST_P(ReferenceEquivalence, MeshGradientsMatchPlainAtenReference) {
     data::DataLoader global(c.data, whole, c.model.vocab_size, 1, 0, 1, 0);
     const data::Batch all = global.micro_batch(1, 0);
     const testing::ReferenceResult want = testing::reference_loss_and_gradients(
-        c.model, initial_weights(c.model), all.input_ids, all.labels, all.position_ids,
+        c.model, initial_weights(c.model, perturb), all.input_ids, all.labels, all.position_ids,
         all.doc_ids);
 
     EXPECT_EQ(got.valid_tokens, want.valid_tokens);
     EXPECT_NEAR(got.loss, want.loss, kLossRelTol * want.loss) << rc.name;
     auto params = model->named_parameters();
     ASSERT_EQ(params.size(), want.grads.size());
+    double worst = 0.0;
+    std::string worst_name;
     for (const auto& [name, ref_grad] : want.grads) {
       ASSERT_TRUE(params.contains(name)) << name;
       const at::Tensor& g = params[name].grad();
       ASSERT_TRUE(g.defined()) << name;
       // A reference gradient of zeros would match a missing one: every tensor must be nonzero.
       EXPECT_GT(ref_grad.norm().item<double>(), 0) << name;
-      EXPECT_LT(testing::relative_error(g, ref_grad), kGradRelTol)
-          << rc.name << " " << name << " rank " << ctx.rank;
+      const double err = testing::relative_error(g, ref_grad);
+      EXPECT_LT(err, kGradRelTol) << rc.name << " " << name << " rank " << ctx.rank;
+      if (err > worst) {
+        worst = err;
+        worst_name = name;
+      }
+    }
+    if (ctx.rank == 0) {
+      std::printf("%s: loss rel err %.3g, worst gradient rel err %.3g (%s)\n", rc.name.c_str(),
+                  std::abs(got.loss - want.loss) / want.loss, worst, worst_name.c_str());
     }
   });
 }
@@ -111,7 +143,12 @@ INSTANTIATE_TEST_SUITE_P(
         RefCase{"packed_flash_gqa_replicate_1x4", 1, 4, 8, 2, 24, 2, 1, true, false, "flash",
                 "ulysses(sp=4, flash)"},
         RefCase{"flash_gqa_1x2", 1, 2, 4, 2, 24, 1, 1, false, false, "flash",
-                "ulysses(sp=2, flash)"}),
+                "ulysses(sp=2, flash)"},
+        // The families: Qwen2's biases, Qwen3's q/k norms with hq * hd = 2 h
+        family_case("qwen2", 1, 1), family_case("qwen2", 1, 2), family_case("qwen2", 1, 4),
+        family_case("qwen2", 2, 1), family_case("qwen2", 2, 2), family_case("qwen3", 1, 1),
+        family_case("qwen3", 1, 2), family_case("qwen3", 1, 4), family_case("qwen3", 2, 1),
+        family_case("qwen3", 2, 2)),
     [](const ::testing::TestParamInfo<RefCase>& info) { return info.param.name; });
 
 }  // namespace

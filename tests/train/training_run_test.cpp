@@ -1,6 +1,7 @@
 // Whole training runs on real Gloo ranks: loss falls on a learnable token file, sp = 1, 2, 4 give
 // the same per-step losses, resume reproduces steps bit-for-bit, checkpoints follow HF Llama, and
-// evaluation of a saved checkpoint (with and without SP) reproduces the trained model's loss; resume
+// Qwen2/Qwen3 checkpoints follow transformers' layout for their family and train their biases and
+// q/k norms; evaluation of a saved checkpoint (with and without SP) reproduces the trained model's loss; resume
 // refuses what it cannot continue, continues the data by samples seen and appends to metrics;
 // non-finite gradients skip the update; every rank writes its share of a checkpoint.
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 #include "comm/mesh.h"
 #include "common/error.h"
@@ -197,6 +200,59 @@ TEST(TrainingRun, CheckpointFollowsHuggingFaceLlama) {
   // No temporary directory left behind.
   for (const auto& e : fs::directory_iterator(c.checkpoint.dir))
     EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+}
+
+// A Qwen2 or Qwen3 run's checkpoints hold the family's tensors by transformers' names (biases on
+// q/k/v; q_norm/k_norm of shape [hd]) and a config.json of its class; the initial biases are 0 and
+// the norms 1, and one step of AdamW moves every one of them (they are trained, sharded over sp 2).
+TEST(TrainingRun, FamilyCheckpointsFollowTransformers) {
+  for (const std::string family : {"qwen2", "qwen3"}) {
+    const std::string dir = testing::shared_dir("train-test", "hf-" + family);
+    if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);
+    config::RunConfig c = learnable_config(dir, 1, 2, 1);
+    testing::set_family(c.model, family);
+    c.output.dir = dir + "/out";
+    c.checkpoint.dir = dir + "/ckpt";
+    c.checkpoint.save_initial = true;
+    train_on_ranks(c);
+    if (testing::in_rank_child()) continue;
+
+    const auto initial = model::load_safetensors(c.checkpoint.dir + "/initial/model.safetensors");
+    const auto trained = model::load_safetensors(c.checkpoint.dir + "/step-1/model.safetensors");
+    std::set<std::string> extras;  // the family's tensors beyond Llama's
+    for (const auto& [name, t] : initial) {
+      if (name.find("_proj.bias") != std::string::npos || name.find("_norm.") != std::string::npos) {
+        extras.insert(name);
+        const bool bias = name.ends_with(".bias");
+        EXPECT_TRUE(at::equal(t, bias ? at::zeros_like(t) : at::ones_like(t))) << family << " " << name;
+        EXPECT_FALSE(at::equal(trained.at(name), t)) << family << " " << name << " was not trained";
+      }
+    }
+    std::set<std::string> want;
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
+      for (const char* n : family == "qwen2"
+                               ? std::vector<const char*>{"q_proj.bias", "k_proj.bias", "v_proj.bias"}
+                               : std::vector<const char*>{"q_norm.weight", "k_norm.weight"}) {
+        want.insert(p + n);
+      }
+    }
+    EXPECT_EQ(extras, want) << family;
+    EXPECT_EQ(initial.size(), 9 * 2 + 3 + want.size()) << family;  // Llama's 21 tensors + extras
+    if (family == "qwen2") {
+      EXPECT_EQ(initial.at("model.layers.0.self_attn.k_proj.bias").sizes(),
+                (std::vector<int64_t>{2 * 8}));  // [hkv*hd]
+    } else {
+      EXPECT_EQ(initial.at("model.layers.0.self_attn.q_norm.weight").sizes(),
+                (std::vector<int64_t>{16}));  // [hd]
+      EXPECT_EQ(initial.at("model.layers.0.self_attn.q_proj.weight").sizes(),
+                (std::vector<int64_t>{4 * 16, 32}));  // [hq*hd, h], hq*hd != h
+    }
+    const auto cfg = nlohmann::json::parse(std::ifstream(c.checkpoint.dir + "/step-1/config.json"));
+    EXPECT_EQ(cfg["model_type"], family);
+    EXPECT_EQ(cfg["architectures"][0], family == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM");
+    EXPECT_EQ(cfg["head_dim"], c.model.head_dim);
+  }
 }
 
 TEST(TrainingRun, SavedCheckpointEvaluatesToTheSameLossWithAndWithoutSP) {

@@ -1,7 +1,9 @@
 // ZeRO stages 1, 2 and 3 (zero.stage) on real Gloo ranks: per-step losses, grad norms and the final
 // weights equal stage 0 on the same mesh (fp32: loss rel 1e-5, weights rel 1e-4), with clipping
-// active, gradient accumulation 2, tiled MLP + activation checkpointing and optimizer offload;
-// each rank's optimizer file holds only its shard; resume is bit-exact; bad input is one line.
+// active, gradient accumulation 2, tiled MLP + activation checkpointing and optimizer offload, and
+// for the Qwen2 (q/k/v biases: 1-D parameters sharded and gathered) and Qwen3 (q/k norms inside
+// attention) families; each rank's optimizer file holds only its shard; resume is bit-exact; bad
+// input is one line.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -116,6 +118,38 @@ TEST(Zero, Stages1To3EqualStage0WithTiledMlpAndCheckpointing) {
 TEST(Zero, Stages1To3EqualStage0WithOptimizerOffload) {
   expect_stages_equal("offload", 1, 4,
                       [](config::RunConfig& c) { c.memory.offload_optimizer = true; });
+}
+
+// expect_stages_equal for `family` (zero_config's model with testing::set_family's shapes), every
+// run starting from the same weights with the biases and norms moved off their init
+// (testing::write_perturbed_weights).
+void expect_family_stages_equal(const std::string& family, int64_t dp, int64_t sp,
+                                const std::function<void(config::RunConfig&)>& adjust = {}) {
+  const std::string weights = testing::shared_dir("zero-test", family + "-weights");
+  config::ModelOptions model = zero_config(weights, dp, sp, 0, family).model;  // shapes only
+  testing::set_family(model, family);
+  if (!testing::in_rank_child()) testing::write_perturbed_weights(model, weights);
+  expect_stages_equal(family, dp, sp, [&](config::RunConfig& c) {
+    testing::set_family(c.model, family);
+    c.model.load = weights;
+    if (adjust) adjust(c);
+  });
+}
+
+// On two ranks each, to keep the suite's time: the four-rank meshes above exercise the sharding
+// over a world of 4 already; what these add is the families' parameters in every stage.
+TEST(Zero, Stages1To3EqualStage0ForQwen2OnDp2) { expect_family_stages_equal("qwen2", 2, 1); }
+
+// Qwen3 (hq * hd = 2 h) with every memory feature: the q/k norms are gathered per layer,
+// recomputed with the layer (their inputs offloaded) and updated on the host.
+TEST(Zero, Stages1To3EqualStage0ForQwen3OnSp2WithEveryMemoryFeature) {
+  expect_family_stages_equal("qwen3", 1, 2, [](config::RunConfig& c) {
+    c.memory.tiled_mlp.value = 2;
+    c.memory.tiled_loss.value = 2;
+    c.memory.checkpointing = true;
+    c.memory.offload_activations = true;
+    c.memory.offload_optimizer = true;
+  });
 }
 
 // Each rank's optimizer file holds its shard only: ~1/world of the moments, not all of them. Stage
