@@ -1,5 +1,5 @@
-// Model FLOPs of a Llama training step, for achieved TFLOP/s and MFU, and the
-// hardware peak they are compared with.
+// Model FLOPs of a decoder training step (every family of config/model_family.h), for achieved
+// TFLOP/s and MFU, and the hardware peak they are compared with.
 //
 // FLOPs count 2 per multiply-add; a training step is forward + backward = 3 x forward. Per
 // token of a sequence of sl tokens (shape names of common/shapes.h):
@@ -12,7 +12,11 @@
 // the embedding lookup itself is a gather). The attention term is causal QK^T and PV: 2*hd
 // FLOPs per (query, key) pair and head for each of the two, sl^2/2 pairs per sequence, so
 // 2 * sl^2 * hq * hd per layer and sequence forward, x3 for training, / sl per token.
-// Not counted: norms, RoPE, SwiGLU gating, softmax, the loss's elementwise work; recomputation
+// hq * hd is the attention width whether or not it equals h (Qwen3 and Mistral-Nemo set head_dim
+// explicitly). Not counted: norms (Qwen3's per-head q/k norms too), RoPE, SwiGLU gating, softmax,
+// the loss's elementwise work, and Qwen2's q/k/v bias adds ((hq + 2*hkv) * hd adds per token and
+// layer, about 1e-5 of the layer's matmul FLOPs for Qwen2.5-7B; MFU conventions, and
+// transformers-side counters such as ArcticTraining's, count matmuls only); recomputation
 // (activation checkpointing, tiled backward) -- so MFU is model FLOPs utilization, not
 // hardware FLOPs; and the work saved by document masks when packing.
 #pragma once

@@ -7,7 +7,8 @@ Each CASE_DIR holds ds_config.json, arctic_training.yaml and accelerate_config.y
 tuner/export/export_files.h writes them, plus expect.json: what the test that wrote them expects
 the consumers to compute (world, dp, sp, micro_batch, grad_accum, train_batch_size, zero_stage,
 offload_optimizer, bf16, grad_clip, lr, betas, eps, weight_decay, tiled_mlp, offload_activations,
-checkpointing, seq_length, train_steps, warmup_steps, schedule, min_lr, model_load).
+checkpointing, seq_length, train_steps, warmup_steps, schedule, min_lr, model_load, family: the
+model's HF model_type, llama when absent).
 
 Consumers (never an imitation of their rules):
   ds_config.json          deepspeed.runtime.config.DeepSpeedConfig, twice: with the
@@ -17,8 +18,11 @@ Consumers (never an imitation of their rules):
                           _scheduler_from_config.
   arctic_training.yaml      arctic_training.config.trainer.get_config (the pydantic TrainerConfig of
                           the recipe's trainer type, which also builds its DeepSpeed dict), that
-                          dict through DeepSpeedConfig with the Ulysses mpu, and the scheduler from
-                          ArcticTraining's HFSchedulerFactory.create_scheduler.
+                          dict through DeepSpeedConfig with the Ulysses mpu, the scheduler from
+                          ArcticTraining's HFSchedulerFactory.create_scheduler, and the model's
+                          family as its tiled-MLP patch finds it (tiled_compute.get_model_type on
+                          name_or_path, then the <Family>MLP class enable_tiled_mlp_compute
+                          patches, looked up but not patched).
   accelerate_config.yaml  accelerate's load_config_from_file (ClusterConfig), the `accelerate
                           launch` path (_validate_launch_command, prepare_deepspeed_cmd_env), then,
                           under the launcher's environment, ParallelismConfig() (as Accelerator()
@@ -234,22 +238,40 @@ def check_deepspeed(case, exp):
             f" bf16={config.bfloat16_config.enabled}; {schedule_note}")
 
 
-_STANDIN_MODEL_DIR = None
+_STANDIN_MODEL_DIRS = {}
 
 
-def standin_model_dir():
-    """A local HF Llama model dir (config.json only) for the recipe's model placeholder,
-    written by transformers' own LlamaConfig."""
-    global _STANDIN_MODEL_DIR
-    if _STANDIN_MODEL_DIR is None:
-        from transformers import LlamaConfig
+def standin_model_dir(family):
+    """A local HF model dir (config.json only) of `family` (its model_type) for the recipe's model
+    placeholder, written by transformers' own config class of that family."""
+    if family not in _STANDIN_MODEL_DIRS:
+        from transformers import AutoConfig
 
-        _STANDIN_MODEL_DIR = tempfile.mkdtemp(prefix="check-exports-model-")
-        atexit.register(shutil.rmtree, _STANDIN_MODEL_DIR, True)
-        LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                    num_attention_heads=8, num_key_value_heads=2,
-                    vocab_size=1024).save_pretrained(_STANDIN_MODEL_DIR)
-    return _STANDIN_MODEL_DIR
+        path = tempfile.mkdtemp(prefix=f"check-exports-{family}-")
+        atexit.register(shutil.rmtree, path, True)
+        AutoConfig.for_model(family, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                             num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                             vocab_size=1024).save_pretrained(path)
+        _STANDIN_MODEL_DIRS[family] = path
+    return _STANDIN_MODEL_DIRS[family]
+
+
+def check_family(name_or_path, family):
+    """The family as ArcticTraining's tiled MLP finds it: the model_type transformers reads from
+    the checkpoint's config.json, and the MLP class enable_tiled_mlp_compute would patch (looked
+    up here, not patched). Returns the names of the causal-LM class and of that MLP class."""
+    import importlib
+
+    from arctic_training.model.tiled_compute import get_causal_lm_model_cls_prefix
+    from arctic_training.model.tiled_compute import get_model_type
+
+    model_type = get_model_type(name_or_path)
+    expect_equal("model_type of model.name_or_path", model_type, family)
+    prefix, causal_lm = get_causal_lm_model_cls_prefix(model_type)
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    expect(hasattr(module, f"{prefix}MLP"), f"{module.__name__} has no {prefix}MLP to tile")
+    expect(hasattr(module, causal_lm), f"{module.__name__} has no {causal_lm}")
+    return f"{causal_lm}, {prefix}MLP"
 
 
 def check_arctic(case, exp):
@@ -261,14 +283,15 @@ def check_arctic(case, exp):
     text = path.read_text()
     notes = []
     expect(DATA_PLACEHOLDER in text, "data.sources placeholder missing")
+    family = exp.get("family", "llama")
     if exp["model_load"]:
         expect(MODEL_PLACEHOLDER not in text, "model placeholder written beside model.load")
         checked = path
     else:
         expect(MODEL_PLACEHOLDER in text, "model placeholder missing")
         checked = case / ".arctic_recipe.checked.yaml"
-        checked.write_text(text.replace(MODEL_PLACEHOLDER, standin_model_dir()))
-        notes.append("model placeholder -> local stand-in LlamaConfig dir")
+        checked.write_text(text.replace(MODEL_PLACEHOLDER, standin_model_dir(family)))
+        notes.append(f"model placeholder -> local stand-in {family} config dir")
 
     with working_directory(case):  # ArcticTraining writes train-log-metrics.jsonl to the cwd
         config = get_config(checked)
@@ -288,6 +311,7 @@ def check_arctic(case, exp):
                  torch.bfloat16 if exp["bf16"] else torch.float32)
     if exp["model_load"]:
         expect_equal("model.name_or_path", str(config.model.name_or_path), exp["model_load"])
+    notes.append(f"{family}: " + check_family(str(config.model.name_or_path), family))
     expect_equal("data.max_length", config.data.max_length, exp["seq_length"])
     expect_equal("data.sources", [s.name_or_path for s in config.data.sources], [DATA_PLACEHOLDER])
     expect_equal("optimizer.type", config.optimizer.type,
@@ -401,8 +425,9 @@ SKIPPED = [
     "so process groups and device meshes are built but nothing is communicated",
     "arctic_training.yaml data.sources: a placeholder for the user's HF dataset; validated as a "
     "config entry, not loaded (no network)",
-    "arctic_training.yaml model placeholder: replaced by a local stand-in LlamaConfig dir so that "
-    "TrainerConfig's AutoConfig lookups run offline (cases without model.load)",
+    "arctic_training.yaml model placeholder: replaced by a local stand-in config dir of the run's "
+    "family (transformers' own config class) so that TrainerConfig's AutoConfig lookups run "
+    "offline (cases without model.load)",
     "ArcticTraining optimizer objects (FusedAdam needs CUDA, DeepSpeedCPUAdam compiles a C++ op): "
     "the optimizer type is validated against the trainer's registry, not constructed",
 ]

@@ -48,16 +48,28 @@ TEST(Flops, HeadDimIndependentOfHiddenSize) {
   EXPECT_DOUBLE_EQ(profile::training_flops(m, 128).per_token(), 8650752.0);
 }
 
-// N_matmul equals the elements of every projection and LM-head weight of the real model.
+// N_matmul equals the elements of every projection and LM-head weight of the real model, in every
+// family: Qwen2's q/k/v biases and Qwen3's q/k norm weights are parameters but not matmul weights.
 TEST(Flops, MatmulParamsEqualTheModelsProjectionWeights) {
-  model::LlamaForCausalLM model(tiny());
-  double counted = 0.0;
-  for (const auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
-    const bool matmul = name.find("_proj.weight") != std::string::npos || name == "lm_head.weight";
-    if (matmul) counted += static_cast<double>(item.value().numel());
+  for (const char* family : {"llama", "qwen2", "qwen3", "mistral"}) {
+    SCOPED_TRACE(family);
+    config::ModelOptions m = tiny();
+    m.family = family;
+    model::LlamaForCausalLM model(m, model::WeightInit::kDeferred);
+    double counted = 0.0, others = 0.0;
+    for (const auto& item : model->named_parameters()) {
+      const std::string& name = item.key();
+      const bool matmul =
+          name.find("_proj.weight") != std::string::npos || name == "lm_head.weight";
+      (matmul ? counted : others) += static_cast<double>(item.value().numel());
+    }
+    EXPECT_DOUBLE_EQ(profile::training_flops(m, 64).matmul_params, counted);
+    // Embedding 1024 x 256 and RMSNorms 5 x 256, plus per layer Qwen2's biases (8 + 2 x 2) x 32
+    // or Qwen3's q/k norms 2 x 32.
+    const std::string name(family);
+    const double per_layer = name == "qwen2" ? 384 : name == "qwen3" ? 64 : 0;
+    EXPECT_DOUBLE_EQ(others, 1024.0 * 256 + 5 * 256 + 2 * per_layer);
   }
-  EXPECT_DOUBLE_EQ(profile::training_flops(tiny(), 64).matmul_params, counted);
 }
 
 TEST(Flops, CausalAttentionForward) {

@@ -2,9 +2,11 @@
 // config, over meshes 1x1, dp2xsp2, dp1xsp4, dp4xsp1, dp2xsp4 and offload none / activations /
 // optimizer / both in fp32 and bf16 (micro_batch 2, grad_accum 4) at ZeRO stage 0, and stages
 // 1-3 on dp2xsp2: every field, the ZeRO stage as run, fp32 gradient accumulation for bf16, the
-// batch arithmetic, the machines of a multi-node run and exactly the warnings that apply; then
-// every written file is loaded by its real consumer (tests/clients/check_exports.py: DeepSpeedConfig, ArcticTraining's TrainerConfig,
-// Accelerate's launcher + ParallelismConfig), in one Python process ($ULYSSES_PYTHON).
+// batch arithmetic, the machines of a multi-node run, exactly the warnings that apply and the
+// model family where an export names the model; then every written file is loaded by its real
+// consumer (tests/clients/check_exports.py: DeepSpeedConfig, ArcticTraining's TrainerConfig and
+// its tiled-MLP class lookup for Qwen2, Qwen3 and Mistral runs, Accelerate's launcher +
+// ParallelismConfig), in one Python process ($ULYSSES_PYTHON).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -107,6 +109,7 @@ struct Case {
   std::string tiled_mlp = "1";   // "1", "4" or "auto"
   std::string tiled_loss = "1";
   std::string model_load;        // "" = ArcticTraining model placeholder
+  std::string family;            // model.family inline ("" = llama); with model_load, the dir's
   std::string schedule = "constant";
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
@@ -125,11 +128,17 @@ struct Case {
            (bf16 ? "_bf16" : "_fp32") + (zero_stage ? "_zero" + std::to_string(zero_stage) : "") +
            (schedule == "constant" && warmup_steps == 0
                                               ? ""
-                                              : "_" + schedule + std::to_string(warmup_steps));
+                                              : "_" + schedule + std::to_string(warmup_steps)) +
+           (family.empty() ? "" : "_" + family);
   }
+  std::string family_name() const { return family.empty() ? "llama" : family; }
   std::string yaml() const {
     std::string text;
-    if (!model_load.empty()) text += "model: {load: " + model_load + "}\n";
+    if (!model_load.empty()) {
+      text += "model: {load: " + model_load + "}\n";
+    } else if (!family.empty()) {
+      text += "model: {family: " + family + "}\n";
+    }
     text += "mesh: {dp: " + std::to_string(dp) + ", sp: " + std::to_string(sp) + "}\n";
     text += "sequence: {length: " + std::to_string(kSeqLength) +
             ", micro_batch: " + std::to_string(kMicroBatch) +
@@ -171,7 +180,8 @@ struct Case {
             {"warmup_steps", warmup_steps},
             {"schedule", schedule},
             {"min_lr", min_lr},
-            {"model_load", model_load}};
+            {"model_load", model_load},
+            {"family", family_name()}};
   }
 };
 
@@ -220,9 +230,21 @@ std::vector<std::string> expected_arctic_keys(const Case& c) {
   return keys;
 }
 
+// zero.bucket_mb's default (128 MiB) in DeepSpeed's elements: fp32 gradient reductions, weight
+// gathers in the weights' dtype; none at stage 0.
+json expected_buckets(int64_t stage, bool bf16) {
+  const int64_t bytes = 128 * 1024 * 1024;
+  if (stage == 0) return json::object();
+  json buckets = {{"reduce_bucket_size", bytes / 4}};
+  buckets[stage == 3 ? "stage3_prefetch_bucket_size" : "allgather_bucket_size"] =
+      bytes / (bf16 ? 2 : 4);
+  return buckets;
+}
+
 json expected_deepspeed_config(const Case& c) {
   json zero = {{"stage", c.zero_stage}};
   if (c.deepspeed_offloads()) zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  zero.update(expected_buckets(c.zero_stage, c.bf16));
   json config = {{"train_micro_batch_size_per_gpu", kMicroBatch},
           {"gradient_accumulation_steps", kGradAccum},
           {"train_batch_size", kMicroBatch * kGradAccum * c.dp},
@@ -243,10 +265,12 @@ json expected_deepspeed_config(const Case& c) {
   return config;
 }
 
-// Writes an HF Llama config.json (the default ModelOptions) into dir; returns dir.
-std::string write_model_dir(const fs::path& dir) {
+// Writes the HF config.json of the default ModelOptions in `family` into dir; returns dir.
+std::string write_model_dir(const fs::path& dir, const std::string& family = "llama") {
   fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << config::to_hf_config_json(config::ModelOptions{}).dump(2);
+  config::ModelOptions model;
+  model.family = family;
+  std::ofstream(dir / "config.json") << config::to_hf_config_json(model).dump(2);
   return dir.string();
 }
 
@@ -506,6 +530,24 @@ TEST(Export, ArcticWarnsAboutWhatItCannotExpress) {
             (std::vector<std::string>{"memory.tiled_loss=auto, memory.checkpointing=true"}));
 }
 
+// zero.bucket_mb is the bytes of one collective in ulysses-train; DeepSpeed's bucket keys count
+// elements: gradients are reduced in fp32, weights gathered in their dtype.
+TEST(Export, ZeroBucketsAreTheTrialsInDeepSpeedsElements) {
+  Case c;
+  c.zero_stage = 2;
+  config::RunConfig run = c.run();
+  run.zero.bucket_mb = 25;
+  json zero = deepspeed_config(run).config["zero_optimization"];
+  EXPECT_EQ(zero["reduce_bucket_size"], 25 * 1024 * 1024 / 4);
+  EXPECT_EQ(zero["allgather_bucket_size"], 25 * 1024 * 1024 / 4);
+  run.zero.stage = 3;
+  zero = deepspeed_config(run).config["zero_optimization"];
+  EXPECT_EQ(zero["stage3_prefetch_bucket_size"], 25 * 1024 * 1024 / 4);
+  EXPECT_FALSE(zero.contains("allgather_bucket_size"));
+  run.zero.stage = 0;
+  EXPECT_EQ(deepspeed_config(run).config["zero_optimization"], json({{"stage", 0}}));
+}
+
 // The export keeps the ZeRO stage the trial ran and, for bf16, its fp32 gradient accumulation
 // (DeepSpeed 0.19 data_types.grad_accum_dtype); what DeepSpeed cannot do at stage 0 is a warning,
 // not a silent change of stage.
@@ -527,7 +569,9 @@ TEST(Export, KeepsTheZeroStageAndFp32GradientAccumulation) {
   exported = deepspeed_config(c.run());
   EXPECT_EQ(exported.config["zero_optimization"],
             json::parse(R"({"stage": 1,
-                            "offload_optimizer": {"device": "cpu", "pin_memory": true}})"));
+                            "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                            "reduce_bucket_size": 33554432,
+                            "allgather_bucket_size": 67108864})"));
   EXPECT_EQ(exported.config["data_types"], json::parse(R"({"grad_accum_dtype": "fp32"})"));
   EXPECT_TRUE(exported.warnings.empty());
 
@@ -535,7 +579,9 @@ TEST(Export, KeepsTheZeroStageAndFp32GradientAccumulation) {
     c.zero_stage = stage;
     c.offload = Offload::kNone;
     exported = deepspeed_config(c.run());
-    EXPECT_EQ(exported.config["zero_optimization"], json({{"stage", stage}}));
+    json zero = {{"stage", stage}};
+    zero.update(expected_buckets(stage, /*bf16=*/true));
+    EXPECT_EQ(exported.config["zero_optimization"], zero);
     EXPECT_EQ(exported.config["data_types"]["grad_accum_dtype"], "fp32");
     EXPECT_TRUE(exported.warnings.empty());
   }
@@ -574,6 +620,48 @@ TEST(Export, CommentsHoldNoLineBreaks) {
   EXPECT_EQ(recipe.find('\r'), std::string::npos) << recipe;
   EXPECT_EQ(recipe.find("\nsequence_parallel_size: 7"), std::string::npos) << recipe;
   EXPECT_EQ(YAML::Load(recipe)["micro_batch_size"].as<int64_t>(), kMicroBatch);
+}
+
+// Where an export speaks of the model it names its family: the recipe's and the Accelerate
+// config's header comments, the recipe's model.name_or_path comment and its placeholder warning.
+// A run loading a checkpoint takes the family from its config.json.
+TEST(Export, ExportsNameTheModelFamily) {
+  auto contains = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  TempDir dir;
+  Case qwen3;
+  qwen3.family = "qwen3";
+  qwen3.dp = 2, qwen3.sp = 2;
+  const std::string family = "qwen3 (transformers Qwen3ForCausalLM, config.json model_type qwen3)";
+  ArcticRecipeExport recipe = arctic_recipe(qwen3.run());
+  EXPECT_TRUE(contains(recipe.yaml, "# Model family: " + family + ".\n")) << recipe.yaml;
+  EXPECT_TRUE(contains(recipe.yaml, std::string(kArcticModelPlaceholder) +
+                                        "  # replace: an HF hub name or a local model dir "
+                                        "(config.json, tokenizer) of family " + family))
+      << recipe.yaml;
+  const auto placeholder = std::find_if(
+      recipe.warnings.begin(), recipe.warnings.end(),
+      [](const std::string& w) { return w.rfind("model.load: ", 0) == 0; });
+  ASSERT_NE(placeholder, recipe.warnings.end());
+  EXPECT_TRUE(contains(*placeholder, "an HF model of family " + family + ": ")) << *placeholder;
+  const AccelerateExport accelerate = accelerate_config(qwen3.run());
+  EXPECT_TRUE(contains(accelerate.yaml, "# Model family: " + family + "; train.py loads"))
+      << accelerate.yaml;
+
+  Case mistral;
+  mistral.model_load = write_model_dir(dir.path() / "mistral", "mistral");
+  ASSERT_EQ(mistral.run().model.family, "mistral");
+  recipe = arctic_recipe(mistral.run());
+  EXPECT_TRUE(contains(recipe.yaml, "# Model family: mistral (transformers MistralForCausalLM, "
+                                    "config.json model_type mistral)."))
+      << recipe.yaml;
+  EXPECT_TRUE(contains(recipe.yaml, mistral.model_load + "  # model.load, of family mistral;"))
+      << recipe.yaml;
+  EXPECT_TRUE(contains(accelerate_config(mistral.run()).yaml,
+                       "# Model family: mistral (transformers MistralForCausalLM"));
+  EXPECT_TRUE(contains(arctic_recipe(Case{}.run()).yaml,
+                       "# Model family: llama (transformers LlamaForCausalLM"));
 }
 
 TEST(Export, WriteExportsWritesThreeFilesAndMergesWarnings) {
@@ -654,6 +742,22 @@ TEST(Export, EveryFileLoadsInItsRealConsumer) {
     c.schedule = schedule;
     c.warmup_steps = warmup;
     c.min_lr = min_lr;
+    good.push_back(dir.path() / c.name());
+    write_case(c, good.back());
+  }
+  // Each family, its checkpoint's config.json read by transformers as ArcticTraining reads it,
+  // and the MLP class its tiled_mlp_compute patches found: Qwen3 with the placeholder (a stand-in
+  // Qwen3 dir), Mistral and Qwen2 loading a checkpoint dir of their family.
+  for (const char* family : {"qwen3", "mistral", "qwen2"}) {
+    Case c;
+    c.family = family;
+    c.dp = 2, c.sp = 2;
+    c.tiled_mlp = "auto";
+    c.offload = Offload::kActivations;
+    if (c.family != "qwen3") {
+      c.bf16 = true, c.zero_stage = 1;
+      c.model_load = write_model_dir(dir.path() / ("model-" + c.family), family);
+    }
     good.push_back(dir.path() / c.name());
     write_case(c, good.back());
   }

@@ -1,5 +1,6 @@
-// `ulysses-tune plan` (tuner/plan/): golden values for fixed H100 profiles (Llama-3.1-8B), the
-// limits each row names, feature parsing, and the shipped hardware profiles loading.
+// `ulysses-tune plan` (tuner/plan/): golden values for fixed H100 profiles (Llama-3.1-8B, and the
+// longest lengths of the other families' profiles), the limits each row names, feature parsing,
+// and the shipped hardware profiles loading.
 // Golden tolerances: longest length exact to one search unit (sp x 1024 tokens); bytes and
 // milliseconds within 0.1 % (they only move when the model's formulas change, which must update
 // the goldens here and reports/plan-vs-alst/).
@@ -134,6 +135,55 @@ TEST(Plan, Zero3CountsAsCheckpointing) {
     EXPECT_EQ(rows[i].peak_bytes, rows[i + 1].peak_bytes) << "sp " << rows[i].sp;
     EXPECT_DOUBLE_EQ(rows[i].step_ms, rows[i + 1].step_ms) << "sp " << rows[i].sp;
   }
+}
+
+// Every family's profiles plan on one 8x H100 node with ALST's features (reports/plan-families/):
+// the longest length at the widest mesh its heads allow, to one search unit. Qwen2.5-7B's 28 heads
+// do not divide over sp 8; Qwen3-8B and Mistral-Nemo are limited by the host holding 8 ranks'
+// offloaded states, the others by the device.
+TEST(Plan, EveryFamilyOnEightH100Golden) {
+  struct Golden {
+    const char* model;
+    size_t row;  // the mesh: sp = 1 << row
+    int64_t max_seqlen;
+    const char* limit;
+  };
+  for (const Golden& g : {Golden{"qwen2.5-7b", 2, 2686976, "device memory"},
+                          Golden{"qwen3-4b", 3, 5955584, "device memory"},
+                          Golden{"qwen3-8b", 3, 3899392, "host memory"},
+                          Golden{"mistral-7b-v0.3", 3, 4612096, "device memory"},
+                          Golden{"mistral-nemo-12b", 3, 1540096, "host memory"}}) {
+    SCOPED_TRACE(g.model);
+    PlanRequest r = llama8b(8, {parse_features("alst")});
+    r.model = config::load_model_preset(g.model);
+    const std::vector<PlanRow> rows = make_plan(r);
+    ASSERT_EQ(rows.size(), 4u);
+    const PlanRow& row = rows[g.row];
+    EXPECT_TRUE(row.valid);
+    EXPECT_NEAR(row.max_seqlen, g.max_seqlen, row.sp * 1024);
+    EXPECT_EQ(row.max_limit, g.limit);
+    EXPECT_GT(row.mfu, 0.0);
+    if (std::string(g.model) == "qwen2.5-7b") {
+      EXPECT_FALSE(rows[3].valid);
+      EXPECT_NE(rows[3].limit.find("heads vs sp"), std::string::npos) << rows[3].limit;
+    }
+  }
+}
+
+// A model with a sliding window runs only sequences within it: the window bounds the search as
+// memory does, and a --seqlen beyond it marks the row.
+TEST(Plan, SlidingWindowBoundsTheLength) {
+  PlanRequest r = llama8b(1, {parse_features("alst")});
+  r.model = config::load_model_preset("mistral-7b-v0.3");
+  r.model.sliding_window = 8192;
+  PlanRow row = make_plan(r).at(0);
+  EXPECT_EQ(row.max_seqlen, 8192);
+  EXPECT_EQ(row.max_limit, "model.sliding_window 8192");
+  EXPECT_EQ(row.limit, "fits");
+  r.seqlen = 16384;
+  row = make_plan(r).at(0);
+  EXPECT_FALSE(row.valid);
+  EXPECT_EQ(row.limit.rfind("model.sliding_window 8192: ", 0), 0u) << row.limit;
 }
 
 TEST(Plan, WithoutOptimizerOffloadNothingFitsOnOneH100) {

@@ -1,10 +1,14 @@
 // Memory terms per rank (see memory_model.h). Shapes: bs = micro_batch, sl = sequence length,
 // T = ceil(sl / sp) local tokens, h hidden, V vocab, L layers, P parameters, ffn intermediate,
 // qd = hq x hd, kvd = hkv_r x hd with hkv_r = max(hkv, sp) KV heads after the all-to-all
-// (replicated when sp > hkv), d = bytes of the model dtype.
+// (replicated when sp > hkv), d = bytes of the model dtype. What a family adds to the Llama block
+// (config/model_family.h) is counted where it lives: Qwen2's q/k/v biases as parameters, Qwen3's
+// q/k norms as parameters and saved activations.
 #include "tuner/costmodel/memory_model.h"
 
 #include <algorithm>
+
+#include "config/model_family.h"
 
 namespace ulysses::costmodel {
 namespace {
@@ -42,6 +46,16 @@ ZeroShards zero_shards(const config::RunConfig& c, const MemoryCoefficients& k) 
 // fp32 1/rms per token.
 int64_t rms_norm_saved_bytes(int64_t h, int64_t d) { return 2 * h * d + 4; }
 
+// Saved bytes per token of Qwen3's q_norm and k_norm (qk_norm; 0 for other families). Each norms
+// [bs, T, heads, hd] over hd before RoPE, on this rank's T tokens and every head (before the
+// all-to-all): it saves its input, the q or k projection, in the model dtype and 1/rms per head
+// in fp32 (model/rms_norm.cpp). Its output is not saved: RoPE multiplies it by cos and sin, which
+// keeps only those. (hq + hkv) x (hd x d + 4 B).
+int64_t qk_norm_saved_bytes(const config::ModelOptions& m, int64_t hd, int64_t d) {
+  if (!config::model_family(m.family).qk_norm) return 0;
+  return (m.num_heads + m.num_kv_heads) * (hd * d + 4);
+}
+
 // Elements of the largest tensor the device AdamW updates at once: a parameter at stage 0, the
 // flat fp32 shard of every parameter at stage 1 (zero/zero_optimizer.h), a parameter's shard at
 // stages 2 and 3. Parameters: the embedding / LM head [V, h], q_proj and o_proj [qd, h], the MLP's
@@ -73,12 +87,15 @@ int64_t MemoryEstimate::total_bytes() const {
 }
 
 int64_t layer_parameter_count(const config::ModelOptions& m) {
+  const config::ModelFamily& family = config::model_family(m.family);
   const int64_t h = m.hidden_size, hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
   const int64_t attention = h * m.num_heads * hd        // q_proj
                             + 2 * h * m.num_kv_heads * hd  // k_proj, v_proj
                             + m.num_heads * hd * h;        // o_proj
+  const int64_t qkv_bias = family.qkv_bias ? (m.num_heads + 2 * m.num_kv_heads) * hd : 0;
+  const int64_t qk_norm = family.qk_norm ? 2 * hd : 0;  // q_norm, k_norm weights [hd]
   const int64_t mlp = 3 * h * m.intermediate_size;        // gate, up, down
-  return attention + mlp + 2 * h;                          // + two RMSNorm weights
+  return attention + qkv_bias + qk_norm + mlp + 2 * h;     // + two RMSNorm weights
 }
 
 int64_t parameter_count(const config::ModelOptions& m) {
@@ -277,16 +294,22 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
 
   // --- activations saved for backward ---
   // Per token and layer, what autograd keeps: two RMSNorms (norm bytes each, see
-  // rms_norm_saved_bytes: 2h d + 4), and in elements of the model dtype q/k/v after the
-  // all-to-all qd + 2 kvd, attention output qd, o_proj input qd, untiled MLP gate/up/silu/product
-  // 4 ffn.
+  // rms_norm_saved_bytes: 2h d + 4), Qwen3's q/k norms (qk_norm_saved_bytes), and in elements of
+  // the model dtype q/k/v after the all-to-all qd + 2 kvd, attention output qd, o_proj input qd,
+  // untiled MLP gate/up/silu/product 4 ffn. Qwen2's biases save nothing (at::linear with a bias
+  // keeps the input and the weight, as without).
   const int64_t norm_bytes = rms_norm_saved_bytes(h, d);
+  const int64_t qk_norm_bytes = qk_norm_saved_bytes(m, hd, d);
   const int64_t mlp_elems = tiled_mlp ? 0 : 4 * ffn;
-  const int64_t layer_bytes = 2 * norm_bytes + (3 * qd + 2 * kvd + mlp_elems) * d;
-  const std::string layer_formula = "(2 norm + (3qd + 2kvd" +
-                                    std::string(tiled_mlp ? "" : " + 4ffn") + ") x " + ds +
-                                    ") x bs x T";
-  const std::string norm_formula = " [norm = 2h x " + ds + " + 4 B per token]";
+  const int64_t layer_bytes =
+      2 * norm_bytes + qk_norm_bytes + (3 * qd + 2 * kvd + mlp_elems) * d;
+  const std::string layer_formula = "(2 norm" + std::string(qk_norm_bytes > 0 ? " + qk norm" : "") +
+                                    " + (3qd + 2kvd" + std::string(tiled_mlp ? "" : " + 4ffn") +
+                                    ") x " + ds + ") x bs x T";
+  const std::string norm_formula =
+      " [norm = 2h x " + ds + " + 4 B per token" +
+      (qk_norm_bytes > 0 ? "; qk norm = (hq + hkv) x (hd x " + ds + " + 4 B)" : std::string()) +
+      "]";
   const double scale = k.activation_scale;
   // Math attention keeps the softmax probabilities [bs, hq/sp, sl, sl] per layer.
   const double probs = math ? static_cast<double>(bs) * (m.num_heads / sp) * sl * sl * d : 0.0;

@@ -72,9 +72,12 @@ struct MemoryPrediction {
   std::string largest_transient;  // name of the transient (or step term) that sets the peak
 };
 
-// Parameters of the model (embeddings, every layer, final norm, LM head unless tied).
+// Parameters of the model (embeddings, every layer, final norm, LM head unless tied): the
+// numel summed over the named_parameters() of model::LlamaForCausalLM built from `m`.
+// Throws UserError "model.family: ..." for a family config/model_family.h does not know.
 int64_t parameter_count(const config::ModelOptions& m);
-// Parameters of one decoder layer (attention, MLP, two RMSNorm weights).
+// Parameters of one decoder layer: attention (q/k/v/o projections, plus Qwen2's q/k/v biases
+// (hq + 2 hkv) x hd and Qwen3's q_norm/k_norm weights 2 hd), MLP, two RMSNorm weights.
 int64_t layer_parameter_count(const config::ModelOptions& m);
 
 // ZeRO (zero.stage, over the world = dp x sp ranks; a world of 1 is stage 0) as the model counts

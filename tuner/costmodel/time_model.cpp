@@ -3,6 +3,9 @@
 // attention 2 x 2 x sl x qd / 2 per token of this rank; the LM head 2 x h x V. Backward costs
 // twice the forward; checkpointing (and ZeRO-3, which always recomputes) recomputes every
 // layer's forward once more, tiled MLP its MLP. Communication per ZeRO stage: see StepWork.
+// Family extras (Qwen2's q/k/v biases, Qwen3's q/k norms) add no FLOPs here, as in
+// profile/flops.h (elementwise), but their parameters travel in every gradient and weight
+// collective (parameter_count, layer_parameter_count).
 #include "tuner/costmodel/time_model.h"
 
 #include <algorithm>

@@ -34,6 +34,7 @@ AccelerateExport accelerate_config(const config::RunConfig& run,
   YAML::Emitter out;
   out << YAML::Comment(
       "Accelerate config exported by ulysses-tune from a ulysses-train run config.\n"
+      "Model family: " + model_family_text(run) + "; train.py loads the model (no key here).\n"
       "Launch: accelerate launch --config_file THIS_FILE.yaml train.py\n"
       "No mixed_precision key: Accelerate rejects it beside deepspeed_config_file; precision is\n"
       "the bf16 block of the DeepSpeed config file.");

@@ -31,6 +31,8 @@ struct AccelerateExport {
 //     parallelism_config_sp_size = sp, parallelism_config_sp_backend: deepspeed,
 //     parallelism_config_sp_seq_length_is_variable: true (ulysses-train pads each sequence to a
 //     multiple of sp), parallelism_config_sp_attn_implementation: sdpa.
+// The header comment names the model family (model_family_text): Accelerate has no model key, the
+// training script loads the model.
 // `deepspeed_config_file` is written as given; a relative path resolves against the directory
 // `accelerate launch` runs in.
 // `nodes`: the machines the run spans (the experiment's nodes; a run config does not say).

@@ -91,8 +91,8 @@ std::vector<std::string> recipe_warnings(const config::RunConfig& run) {
   for (const std::string& warning : deepspeed_zero_warnings(run)) warnings.push_back(warning);
   if (run.model.load.empty()) {
     warnings.push_back(std::string("model.load: empty, so model.name_or_path is the placeholder ") +
-                       kArcticModelPlaceholder +
-                       "; set it to the HF model (hub name or local dir)");
+                       kArcticModelPlaceholder + "; set it to an HF model of family " +
+                       model_family_text(run) + ": a hub name or a local dir");
   }
   warnings.push_back("data.source: '" + run.data.source +
                      "' has no ArcticTraining data source; replace data.sources' placeholder " +
@@ -149,6 +149,7 @@ ArcticRecipeExport arctic_recipe(const config::RunConfig& run) {
   YAML::Emitter out;
   out << YAML::Comment(
       "ArcticTraining recipe exported by ulysses-tune from a ulysses-train run config.\n"
+      "Model family: " + model_family_text(run) + ".\n"
       "Replace the REPLACE_WITH_* placeholders, then run: arctic_training THIS_FILE.yaml");
   out << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << "causal";
@@ -164,10 +165,12 @@ ArcticRecipeExport arctic_recipe(const config::RunConfig& run) {
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   if (run.model.load.empty()) {
     out << YAML::Key << "name_or_path" << YAML::Value << kArcticModelPlaceholder
-        << YAML::Comment("replace: an HF hub name or a local model dir (config.json, tokenizer)");
+        << YAML::Comment("replace: an HF hub name or a local model dir (config.json, tokenizer) "
+                         "of family " + model_family_text(run));
   } else {
     out << YAML::Key << "name_or_path" << YAML::Value << run.model.load
-        << YAML::Comment("model.load; the tokenizer is read from here too");
+        << YAML::Comment("model.load, of family " + run.model.family +
+                         "; the tokenizer is read from here too");
   }
   out << YAML::Key << "dtype" << YAML::Value << memory.precision;
   out << YAML::Key << "attn_implementation" << YAML::Value << hf_attention_implementation(run);

@@ -26,7 +26,10 @@ struct ArcticRecipeExport {
 //   gradient_accumulation_steps = sequence.grad_accum, sequence_parallel_size = mesh.sp,
 //   tiled_mlp_compute = (memory.tiled_mlp != 1), activation_checkpoint_cpu_offload =
 //   memory.offload_activations, train_iters = train.steps, seed = train.seed;
-//   model: name_or_path = model.load, or kArcticModelPlaceholder when load is empty;
+//   model: name_or_path = model.load, or kArcticModelPlaceholder when load is empty, with a
+//     comment (and the recipe's header comment) naming the family it must be
+//     (model_family_text; ArcticTraining reads the family from the checkpoint's config.json; its
+//     model `type` is the model factory, left at its default);
 //     dtype = memory.precision (bf16|fp32); attn_implementation = sdpa;
 //     disable_activation_checkpoint = !(memory.checkpointing || memory.offload_activations)
 //     (offloading activations offloads the checkpoints, so it implies checkpointing);
@@ -44,7 +47,7 @@ struct ArcticRecipeExport {
 // Warnings, in this order (each only when it applies):
 //   ulysses_torch_version_warning(run);
 //   deepspeed_zero_warnings(run);
-//   "model.load: ..." when the model is the placeholder;
+//   "model.load: ..." when the model is the placeholder (naming the family it must be);
 //   "data.source: ..." always (ulysses-train's sources have no ArcticTraining data source);
 //   "memory.tiled_mlp=N: ..." for a fixed N > 1 (ArcticTraining's tile count is automatic);
 //   "memory.tiled_loss=...: ..." when tiled_loss != 1 and sp == 1 (ArcticTraining tiles

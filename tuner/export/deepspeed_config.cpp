@@ -80,6 +80,18 @@ DeepSpeedExport deepspeed_config(const config::RunConfig& run) {
   if (deepspeed_offloads_optimizer(run)) {
     zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
   }
+  if (zero_stage(run) >= 1) {
+    // zero.bucket_mb is the bytes of one collective in ulysses-train: gradients reduced in fp32,
+    // weights gathered in their own dtype. DeepSpeed counts its buckets in elements.
+    const auto bucket_bytes = static_cast<int64_t>(run.zero.bucket_mb * 1024.0 * 1024.0);
+    const int64_t weight_bytes = bf16 ? 2 : 4;
+    zero["reduce_bucket_size"] = std::max<int64_t>(bucket_bytes / 4, 1);
+    if (zero_stage(run) == 3) {
+      zero["stage3_prefetch_bucket_size"] = std::max<int64_t>(bucket_bytes / weight_bytes, 1);
+    } else {
+      zero["allgather_bucket_size"] = std::max<int64_t>(bucket_bytes / weight_bytes, 1);
+    }
+  }
 
   const int64_t micro_batch = run.sequence.micro_batch;
   const int64_t grad_accum = run.sequence.grad_accum;

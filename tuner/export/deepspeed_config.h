@@ -24,7 +24,10 @@ struct DeepSpeedExport {
 //     builds a (data_parallel, sequence_parallel) device mesh: SP groups of contiguous ranks),
 //   zero_optimization = {stage: zero_stage(run)} (zero.stage as run) plus
 //     offload_optimizer = {device: cpu, pin_memory: true} when deepspeed_offloads_optimizer(run)
-//     (memory.offload_optimizer at stage >= 1),
+//     (memory.offload_optimizer at stage >= 1), and at stages 1-3 the buckets of zero.bucket_mb
+//     (ulysses-train's bytes per collective) in DeepSpeed's elements: reduce_bucket_size =
+//     bytes / 4 (gradients are reduced in fp32), and allgather_bucket_size (stages 1-2) or
+//     stage3_prefetch_bucket_size (stage 3) = bytes / the weights' element size,
 //   bf16 = {enabled: memory.precision == bf16},
 //   for bf16, as ulysses-train accumulates and reduces gradients in fp32:
 //     data_types = {grad_accum_dtype: fp32} at stages 1-3 (DeepSpeed 0.19: BF16_Optimizer at

@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "common/shell_quote.h"
+#include "config/model_family.h"
 
 namespace ulysses::exports {
 namespace {
@@ -56,6 +57,12 @@ std::vector<std::string> deepspeed_zero_warnings(const config::RunConfig& run) {
         " fp32 accumulates in fp32" + stage1);
   }
   return warnings;
+}
+
+std::string model_family_text(const config::RunConfig& run) {
+  const config::ModelFamily& family = config::model_family(run.model.family);
+  return std::string(family.name) + " (transformers " + family.hf_architecture +
+         ", config.json model_type " + family.name + ")";
 }
 
 std::string hf_attention_implementation(const config::RunConfig& /*run*/) { return "sdpa"; }

@@ -40,6 +40,11 @@ bool deepspeed_offloads_optimizer(const config::RunConfig& run);
 //     nothing is said.
 std::vector<std::string> deepspeed_zero_warnings(const config::RunConfig& run);
 
+// The run's decoder family as the consumers know it, for the exports' comments and warnings:
+// "qwen3 (transformers Qwen3ForCausalLM, config.json model_type qwen3)" (config/model_family.h).
+// REQUIRES: run.model.family is a supported family (a validated RunConfig).
+std::string model_family_text(const config::RunConfig& run);
+
 // The HF/transformers attention implementation for attention.backend: always "sdpa" (every
 // ulysses-train backend is a PyTorch SDPA kernel or the math fallback; none is flash_attn's).
 std::string hf_attention_implementation(const config::RunConfig& run);

@@ -11,9 +11,11 @@
 #include "common/input_file.h"
 #include "common/output_dir.h"
 #include "common/paths.h"
+#include "config/model_family.h"
 #include "config/presets.h"
 #include "config/run_config.h"
 #include "tuner/costmodel/calibration.h"
+#include "tuner/costmodel/memory_model.h"
 #include "tuner/results/calibrated_model.h"
 #include "tuner/plan/planner.h"
 #include "tuner/store/store.h"
@@ -216,6 +218,20 @@ int run_fit(const PlanOptions& o) {
   return kExitOk;
 }
 
+// "model: family qwen3 (Qwen3ForCausalLM), 8.19 B parameters, h 4096, 36 layers, 32 x 128 query
+// heads over 8 KV heads\n", and the sliding window when there is one.
+std::string model_line(const config::ModelOptions& m) {
+  const config::ModelFamily& family = config::model_family(m.family);
+  const int64_t hd = m.head_dim > 0 ? m.head_dim : m.hidden_size / m.num_heads;
+  std::string line = "model: family " + m.family + " (" + family.hf_architecture + "), " +
+                     fmt("%.2f B parameters", costmodel::parameter_count(m) / 1e9) + ", h " +
+                     std::to_string(m.hidden_size) + ", " + std::to_string(m.num_layers) +
+                     " layers, " + std::to_string(m.num_heads) + " x " + std::to_string(hd) +
+                     " query heads over " + std::to_string(m.num_kv_heads) + " KV heads";
+  if (m.sliding_window > 0) line += ", sliding window " + std::to_string(m.sliding_window);
+  return line + "\n";
+}
+
 const char* lifetime_name(costmodel::Lifetime l) {
   switch (l) {
     case costmodel::Lifetime::kStatic: return "static";
@@ -349,7 +365,9 @@ int run_plan(const PlanOptions& o) {
   const std::vector<PlanRow> rows = make_plan(r);
 
   if (o.json) {
-    json out = {{"model", o.model}, {"hardware", r.hardware.name}, {"world", r.world},
+    json out = {{"model", o.model}, {"family", r.model.family},
+                {"parameters", costmodel::parameter_count(r.model)},
+                {"hardware", r.hardware.name}, {"world", r.world},
                 {"zero_stage", r.zero_stage},
                 {"usable_device_bytes", usable_device_bytes(r.hardware)}, {"rows", json::array()}};
     for (const PlanRow& row : rows) {
@@ -390,7 +408,7 @@ int run_plan(const PlanOptions& o) {
             << ", micro-batch " << r.micro_batch
             << (r.zero_stage > 0 ? ", ZeRO stage " + std::to_string(r.zero_stage) : std::string())
             << "\n"
-            << report::render_terminal(table);
+            << model_line(r.model) << report::render_terminal(table);
   if (o.components) print_components(r, rows);
   std::cout << "times are uncalibrated estimates unless a fit is given (--db DB after "
                "`plan --fit DB`, or --calibration FILE)\n";

@@ -128,12 +128,21 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
         rows.push_back(row);
         continue;
       }
-      // Longest fitting length: doubling, then bisection, in units of sp x 1024 tokens.
+      // Longest fitting length: doubling, then bisection, in units of sp x 1024 tokens. A model
+      // with a sliding window runs only lengths within it (config validation), so the window
+      // bounds the search as memory does.
       const int64_t unit = sp * 1024;
+      const int64_t window = r.model.sliding_window;
+      auto status = [&](int64_t len) {
+        if (window > 0 && len > window) {
+          return "model.sliding_window " + std::to_string(window);
+        }
+        return check(req, row_config(req, sp, f, len), nullptr);
+      };
       int64_t good = 0, bad = 0;
       std::string over;
       for (int64_t len = unit; len <= req.max_search_tokens; len *= 2) {
-        const std::string s = check(req, row_config(req, sp, f, len), nullptr);
+        const std::string s = status(len);
         if (s != "fits") {
           bad = len, over = s;
           break;
@@ -145,7 +154,7 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
       } else {
         while (bad - good > unit) {
           const int64_t mid = (good + bad) / 2 / unit * unit;
-          const std::string s = check(req, row_config(req, sp, f, mid), nullptr);
+          const std::string s = status(mid);
           if (s == "fits") {
             good = mid;
           } else {
@@ -158,6 +167,13 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
       // The figures at --seqlen, else at the longest fitting length, else at the shortest
       // length tried (showing how far over it is).
       row.seqlen = r.seqlen > 0 ? r.seqlen : (good > 0 ? good : unit);
+      if (window > 0 && row.seqlen > window) {  // --seqlen beyond the window, or no unit fits in it
+        row.valid = false;
+        row.limit = "model.sliding_window " + std::to_string(window) +
+                    ": longer sequences need sliding-window attention (not implemented)";
+        rows.push_back(row);
+        continue;
+      }
       const config::RunConfig c = row_config(req, sp, f, row.seqlen);
       row.limit = check(req, c, &row);
       fill_time(req, c, &row);

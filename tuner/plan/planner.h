@@ -53,14 +53,17 @@ struct PlanRequest {
 struct PlanRow {
   int64_t dp = 1, sp = 1;
   std::string features;
-  bool valid = true;        // false: the mesh breaks a rule (limit says which)
-  std::string limit;        // "fits" | "device memory" | "host memory" | "heads vs sp: ..."
+  bool valid = true;        // false: the mesh breaks a rule, or seqlen exceeds the model's
+                            // sliding window (limit says which)
+  std::string limit;        // "fits" | "device memory" | "host memory" | "heads vs sp: ..." |
+                            // "model.sliding_window W: ..."
   int64_t seqlen = 0;       // the figures' length: --seqlen, else max_seqlen, else sp x 1024
   int64_t peak_bytes = 0;   // per rank at seqlen
   int64_t host_bytes_per_node = 0;
   double step_ms = 0, tokens_per_s_per_device = 0, mfu = 0;
   int64_t max_seqlen = 0;       // longest fitting length (multiple of sp x 1024); 0 = none fits
-  std::string max_limit;        // what stops the length from growing
+  std::string max_limit;        // what stops the length from growing (also
+                                // "model.sliding_window W": no longer length is supported)
 };
 
 // Usable bytes per rank: device memory minus 0.6 GiB for the CUDA context (CUDA), or the whole
