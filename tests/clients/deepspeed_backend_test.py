@@ -8,9 +8,11 @@ weights (model.load) and tokens for both. Checks:
     sp 2 x dp 2, untiled and with tiled MLP and tiled loss (2 tiles each), fp32;
   - the ds_config.json each DeepSpeed trial ran is what `ulysses-tune export --format deepspeed`
     writes for that trial (DeepSpeed's own deepspeed.initialize accepted it: the trial ran);
-  - running out of memory is `oom` (exit 12): a DeepSpeed ZeRO-1 trial under a 0.5 GiB cap (its
-    default reduce bucket alone, 5e8 fp32 elements, is 2 GB; where the address space runs out
-    first varies from run to run, and so does the error Python raises there);
+  - running out of memory is `oom` (exit 12): a DeepSpeed ZeRO-1 trial with 2 GiB buckets
+    (zero.bucket_mb 2048, exported as reduce_bucket_size 5e8 fp32 elements) under a 1 GiB cap,
+    so that the allocation that fails is DeepSpeed's bucket in each rank's main thread (under a
+    smaller cap the address space can run out where Gloo starts its threads, which aborts the
+    process instead);
   - summary.json names the backend, its versions and its workarounds.
 
   deepspeed_backend_test.py --bin BUILD/bin
@@ -47,7 +49,8 @@ def make_model(path):
     model.save_pretrained(path, safe_serialization=True)
 
 
-def experiment(path, name, world, sp, tiles, backends="[native, deepspeed]", limit=2.0, zero=0):
+def experiment(path, name, world, sp, tiles, backends="[native, deepspeed]", limit=2.0, zero=0,
+               bucket_mb=128):
     text = f"""name: {name}
 hardware: cpu-local
 world_size: {world}
@@ -57,7 +60,7 @@ base:
   model: {{load: {os.path.dirname(path)}/model}}
   data: {{source: synthetic, seed: 5}}
   memory: {{tiled_mlp: {tiles}, tiled_loss: {tiles}}}
-  zero: {{stage: {zero}}}
+  zero: {{stage: {zero}, bucket_mb: {bucket_mb}}}
   train: {{device: cpu, steps: 4}}
   optim: {{lr: 0.01}}
   comm: {{timeout_s: 120, collective_timeout_s: 120}}
@@ -98,9 +101,10 @@ def main():
             experiment(path, name, world, sp, tiles)
             subprocess.run([tune, "sweep", path, "--db", db, "--name", name, "--python",
                             sys.executable], check=True, stdout=subprocess.DEVNULL)
-        # Out of memory: DeepSpeed's ZeRO-1 under a 0.5 GiB cap.
+        # Out of memory: DeepSpeed's ZeRO-1 with 2 GiB buckets under a 1 GiB cap.
         path = os.path.join(tmp, "oom.yaml")
-        experiment(path, "oom", 2, 2, 1, backends="[deepspeed]", limit=0.5, zero=1)
+        experiment(path, "oom", 2, 2, 1, backends="[deepspeed]", limit=1.0, zero=1,
+                   bucket_mb=2048)
         subprocess.run([tune, "sweep", path, "--db", db, "--name", "oom", "--python",
                         sys.executable], check=True, stdout=subprocess.DEVNULL)
 

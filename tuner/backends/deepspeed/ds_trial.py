@@ -27,6 +27,12 @@ import time
 
 EXIT_USAGE, EXIT_OOM, EXIT_COMM = 2, 12, 13
 
+# The model families (model_type) ulysses-train trains, with what their transformers config needs
+# beyond the shapes for inline models: no sliding window (ulysses-train refuses one shorter than
+# the sequence, and a longer one masks nothing).
+FAMILIES = {"llama": {}, "mistral": {"sliding_window": None},
+            "qwen2": {"use_sliding_window": False}, "qwen3": {"use_sliding_window": False}}
+
 
 class BadInput(Exception):
     """One line naming the run-config key and what is wrong."""
@@ -46,6 +52,10 @@ ADDRESS_SPACE_CAPPED = False
 def is_oom(error):
     text = str(error)
     if ADDRESS_SPACE_CAPPED and isinstance(error, SystemError) and "without exception set" in text:
+        return True
+    # Under the cap a new thread's stack and malloc arena can find no address space left, and
+    # thread creation (Gloo's process groups start several) fails with EAGAIN.
+    if ADDRESS_SPACE_CAPPED and "Resource temporarily unavailable" in text:
         return True
     return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or
             any(s in text for s in ("out of memory", "can't allocate memory", "DefaultCPUAllocator",
@@ -88,17 +98,50 @@ def check_config(run):
     if data.get("pack"):
         raise BadInput("data.pack: the deepspeed backend trains unpacked samples")
     memory = section(run, "memory")
-    if memory.get("offload_activations"):
-        raise BadInput("memory.offload_activations: the deepspeed backend does not offload "
-                       "activation checkpoints to the host")
     model = section(run, "model")
     if model.get("preset"):
         raise BadInput("model.preset: the deepspeed backend builds the model from model.load or "
                        "the inline model.* shapes")
     if str(section(run, "attention").get("backend", "auto")) not in ("auto", "sdpa", "math"):
         raise BadInput("attention.backend: the deepspeed backend runs transformers' sdpa")
-    if section(run, "sequence").get("micro_batch", 1) != 1:
-        raise BadInput("sequence.micro_batch: the deepspeed backend runs micro batch 1")
+
+
+class PhaseTimes:
+    """Inclusive milliseconds per named scope of one step, as ulysses-train's `phases`: CUDA events
+    on a GPU (read once the step has synchronized, so timing adds no host sync), the clock on CPU."""
+
+    def __init__(self, torch, cuda):
+        self.torch, self.cuda, self.spans = torch, cuda, []
+
+    def scope(self, name):
+        timer = self
+
+        class Scope:
+            def __enter__(self):
+                if timer.cuda:
+                    self.start = timer.torch.cuda.Event(enable_timing=True)
+                    self.start.record()
+                else:
+                    self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                if timer.cuda:
+                    end = timer.torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    timer.spans.append((name, self.start, end))
+                else:
+                    timer.spans.append((name, 1000.0 * (time.perf_counter() - self.start), None))
+        return Scope()
+
+    def take(self):
+        """The step's {name: ms}, summed over the scope's occurrences; starts the next step.
+        REQUIRES on a GPU: the step's work synchronized."""
+        phases = {}
+        for name, start, end in self.spans:
+            ms = start.elapsed_time(end) if self.cuda else start
+            phases[name] = phases.get(name, 0.0) + ms
+        self.spans = []
+        return phases
 
 
 def mlp_tiles_of(value, local_length, hidden):
@@ -149,7 +192,7 @@ def main():
     import transformers
     from deepspeed.runtime.sequence_parallel.ulysses_sp import (TiledMLP, UlyssesSPAttentionHF,
                                                                 sequence_tiled_compute)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -183,32 +226,48 @@ def main():
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     workarounds = []
 
-    # The model: the checkpoint of model.load, or the inline shapes with transformers' init.
+    # The model: the checkpoint of model.load, or the inline shapes with transformers' init; the
+    # family's own transformers class either way (model_type / model.family).
     model_options = section(run, "model")
     load = str(model_options.get("load", "") or "")
     if load:
         with open(os.path.join(load, "config.json")) as f:
             model_type = json.load(f).get("model_type", "llama")
-        if model_type != "llama":
-            fail(EXIT_USAGE, f"error: model.load: the deepspeed backend runs llama, got {model_type}")
-        model = LlamaForCausalLM.from_pretrained(load, torch_dtype=dtype, attn_implementation="sdpa")
+        if model_type not in FAMILIES:
+            fail(EXIT_USAGE, f"error: model.load: model_type '{model_type}' is not supported "
+                             f"(supported: {', '.join(FAMILIES)})")
+        model = AutoModelForCausalLM.from_pretrained(load, dtype=dtype, attn_implementation="sdpa")
         weights = "loaded"
     else:
         torch.manual_seed(int(model_options.get("init_seed", 0)))
+        family = str(model_options.get("family", "llama"))
+        if family not in FAMILIES:
+            fail(EXIT_USAGE, f"error: model.family: '{family}' is not supported "
+                             f"(supported: {', '.join(FAMILIES)})")
         hidden = int(model_options["hidden_size"])
         heads = int(model_options["num_heads"])
-        config = LlamaConfig(
-            hidden_size=hidden, num_hidden_layers=int(model_options["num_layers"]),
+        rope = {"rope_type": "default", "rope_theta": float(model_options.get("rope_theta", 1e4))}
+        if model_options.get("rope_scaling_type"):
+            rope.update(
+                rope_type=str(model_options["rope_scaling_type"]),
+                factor=float(model_options["rope_scaling_factor"]),
+                low_freq_factor=float(model_options["rope_low_freq_factor"]),
+                high_freq_factor=float(model_options["rope_high_freq_factor"]),
+                original_max_position_embeddings=int(model_options["rope_original_max_position"]))
+        config = AutoConfig.for_model(
+            family, hidden_size=hidden, num_hidden_layers=int(model_options["num_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(model_options.get("num_kv_heads", heads)),
             head_dim=int(model_options.get("head_dim", 0) or hidden // heads),
             intermediate_size=int(model_options["intermediate_size"]),
             vocab_size=int(model_options["vocab_size"]),
             rms_norm_eps=float(model_options.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(model_options.get("rope_theta", 500000.0)),
+            rope_parameters=rope,
             tie_word_embeddings=bool(model_options.get("tie_embeddings", False)),
-            max_position_embeddings=max(length, 2048), attn_implementation="sdpa")
-        model = LlamaForCausalLM(config).to(dtype)
+            max_position_embeddings=int(model_options.get("max_position_embeddings", 131072)),
+            attn_implementation="sdpa",
+            **FAMILIES[family])
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
         weights = "transformers-init"
     if device == "cuda":
         model = model.to(f"cuda:{local_rank}")
@@ -229,8 +288,23 @@ def main():
             return TiledMLP.apply(mlp, self, x, mlp_tiles, params)
         for layer in model.model.layers:
             layer.mlp.forward = tiled_mlp_forward.__get__(layer.mlp)
-    if memory.get("checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # from_pretrained leaves the model in eval mode, where transformers skips checkpointing.
+    model.train()
+    offload_activations = bool(memory.get("offload_activations"))
+    if offload_activations and device == "cuda":
+        # transformers' checkpointing with the saved layer inputs in pinned host memory (torch's
+        # save_on_cpu). DeepSpeed's own (deepspeed.checkpointing with cpu_checkpointing) restores
+        # a Llama layer's input with the wrong shape in backward.
+        model.activation_checkpointing_enable(offload=True)
+    elif memory.get("checkpointing") or offload_activations:
+        # On CPU the checkpoints are in host memory already: offloading is checkpointing.
+        model.activation_checkpointing_enable()
+    # Decoder layer forwards, counted at their first norm (the layer's own hooks stay outside the
+    # checkpoint): twice per micro-step and layer when the layers recompute in backward.
+    layer_calls = [0]
+    for layer in model.model.layers:
+        layer.input_layernorm.register_forward_pre_hook(
+            lambda *_: layer_calls.__setitem__(0, layer_calls[0] + 1))
 
     mpu = None
     if sp > 1:
@@ -254,6 +328,15 @@ def main():
             "makes the gradients sp times too large, and gloo's all_gather backward picks the "
             "wrong rank when the sp group is not the world")
     zero_stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+    if zero_stage == 3 and sp > 1 and ds_config["zero_optimization"].get("reduce_scatter", True):
+        # ZeRO-3's reduce-scatter divides every gradient by the whole world, dp x sp, where the
+        # other stages (and its own all-reduce path) divide by dp: its gradients come out sp times
+        # too small, whatever the loss.
+        loss_scale *= sp
+        workarounds.append(
+            "zero-3 gradients: each rank's loss scaled by sp as well (DeepSpeed's stage-3 "
+            "reduce-scatter averages gradients over the dp x sp ranks, not dp, so under sequence "
+            "parallelism its gradients are sp times too small)")
 
     data = section(run, "data")
     token_dtype = "<u4" if str(data.get("token_dtype", "uint16")) == "uint32" else "<u2"
@@ -286,6 +369,10 @@ def main():
             {}, "hidden_states", compute_params=[lm_head.weight], output_unshard_dimension=0,
             output_reduction="sum")
 
+    if mb > 1 and sp > 1:
+        workarounds.append(
+            "labels: each rank's [micro_batch, length/sp] slice made contiguous (transformers' and "
+            "DeepSpeed's causal-LM losses flatten labels with view, which fails on a column slice)")
     if loss_tiles > 1:
         workarounds.append(
             "tiled loss: lm_head + cross-entropy tiled by sequence_tiled_compute, not "
@@ -295,6 +382,7 @@ def main():
         os.makedirs(out_dir, exist_ok=True)
     records = []
     target = torch.device(f"cuda:{local_rank}" if device == "cuda" else "cpu")
+    phases = PhaseTimes(torch, device == "cuda")
     for step in range(1, steps + 1):
         first = (step - 1) * global_batch
         # Every label of the global batch: all but each sample's last position.
@@ -303,30 +391,44 @@ def main():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=target)  # summed without a sync
         for micro in range(ga):
-            index = first + dp_rank * mb * ga + micro * mb
-            ids, labels = sample(index)
+            # The micro-batch's rows: ulysses-train's DataLoader::sample_index.
+            rows = [sample(first + dp_rank * mb * ga + micro * mb + row) for row in range(mb)]
             chunk = slice(sp_rank * local_length, (sp_rank + 1) * local_length)
-            input_ids = ids[chunk].unsqueeze(0).to(target)
-            shift_labels = labels[chunk].unsqueeze(0).to(target)
-            position_ids = torch.arange(length)[chunk].unsqueeze(0).to(target)
-            outputs = engine.module.model(input_ids=input_ids, position_ids=position_ids)
-            local = local_loss(outputs.last_hidden_state, shift_labels)
-            loss_sum += local.detach().double().cpu()
-            engine.backward(local * (loss_scale / valid))
+            input_ids = torch.stack([ids for ids, _ in rows])[:, chunk].to(target)  # [bs, sl/sp]
+            # [bs, sl/sp], contiguous: a column slice of [bs, sl] is not when bs > 1, and the
+            # losses users take from transformers (ForCausalLMLoss) and DeepSpeed
+            # (TiledFusedLogitsLoss) flatten labels with view(-1), which fails on it.
+            shift_labels = torch.stack([labels for _, labels in rows])[:, chunk].contiguous()
+            shift_labels = shift_labels.to(target)
+            position_ids = torch.arange(length)[chunk].expand(mb, -1).to(target)  # [bs, sl/sp]
+            if hasattr(engine.optimizer, "clear_backward_seen_flag"):
+                # What engine.forward does first, which this loop bypasses to take the hidden
+                # states for the tiled loss: ZeRO's optimizers count micro-steps there (stage 3
+                # overwrites its gradient partitions instead of accumulating them without it).
+                engine.optimizer.clear_backward_seen_flag()
+            with phases.scope("forward"):
+                outputs = engine.module.model(input_ids=input_ids, position_ids=position_ids)
+                with phases.scope("loss"):
+                    local = local_loss(outputs.last_hidden_state, shift_labels)
+            loss_sum += local.detach().double()
+            with phases.scope("backward"):  # at the last micro-step: DeepSpeed's reductions too
+                engine.backward(local * (loss_scale / valid))
             if micro == ga - 1 and zero_stage == 0:
                 # Stage 0 reduced whole gradients in the boundary's backward; the engine keeps
                 # no norm of them, so it is taken here, before clipping and the update.
-                squares = sum(float(p.grad.double().pow(2).sum())
+                squares = sum(p.grad.double().pow(2).sum()
                               for p in engine.module.parameters() if p.grad is not None)
-                grad_norm = math.sqrt(squares)
-            engine.step()
+                grad_norm = float(squares.sqrt())  # one host sync per step
+            with phases.scope("optimizer"):  # a no-op but at the last micro-step
+                engine.step()
         if zero_stage > 0:
             grad_norm = engine.get_global_grad_norm()  # the ZeRO optimizer's, before clipping
         if device == "cuda":
             torch.cuda.synchronize()
         step_ms = 1000.0 * (time.perf_counter() - start)
+        step_phases = phases.take()
         total = loss_sum.to(target)  # every rank's tokens: the global batch's sum
         dist.all_reduce(total)
         loss = float(total) / valid
@@ -342,7 +444,8 @@ def main():
             "lr": lr, "tokens": tokens_step, "valid_tokens": valid, "step_ms": step_ms,
             "tokens_per_s": tokens_step / (step_ms / 1000.0),
             "tokens_per_s_per_rank": tokens_step / (step_ms / 1000.0) / world,
-            "peak_mem_bytes": peak, "peak_host_bytes": peak_rss_bytes(), "first_sample": first})
+            "peak_mem_bytes": peak, "peak_host_bytes": peak_rss_bytes(), "first_sample": first,
+            "phases": step_phases})
 
     peaks = torch.tensor([max(r["peak_mem_bytes"] for r in records),
                           max(r["peak_host_bytes"] for r in records)], dtype=torch.float64)
@@ -356,6 +459,9 @@ def main():
             "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in measured),
             "tokens_per_s_per_rank_median":
                 statistics.median(r["tokens_per_s_per_rank"] for r in measured),
+            "phases_ms_median": {name: statistics.median(r["phases"].get(name, 0.0)
+                                                         for r in measured)
+                                 for name in measured[-1]["phases"]},
             "peak_mem_bytes": max(r["peak_mem_bytes"] for r in records),
             "peak_host_bytes": max(r["peak_host_bytes"] for r in records),
             "max_rank_peak_mem_bytes": int(peaks[0]), "max_rank_peak_host_bytes": int(peaks[1]),
@@ -365,6 +471,15 @@ def main():
             "device": f"cuda:{local_rank}" if device == "cuda" else "cpu",
             "weights": weights, "mlp_tiles": mlp_tiles, "loss_tiles": loss_tiles,
             "zero_stage": zero_stage,
+            # As docs/outputs.md's summary `memory`; checkpointing is what ran: the decoder
+            # layers ran forward again in backward.
+            "memory": {
+                "tiled_mlp": memory.get("tiled_mlp", 1), "tiled_mlp_tiles": mlp_tiles,
+                "tiled_loss": memory.get("tiled_loss", 1), "tiled_loss_tiles": loss_tiles,
+                "checkpointing": layer_calls[0] > len(model.model.layers) * ga * steps,
+                "zero_stage": zero_stage, "offload_activations": offload_activations,
+                "offload_optimizer": "offload_optimizer" in ds_config.get("zero_optimization", {}),
+                "precision": "bf16" if bf16 else "fp32", "limit_gib": limit_gib},
             "workarounds": workarounds,
             "versions": {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
                          "torch": torch.__version__}}
