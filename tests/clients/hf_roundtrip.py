@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Real-client round trip with Hugging Face transformers.
+"""Real-client round trip with Hugging Face transformers, for each decoder family (Llama, Qwen2,
+Qwen3, Mistral: the case's `family`, llama when not named).
 
-Forward direction: ulysses-train trains a small Llama on a flat uint16 token file and writes HF
-checkpoints (initial/, step-1/, step-2/); transformers' LlamaForCausalLM.from_pretrained loads
-each and computes the loss of the batch that ulysses-train computed with those weights:
+Forward direction: ulysses-train trains a small random model of the family (inline `model:` keys)
+on a flat uint16 token file and writes HF checkpoints (initial/, step-1/, step-2/);
+transformers' AutoModelForCausalLM.from_pretrained loads each as the family's own class (no tensor
+missing or unexpected) and computes the loss of the batch that ulysses-train computed with those
+weights (ulysses-train starts biases at 0 and norms at 1, as transformers does: step 2 and the eval
+see them after an update):
   step 1 loss  == HF(initial)  on samples [0, G)
   step 2 loss  == HF(step-1)   on samples [G, 2G)      (checks the optimizer update too)
   eval loss    == HF(step-2)   on the eval file's samples [0, dp * micro_batch)
-Reverse direction: transformers initialises LlamaForCausalLM(LlamaConfig(...)) with a seed and
-save_pretrained()s it; ulysses-train loads it (model.load) and its step-1 loss and grad_norm must
-equal transformers' on the same tokens; after one torch.optim.AdamW step (with clip_grad_norm_)
-transformers' step-2 loss must equal ulysses-train's step-2 loss.
+Reverse direction: transformers initialises the family's class (LlamaForCausalLM(LlamaConfig(...)),
+Qwen3ForCausalLM(Qwen3Config(...)), ...) with a seed (the non-Llama cases also move biases and
+norm weights off their init) and save_pretrained()s it; ulysses-train loads it (model.load) and
+its step-1 loss and grad_norm must equal transformers' on the same tokens; after one
+torch.optim.AdamW step (with clip_grad_norm_) transformers' step-2 loss must equal ulysses-train's
+step-2 loss. (families_test.py holds each family to transformers over 3 steps at sp 1, 2 and 4
+with the memory features.)
 
 Sample i of a flat file is tokens [i*L, (i+1)*L); labels are the next token within the sample,
 the last position ignored; the loss is the mean cross-entropy over every valid label of the
@@ -20,18 +27,17 @@ global batch, which is what transformers computes with labels=input_ids.
 Exit status 0 when every comparison holds; otherwise 1 with both numbers printed.
 """
 import argparse
-import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
-import numpy as np
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_common import (FAMILIES, Mismatch, load_hf_model, log, make_hf_model, read_metrics,
+                       read_samples, run_trainer, write_run_config, write_tokens)
 
 LOSS_RTOL = 1e-5   # relative 1e-5 on the loss (fp32)
 NORM_RTOL = 1e-4   # gradients are held to 1e-4
@@ -49,6 +55,14 @@ GQA = dict(hidden_size=128, num_layers=2, num_heads=8, num_kv_heads=2, head_dim=
 LLAMA3_ROPE = dict(rope_theta=500000.0, rope_scaling_type="llama3", rope_scaling_factor=8.0,
                    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                    rope_original_max_position=32)
+# The other families: Qwen2 adds q/k/v biases (tied head as in Qwen2.5's small
+# models); Qwen3 adds per-head q/k RMSNorm and an explicit head_dim (8 heads * 32 = 256 wide
+# attention in a 128 wide model); Mistral is Llama's block (its sliding window: families_test.py).
+QWEN2 = dict(SMALL, family="qwen2", num_kv_heads=2, rope_theta=1.0e6, rms_norm_eps=1.0e-6,
+             tie_embeddings=True)
+QWEN3 = dict(GQA, family="qwen3", head_dim=32, rope_theta=1.0e6, rms_norm_eps=1.0e-6,
+             tie_embeddings=False)
+MISTRAL = dict(GQA, family="mistral", rope_theta=1.0e6, tie_embeddings=False)
 
 # case -> (direction, model keys, run-config overrides)
 CASES = {
@@ -59,12 +73,18 @@ CASES = {
                             {"length": 128}),
     # sp 2 over 2 ranks; length 127 is padded to 128 with an ignored label.
     "forward_sp2": ("forward", dict(GQA, tie_embeddings=False), {"length": 127, "sp": 2}),
+    "forward_qwen2": ("forward", QWEN2, {}),
+    "forward_qwen3": ("forward", QWEN3, {"length": 128}),
+    "forward_mistral": ("forward", MISTRAL, {"length": 128}),
     "reverse_untied": ("reverse", dict(SMALL, tie_embeddings=False), {}),
     "reverse_tied": ("reverse", dict(SMALL, tie_embeddings=True, vocab_size=384), {}),
     "reverse_gqa": ("reverse", dict(GQA, tie_embeddings=False), {"length": 128}),
     # transformers 5 writes rope_theta / rope scaling inside config.json's "rope_parameters".
     "reverse_rope_llama3": ("reverse", dict(GQA, tie_embeddings=False, **LLAMA3_ROPE),
                             {"length": 128}),
+    "reverse_qwen2": ("reverse", QWEN2, {}),
+    "reverse_qwen3": ("reverse", QWEN3, {"length": 128}),
+    "reverse_mistral": ("reverse", MISTRAL, {"length": 128}),
 }
 
 LR = 1.0e-2
@@ -76,100 +96,31 @@ MICRO_BATCH = 2
 STEPS = 2
 
 
-class Mismatch(Exception):
-    pass
-
-
 FAILURES = []  # comparisons that failed; the case goes on to print the others, then fails
 
 
-def log(msg):
-    print(msg, flush=True)
+ARCHITECTURES = {family: classes[1].__name__ for family, classes in FAMILIES.items()}
 
 
-def write_tokens(path, num_tokens, vocab_size, seed):
-    rng = np.random.default_rng(seed)
-    rng.integers(0, vocab_size, size=num_tokens, dtype=np.uint16).astype("<u2").tofile(path)
+def family_of(model_keys):
+    return model_keys.get("family", "llama")
 
 
-def read_samples(path, length, first, count):
-    """Samples [first, first + count) of a flat uint16 file, as a [count, length] LongTensor."""
-    tokens = np.fromfile(path, dtype="<u2")
-    rows = [tokens[i * length:(i + 1) * length] for i in range(first, first + count)]
-    return torch.from_numpy(np.stack(rows).astype(np.int64))
-
-
-def yaml_value(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a YAML string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
-    return repr(value)
-
-
-def yaml_section(name, fields):
-    return name + ": {" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in fields.items()) + "}\n"
-
-
-def write_run_config(path, work, model, length, sp, tokens, eval_tokens):
-    text = "# written by tests/clients/hf_roundtrip.py\n"
-    text += yaml_section("model", model)
-    text += yaml_section("mesh", {"sp": sp, "dp": 1})
-    text += yaml_section("sequence", {"length": length, "micro_batch": MICRO_BATCH,
-                                      "grad_accum": 1})
-    text += yaml_section("data", {"source": "tokens:" + tokens, "token_dtype": "uint16"})
-    text += yaml_section("optim", {"lr": LR, "betas": list(BETAS), "eps": EPS,
-                                   "weight_decay": WEIGHT_DECAY, "grad_clip": GRAD_CLIP,
-                                   "warmup_steps": 0, "schedule": "constant"})
-    text += yaml_section("train", {"steps": STEPS, "seed": 0, "device": "cpu"})
-    text += yaml_section("checkpoint", {"dir": os.path.join(work, "ckpt"), "every": 1,
-                                        "save_initial": True})
-    text += yaml_section("output", {"dir": os.path.join(work, "out")})
+def write_case_config(path, work, model, length, sp, tokens, eval_tokens):
+    sections = {
+        "model": model,
+        "mesh": {"sp": sp, "dp": 1},
+        "sequence": {"length": length, "micro_batch": MICRO_BATCH, "grad_accum": 1},
+        "data": {"source": "tokens:" + tokens, "token_dtype": "uint16"},
+        "optim": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WEIGHT_DECAY,
+                  "grad_clip": GRAD_CLIP, "warmup_steps": 0, "schedule": "constant"},
+        "train": {"steps": STEPS, "seed": 0, "device": "cpu"},
+        "checkpoint": {"dir": os.path.join(work, "ckpt"), "every": 1, "save_initial": True},
+        "output": {"dir": os.path.join(work, "out")},
+    }
     if eval_tokens:
-        text += yaml_section("eval", {"source": "tokens:" + eval_tokens, "every": 0, "steps": 1})
-    with open(path, "w") as f:
-        f.write(text)
-    return text
-
-
-def run_trainer(bindir, config_path, sp, work):
-    if sp == 1:
-        cmd = [os.path.join(bindir, "ulysses-train"), "--config", config_path]
-    else:
-        cmd = [os.path.join(bindir, "ulysses-tune"), "launch", config_path, "--nproc", str(sp)]
-    if not os.access(cmd[0], os.X_OK):
-        raise Mismatch(f"{cmd[0]}: not found or not executable (build it first)")
-    log("$ " + " ".join(cmd))
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    sys.stdout.write(proc.stdout[-4000:])
-    if proc.returncode != 0:
-        sys.stdout.write(proc.stderr[-4000:])
-        raise Mismatch(f"{cmd[0]} exited with status {proc.returncode}")
-
-
-def read_metrics(out_dir):
-    steps, evals = {}, []
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if "eval" in record:
-                evals.append(record["eval"])
-            elif "step" in record:
-                steps[int(record["step"])] = record
-    return steps, evals
-
-
-def hf_model(model_dir):
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                             attn_implementation="eager")
-    model.eval()
-    return model
+        sections["eval"] = {"source": "tokens:" + eval_tokens, "every": 0, "steps": 1}
+    return write_run_config(path, sections, "tests/clients/hf_roundtrip.py")
 
 
 def hf_loss(model, input_ids):
@@ -188,12 +139,16 @@ def compare(what, ours, theirs, rtol):
                         f"(rel {rel:.3e} > {rtol:.0e})")
 
 
-def check_config(ckpt, model_keys):
-    """transformers' reading of the checkpoint's config.json has the shapes we trained (for the
-    reverse direction: those transformers wrote, as ulysses-train read them)."""
-    cfg = LlamaConfig.from_pretrained(ckpt)
+def check_config(ckpt, model_keys, sliding_window=None):
+    """transformers' reading of the checkpoint's config.json has the family and shapes we trained
+    (for the reverse direction: those transformers wrote, as ulysses-train read them), and the
+    sliding window (None: none; ulysses-train keeps one no shorter than the sequence)."""
+    cfg = transformers.AutoConfig.from_pretrained(ckpt)
     name = os.path.join(os.path.basename(os.path.dirname(ckpt)), os.path.basename(ckpt))
-    expect = {"hidden_size": model_keys["hidden_size"],
+    family = family_of(model_keys)
+    expect = {"model_type": family,
+              "architectures": [ARCHITECTURES[family]],  # the class from_pretrained makes
+              "hidden_size": model_keys["hidden_size"],
               "num_hidden_layers": model_keys["num_layers"],
               "num_attention_heads": model_keys["num_heads"],
               "num_key_value_heads": model_keys["num_kv_heads"],
@@ -201,8 +156,10 @@ def check_config(ckpt, model_keys):
               "intermediate_size": model_keys["intermediate_size"],
               "vocab_size": model_keys["vocab_size"],
               "tie_word_embeddings": model_keys["tie_embeddings"]}
+    got = {key: getattr(cfg, key, None) for key in expect}
+    # Qwen2's config has no head_dim: its attention takes hidden_size / num_attention_heads.
+    got["head_dim"] = got["head_dim"] or cfg.hidden_size // cfg.num_attention_heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
-    got = {key: getattr(cfg, key) for key in expect}
     got["rope_theta"] = rope.get("rope_theta")
     got["rope_type"] = rope.get("rope_type", "default")
     expect["rope_theta"] = model_keys["rope_theta"]
@@ -214,6 +171,9 @@ def check_config(ckpt, model_keys):
                              ("rope_original_max_position", "original_max_position_embeddings")]:
             expect[theirs] = model_keys[ours]
             got[theirs] = rope.get(theirs)
+    if family != "llama":
+        got["sliding_window"] = getattr(cfg, "sliding_window", None)
+        expect["sliding_window"] = sliding_window
     for key, value in expect.items():
         ok = got[key] == value
         log(f"{'ok  ' if ok else 'FAIL'} {name}/config.json as transformers reads it: "
@@ -226,13 +186,14 @@ def check_config(ckpt, model_keys):
 def forward_case(args, work, model_keys, opts):
     length, sp = opts.get("length", 64), opts.get("sp", 1)
     vocab = model_keys["vocab_size"]
+    family = family_of(model_keys)
     g = MICRO_BATCH  # dp 1: G = dp * micro_batch * grad_accum
     tokens = os.path.join(work, "train.u16")
     eval_tokens = os.path.join(work, "eval.u16")
     write_tokens(tokens, (STEPS * g + 1) * length, vocab, seed=11)
     write_tokens(eval_tokens, (g + 1) * length, vocab, seed=12)
     config_path = os.path.join(work, "run.yaml")
-    log(write_run_config(config_path, work, model_keys, length, sp, tokens, eval_tokens))
+    log(write_case_config(config_path, work, model_keys, length, sp, tokens, eval_tokens))
     run_trainer(args.bin, config_path, sp, work)
     steps, evals = read_metrics(os.path.join(work, "out"))
     if sorted(steps) != list(range(1, STEPS + 1)):
@@ -241,48 +202,27 @@ def forward_case(args, work, model_keys, opts):
     ckpt = os.path.join(work, "ckpt")
     check_config(os.path.join(ckpt, "initial"), model_keys)
     for step, weights in [(1, "initial"), (2, "step-1")]:
-        model = hf_model(os.path.join(ckpt, weights))
+        model = load_hf_model(os.path.join(ckpt, weights), expect_family=family)
         batch = read_samples(tokens, length, (step - 1) * g, g)
         compare(f"step {step} loss (HF loads {weights}/, samples [{(step - 1) * g}, {step * g}))",
                 steps[step]["loss"], hf_loss(model, batch), LOSS_RTOL)
     if not evals:
         raise Mismatch("metrics.jsonl has no eval record")
-    model = hf_model(os.path.join(ckpt, f"step-{STEPS}"))
+    model = load_hf_model(os.path.join(ckpt, f"step-{STEPS}"), expect_family=family)
     compare(f"eval loss after step {STEPS} (HF loads step-{STEPS}/, eval samples [0, {g}))",
             evals[-1]["loss"], hf_loss(model, read_samples(eval_tokens, length, 0, g)), LOSS_RTOL)
 
 
-def hf_config(model_keys):
-    rope = {"rope_type": "default", "rope_theta": model_keys["rope_theta"]}
-    if model_keys.get("rope_scaling_type"):
-        rope = {"rope_type": model_keys["rope_scaling_type"],
-                "rope_theta": model_keys["rope_theta"],
-                "factor": model_keys["rope_scaling_factor"],
-                "low_freq_factor": model_keys["rope_low_freq_factor"],
-                "high_freq_factor": model_keys["rope_high_freq_factor"],
-                "original_max_position_embeddings": model_keys["rope_original_max_position"]}
-    return LlamaConfig(hidden_size=model_keys["hidden_size"],
-                       num_hidden_layers=model_keys["num_layers"],
-                       num_attention_heads=model_keys["num_heads"],
-                       num_key_value_heads=model_keys["num_kv_heads"],
-                       head_dim=model_keys["head_dim"],
-                       intermediate_size=model_keys["intermediate_size"],
-                       vocab_size=model_keys["vocab_size"],
-                       rms_norm_eps=model_keys["rms_norm_eps"],
-                       tie_word_embeddings=model_keys["tie_embeddings"],
-                       rope_parameters=rope,
-                       initializer_range=model_keys["init_std"],
-                       max_position_embeddings=4096)
-
-
 def reverse_case(args, work, model_keys, opts):
     length = opts.get("length", 64)
+    family = family_of(model_keys)
     g = MICRO_BATCH
     tokens = os.path.join(work, "train.u16")
     write_tokens(tokens, (STEPS * g + 1) * length, model_keys["vocab_size"], seed=21)
 
-    torch.manual_seed(1234)
-    model = LlamaForCausalLM(hf_config(model_keys)).to(torch.float32)
+    # The Llama cases keep transformers' init (norms 1); the other families move norms and biases
+    # off it, so that a dropped q_norm or bias shows in the step-1 loss.
+    model = make_hf_model(model_keys, seed=1234, perturb_seed=None if family == "llama" else 5)
     hf_dir = os.path.join(work, "hf-init")
     model.save_pretrained(hf_dir, safe_serialization=True)
     log("transformers wrote " + hf_dir + ": " + ", ".join(sorted(os.listdir(hf_dir))))
@@ -290,12 +230,12 @@ def reverse_case(args, work, model_keys, opts):
         log(f.read())
 
     config_path = os.path.join(work, "run.yaml")
-    log(write_run_config(config_path, work, {"load": hf_dir}, length, 1, tokens, None))
+    log(write_case_config(config_path, work, {"load": hf_dir}, length, 1, tokens, None))
     run_trainer(args.bin, config_path, 1, work)
     steps, _ = read_metrics(os.path.join(work, "out"))
 
     # transformers' own step: loss, gradients, clip_grad_norm_, torch.optim.AdamW.
-    model.train()  # no dropout in Llama (attention_dropout 0); train() only for the autograd run
+    model.train()  # no dropout in these models (attention_dropout 0); train() only for autograd
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     batch = read_samples(tokens, length, 0, g)
@@ -312,13 +252,16 @@ def reverse_case(args, work, model_keys, opts):
         loss2 = model(input_ids=batch, labels=batch).loss.item()
     compare("step 2 loss (after one clip + torch.optim.AdamW step on each side)",
             steps[2]["loss"], loss2, LOSS_RTOL)
-    # ulysses-train's checkpoint of the loaded model says what it trained: the shapes and RoPE
-    # transformers wrote.
-    check_config(os.path.join(work, "ckpt", "initial"), model_keys)
+    # ulysses-train's checkpoint of the loaded model says what it trained: the family and shapes
+    # and RoPE transformers wrote.
+    # (MistralConfig's default window of 4096 tokens, longer than the sequence, is kept.)
+    check_config(os.path.join(work, "ckpt", "initial"), model_keys,
+                 getattr(model.config, "sliding_window", None))
     # And transformers reads back what ulysses-train wrote from the loaded model.
     compare("step 1 loss, HF reloading ulysses-train's initial/ checkpoint",
-            steps[1]["loss"], hf_loss(hf_model(os.path.join(work, "ckpt", "initial")),
-                                      read_samples(tokens, length, 0, g)), LOSS_RTOL)
+            steps[1]["loss"],
+            hf_loss(load_hf_model(os.path.join(work, "ckpt", "initial"), expect_family=family),
+                    read_samples(tokens, length, 0, g)), LOSS_RTOL)
 
 
 def main():

@@ -1,0 +1,205 @@
+"""Helpers shared by the transformers client tests (hf_roundtrip.py, families_test.py).
+
+The decoder families ulysses-train implements, as transformers' own config and model classes; the
+run-config model keys mapped to a transformers config; a flat uint16 token file and its samples;
+run configs; starting ulysses-train (one process, or `ulysses-tune launch` for several ranks) and
+reading its metrics.jsonl.
+
+Data semantics: sample i of a flat file is tokens [i*L, (i+1)*L); labels are the
+next token within the sample, the last position ignored; a step's loss is the mean cross-entropy
+over every valid label of the global batch, which is what transformers computes with
+labels=input_ids.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+
+
+class Mismatch(Exception):
+    pass
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# model.family -> (transformers config class, transformers model class)
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+}
+
+
+def hf_config(model_keys, **extra):
+    """transformers' config of the family model_keys["family"] (default llama) with the shapes of
+    the run config's `model:` keys; `extra` goes to the config class as it is
+    (sliding_window=...)."""
+    family = model_keys.get("family", "llama")
+    config_class = FAMILIES[family][0]
+    rope = {"rope_type": "default", "rope_theta": model_keys["rope_theta"]}
+    if model_keys.get("rope_scaling_type"):
+        rope = {"rope_type": model_keys["rope_scaling_type"],
+                "rope_theta": model_keys["rope_theta"],
+                "factor": model_keys["rope_scaling_factor"],
+                "low_freq_factor": model_keys["rope_low_freq_factor"],
+                "high_freq_factor": model_keys["rope_high_freq_factor"],
+                "original_max_position_embeddings": model_keys["rope_original_max_position"]}
+    kwargs = dict(hidden_size=model_keys["hidden_size"],
+                  num_hidden_layers=model_keys["num_layers"],
+                  num_attention_heads=model_keys["num_heads"],
+                  num_key_value_heads=model_keys["num_kv_heads"],
+                  intermediate_size=model_keys["intermediate_size"],
+                  vocab_size=model_keys["vocab_size"],
+                  rms_norm_eps=model_keys["rms_norm_eps"],
+                  tie_word_embeddings=model_keys["tie_embeddings"],
+                  rope_parameters=rope,
+                  initializer_range=model_keys["init_std"],
+                  max_position_embeddings=4096)
+    # Qwen2's attention takes hd = h / hq (its config has no head_dim); the others read head_dim.
+    if family != "qwen2":
+        kwargs["head_dim"] = model_keys["head_dim"]
+    elif model_keys["head_dim"] * model_keys["num_heads"] != model_keys["hidden_size"]:
+        raise ValueError("qwen2: head_dim must be hidden_size / num_heads")
+    kwargs.update(extra)
+    return config_class(**kwargs)
+
+
+def move_off_init(model, seed):
+    """Moves what transformers initializes to constants away from them, with seeded noise: every
+    norm weight (input/post-attention norms, the final norm, Qwen3's q_norm/k_norm; init 1) to
+    uniform [0.5, 1.5) and every bias (Qwen2's q/k/v; init 0) to normal(0, 0.2). A parameter that
+    a reader drops, swaps or misnames then changes the loss. Returns the names moved."""
+    generator = torch.Generator().manual_seed(seed)
+    moved = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * 0.2)
+            elif "norm" in name:
+                p.copy_(torch.rand(p.shape, generator=generator, dtype=torch.float64) + 0.5)
+            else:
+                continue
+            moved.append(name)
+    return moved
+
+
+def make_hf_model(model_keys, seed, perturb_seed=None, **extra):
+    """A random fp32 model of transformers' own class for model_keys' family, seeded; with
+    perturb_seed its norms and biases are moved off their init (move_off_init)."""
+    torch.manual_seed(seed)
+    model = FAMILIES[model_keys.get("family", "llama")][1](hf_config(model_keys, **extra))
+    model = model.to(torch.float32)
+    if perturb_seed is not None:
+        move_off_init(model, perturb_seed)
+    return model
+
+
+def load_hf_model(model_dir, expect_family=None, dtype=torch.float32):
+    """transformers' AutoModelForCausalLM.from_pretrained(model_dir): the class config.json names,
+    eager attention; raises Mismatch when it is not expect_family's class or when transformers
+    reports a missing, unexpected or mismatched tensor (it would initialize a missing one itself,
+    and a loss comparison might not notice a bias of zeros)."""
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, attn_implementation="eager", output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v and k != "error_msgs"}
+    if info.get("error_msgs"):
+        problems["error_msgs"] = info["error_msgs"]
+    if problems:
+        raise Mismatch(f"{model_dir}: transformers' from_pretrained reports {problems}")
+    if expect_family is not None and type(model) is not FAMILIES[expect_family][1]:
+        raise Mismatch(f"{model_dir}: transformers loads it as {type(model).__name__}, expected "
+                       f"{FAMILIES[expect_family][1].__name__}")
+    model.eval()
+    return model
+
+
+def causal_lm_loss(logits, input_ids):
+    """Mean cross-entropy of the next token within each sample, over the batch, in logits' dtype
+    (transformers' own loss casts logits to fp32 first, which would make an fp64 reference fp32)."""
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), input_ids[:, 1:].reshape(-1))
+
+
+def write_tokens(path, num_tokens, vocab_size, seed):
+    rng = np.random.default_rng(seed)
+    rng.integers(0, vocab_size, size=num_tokens, dtype=np.uint16).astype("<u2").tofile(path)
+
+
+def read_samples(path, length, first, count):
+    """Samples [first, first + count) of a flat uint16 file, as a [count, length] LongTensor."""
+    tokens = np.fromfile(path, dtype="<u2")
+    rows = [tokens[i * length:(i + 1) * length] for i in range(first, first + count)]
+    return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
+def yaml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a YAML string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def yaml_section(name, fields):
+    return name + ": {" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in fields.items()) + "}\n"
+
+
+def write_run_config(path, sections, origin):
+    """A run config of flow-style sections {section: {key: value}}, in the order given."""
+    text = f"# written by {origin}\n" + "".join(yaml_section(k, v) for k, v in sections.items())
+    with open(path, "w") as f:
+        f.write(text)
+    return text
+
+
+def trainer_command(bindir, config_path, nproc):
+    """ulysses-train for one rank, `ulysses-tune launch --nproc N` for several."""
+    bindir = os.path.abspath(bindir)  # the ranks run in their work directory
+    if nproc == 1:
+        cmd = [os.path.join(bindir, "ulysses-train"), "--config", config_path]
+    else:
+        cmd = [os.path.join(bindir, "ulysses-tune"), "launch", config_path, "--nproc", str(nproc)]
+    if not os.access(cmd[0], os.X_OK):
+        raise Mismatch(f"{cmd[0]}: not found or not executable (build it first)")
+    return cmd
+
+
+def run_trainer(bindir, config_path, nproc, work, check=True, quiet=False):
+    """Runs ulysses-train's ranks in `work`; returns the CompletedProcess. check: a non-zero exit
+    is a Mismatch (with the output's tail printed)."""
+    cmd = trainer_command(bindir, config_path, nproc)
+    log("$ " + " ".join(cmd))
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    if not quiet or proc.returncode != 0:
+        sys.stdout.write(proc.stdout[-4000:])
+    if check and proc.returncode != 0:
+        sys.stdout.write(proc.stderr[-4000:])
+        raise Mismatch(f"{cmd[0]} exited with status {proc.returncode}")
+    return proc
+
+
+def read_metrics(out_dir):
+    """metrics.jsonl of a run: ({step: record}, [eval records])."""
+    steps, evals = {}, []
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "eval" in record:
+                evals.append(record["eval"])
+            elif "step" in record:
+                steps[int(record["step"])] = record
+    return steps, evals
