@@ -19,7 +19,8 @@ const std::map<std::string, std::string>& meanings() {
   static const std::map<std::string, std::string> table = {
       {"model.preset",
        "A model from profiles/models/NAME.yaml (tiny, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
-       "...) or a path to such a file; its fields replace the defaults below, and fields written "
+       "qwen2.5-7b, qwen3-4b, qwen3-8b, mistral-7b-v0.3, mistral-nemo-12b, ...) or a path to such "
+       "a file; its fields replace the defaults below, and fields written "
        "in the run config win over it. \"\" = the inline fields."},
       {"model.family",
        "Decoder family: llama, qwen2 (Qwen2/2.5: q/k/v biases), qwen3 (per-head q/k RMSNorm "
