@@ -27,16 +27,14 @@ Exit status 0 when every comparison holds; otherwise 1 with both numbers printed
 import argparse
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
 import transformers
 
 from hf_common import (Mismatch, causal_lm_loss, load_hf_model, log, make_hf_model, read_metrics,
-                       read_samples, run_trainer, write_run_config, write_tokens)
+                       read_samples, run_case, run_trainer, write_run_config, write_tokens)
 
 # ulysses-train in fp32 against transformers in fp64, so the difference is ulysses-train's own
 # rounding: the loss of every step to rel 1e-5 and the grad norm to rel 1e-4, the project's fp32
@@ -354,27 +352,12 @@ def main():
     transformers.logging.disable_progress_bar()
     log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
 
-    start = time.monotonic()
-    work = tempfile.mkdtemp(prefix=f"families_{args.case}_")
-    ok = False
-    try:
+    def body(work):
         if args.case == "mistral_sliding_window":
             sliding_window_case(args, work)
         else:
             family_case(args, work, args.case)
-        if FAILURES:
-            raise Mismatch(f"{len(FAILURES)} comparison(s) failed:\n  " + "\n  ".join(FAILURES))
-        ok = True
-    except Mismatch as e:
-        log(f"FAILED {args.case}: {e}")
-    finally:
-        if ok and not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            log(f"work directory kept: {work}")
-    log(f"{'PASSED' if ok else 'FAILED'} {args.case} in {time.monotonic() - start:.1f}s")
-    return 0 if ok else 1
-
+    return run_case(f"families_{args.case}", body, FAILURES, keep=args.keep)
 
 if __name__ == "__main__":
     sys.exit(main())

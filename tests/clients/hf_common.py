@@ -12,8 +12,11 @@ labels=input_ids.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 import torch
@@ -203,3 +206,27 @@ def read_metrics(out_dir):
             elif "step" in record:
                 steps[int(record["step"])] = record
     return steps, evals
+
+
+def run_case(name, body, failures, keep=False):
+    """Runs body(work) in a fresh work directory: the case passes when body raises no Mismatch and
+    leaves `failures` (the comparisons that failed, each kept so that all are printed) empty. The
+    directory is removed after a pass unless `keep`. Returns the exit status (0 pass, 1 fail)."""
+    start = time.monotonic()
+    work = tempfile.mkdtemp(prefix=f"{name}_")
+    ok = False
+    try:
+        body(work)
+        if failures:
+            raise Mismatch(f"{len(failures)} comparison(s) failed:\n  " + "\n  ".join(failures))
+        ok = True
+    except Mismatch as e:
+        log(f"FAILED {name}: {e}")
+    finally:
+        if ok and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            log(f"work directory kept: {work}")
+    log(f"{'PASSED' if ok else 'FAILED'} {name} in {time.monotonic() - start:.1f}s")
+    return 0 if ok else 1
+

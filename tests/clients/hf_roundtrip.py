@@ -29,15 +29,13 @@ Exit status 0 when every comparison holds; otherwise 1 with both numbers printed
 import argparse
 import math
 import os
-import shutil
 import sys
-import tempfile
 
 import torch
 import transformers
 
 from hf_common import (FAMILIES, Mismatch, load_hf_model, log, make_hf_model, read_metrics,
-                       read_samples, run_trainer, write_run_config, write_tokens)
+                       read_samples, run_case, run_trainer, write_run_config, write_tokens)
 
 LOSS_RTOL = 1e-5   # relative 1e-5 on the loss (fp32)
 NORM_RTOL = 1e-4   # gradients are held to 1e-4
@@ -274,24 +272,9 @@ def main():
     log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
 
     direction, model_keys, opts = CASES[args.case]
-    work = tempfile.mkdtemp(prefix=f"hf_roundtrip_{args.case}_")
-    ok = False
-    try:
-        (forward_case if direction == "forward" else reverse_case)(args, work, model_keys, opts)
-        if FAILURES:
-            raise Mismatch(f"{len(FAILURES)} comparison(s) failed:\n  " + "\n  ".join(FAILURES))
-        ok = True
-    except Mismatch as e:
-        log(f"FAILED {args.case}: {e}")
-    finally:
-        if ok and not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            log(f"work directory kept: {work}")
-    if ok:
-        log(f"PASSED {args.case}")
-    return 0 if ok else 1
-
+    body = forward_case if direction == "forward" else reverse_case
+    return run_case(f"hf_roundtrip_{args.case}", lambda work: body(args, work, model_keys, opts),
+                    FAILURES, keep=args.keep)
 
 if __name__ == "__main__":
     sys.exit(main())

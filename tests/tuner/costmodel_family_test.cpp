@@ -15,6 +15,7 @@
 #include "model/llama.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/costmodel/time_model.h"
+#include "costmodel_test_util.h"
 
 namespace ulysses::costmodel {
 namespace {
@@ -36,20 +37,7 @@ std::map<std::string, int64_t> by_name(const MemoryPrediction& p) {
 
 // costmodel_test.cpp's tiny run (h 8, L 2, hq 2, hkv 1, hd 4, ffn 16, V 32, sl 16 over sp 2, tiled
 // MLP and loss, fp32 on CPU: a Llama of P = 1704) in another family.
-config::RunConfig tiny(const std::string& family) {
-  config::RunConfig c;
-  c.model.family = family;
-  c.model.hidden_size = 8, c.model.num_layers = 2, c.model.num_heads = 2;
-  c.model.num_kv_heads = 1, c.model.head_dim = 4, c.model.intermediate_size = 16;
-  c.model.vocab_size = 32, c.model.bos_token_id = 1, c.model.eos_token_id = 2;
-  c.mesh.sp = 2, c.mesh.dp = 1;
-  c.sequence.length = 16;
-  c.memory.tiled_mlp.value = 2;
-  c.memory.tiled_loss.value = 2;
-  c.train.device = "cpu";
-  config::validate(c, 2);
-  return c;
-}
+config::RunConfig tiny(const std::string& family) { return testing::tiny_run(family); }
 
 TEST(CostModelFamilies, ParameterCountEqualsTheBuiltModelForEveryProfile) {
   const std::vector<std::string> presets = config::available_presets();

@@ -13,6 +13,7 @@
 #include "tuner/costmodel/fit.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/costmodel/time_model.h"
+#include "costmodel_test_util.h"
 
 namespace ulysses::costmodel {
 namespace {
@@ -24,19 +25,7 @@ namespace {
 // (2h x d) and 1/rms in fp32 (4 B): fp32 2 x 8 x 4 + 4 = 68 B, bf16 2 x 8 x 2 + 4 = 36 B. A layer
 // with a tiled MLP saves two norms and (3qd + 2kvd) = 40 elements: fp32 2 x 68 + 40 x 4 = 296 B
 // per token.
-config::RunConfig tiny() {
-  config::RunConfig c;
-  c.model.hidden_size = 8, c.model.num_layers = 2, c.model.num_heads = 2;
-  c.model.num_kv_heads = 1, c.model.head_dim = 4, c.model.intermediate_size = 16;
-  c.model.vocab_size = 32, c.model.bos_token_id = 1, c.model.eos_token_id = 2;
-  c.mesh.sp = 2, c.mesh.dp = 1;
-  c.sequence.length = 16;
-  c.memory.tiled_mlp.value = 2;
-  c.memory.tiled_loss.value = 2;
-  c.train.device = "cpu";
-  config::validate(c, 2);
-  return c;
-}
+config::RunConfig tiny() { return testing::tiny_run(); }
 
 std::map<std::string, int64_t> by_name(const MemoryPrediction& p) {
   std::map<std::string, int64_t> m;

@@ -97,7 +97,6 @@ def check_config(run):
                        f"run's samples to one), got '{source}'")
     if data.get("pack"):
         raise BadInput("data.pack: the deepspeed backend trains unpacked samples")
-    memory = section(run, "memory")
     model = section(run, "model")
     if model.get("preset"):
         raise BadInput("model.preset: the deepspeed backend builds the model from model.load or "
