@@ -33,6 +33,7 @@ import time
 import torch
 import transformers
 
+import hf_common
 from hf_common import (Mismatch, causal_lm_loss, load_hf_model, log, make_hf_model, read_metrics,
                        read_samples, run_case, run_trainer, write_run_config, write_tokens)
 
@@ -101,14 +102,7 @@ FAILURES = []
 
 
 def compare(what, ours, theirs, rtol):
-    rel = abs(ours - theirs) / max(abs(theirs), 1e-30)
-    ok = math.isfinite(ours) and math.isfinite(theirs) and rel <= rtol
-    log(f"{'ok  ' if ok else 'FAIL'} {what}: ulysses-train {ours:.9g}  transformers {theirs:.9g}  "
-        f"rel diff {rel:.2e} (tolerance {rtol:.0e})")
-    if not ok:
-        FAILURES.append(f"{what}: ulysses-train {ours!r} != transformers {theirs!r} "
-                        f"(rel {rel:.3e} > {rtol:.0e})")
-    return rel
+    return hf_common.compare(FAILURES, what, ours, theirs, rtol)
 
 
 def base_sections(work, name, hf_dir, tokens, sp, steps=STEPS):

@@ -11,6 +11,7 @@ over every valid label of the global batch, which is what transformers computes 
 labels=input_ids.
 """
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -229,4 +230,17 @@ def run_case(name, body, failures, keep=False):
             log(f"work directory kept: {work}")
     log(f"{'PASSED' if ok else 'FAILED'} {name} in {time.monotonic() - start:.1f}s")
     return 0 if ok else 1
+
+
+def compare(failures, what, ours, theirs, rtol):
+    """Logs ours against transformers' value with their relative difference; a difference above
+    rtol (or a non-finite value) is appended to `failures`. Returns the relative difference."""
+    rel = abs(ours - theirs) / max(abs(theirs), 1e-30)
+    ok = math.isfinite(ours) and math.isfinite(theirs) and rel <= rtol
+    log(f"{'ok  ' if ok else 'FAIL'} {what}: ulysses-train {ours:.9g}  transformers {theirs:.9g}  "
+        f"rel diff {rel:.2e} (tolerance {rtol:.0e})")
+    if not ok:
+        failures.append(f"{what}: ulysses-train {ours!r} != transformers {theirs!r} "
+                        f"(rel {rel:.3e} > {rtol:.0e})")
+    return rel
 

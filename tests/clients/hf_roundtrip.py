@@ -27,13 +27,13 @@ global batch, which is what transformers computes with labels=input_ids.
 Exit status 0 when every comparison holds; otherwise 1 with both numbers printed.
 """
 import argparse
-import math
 import os
 import sys
 
 import torch
 import transformers
 
+import hf_common
 from hf_common import (FAMILIES, Mismatch, load_hf_model, log, make_hf_model, read_metrics,
                        read_samples, run_case, run_trainer, write_run_config, write_tokens)
 
@@ -128,13 +128,7 @@ def hf_loss(model, input_ids):
 
 
 def compare(what, ours, theirs, rtol):
-    rel = abs(ours - theirs) / max(abs(theirs), 1e-30)
-    ok = math.isfinite(ours) and math.isfinite(theirs) and rel <= rtol
-    log(f"{'ok  ' if ok else 'FAIL'} {what}: ulysses-train {ours:.9g}  transformers {theirs:.9g}  "
-        f"rel diff {rel:.2e} (tolerance {rtol:.0e})")
-    if not ok:
-        FAILURES.append(f"{what}: ulysses-train {ours!r} != transformers {theirs!r} "
-                        f"(rel {rel:.3e} > {rtol:.0e})")
+    return hf_common.compare(FAILURES, what, ours, theirs, rtol)
 
 
 def check_config(ckpt, model_keys, sliding_window=None):
