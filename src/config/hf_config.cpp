@@ -77,6 +77,31 @@ void read_rope_scaling(const json& scaling, const std::string& source, ModelOpti
   fields.read("original_max_position_embeddings", model.rope_original_max_position, true);
 }
 
+// The window a layer of the model attends within, as transformers reads the config: Mistral's
+// applies to every layer whenever it is not null (v0.3 and Nemo write null); Qwen's only with
+// use_sliding_window, and then to the layers that layer_types names "sliding_attention", or
+// without that key to layers max_window_layers and up. Both default to 4096 when the key is
+// absent, as transformers' config classes do. 0 = no layer has a window.
+int64_t sliding_window_of(const JsonFields& fields, const json& config, const std::string& family,
+                          int64_t num_layers) {
+  if (family == "llama") return 0;
+  bool use_sliding_window = family == "mistral";
+  fields.read("use_sliding_window", use_sliding_window);
+  if (!use_sliding_window) return 0;
+  int64_t window = config.contains("sliding_window") ? 0 : 4096;
+  fields.read("sliding_window", window);
+  if (family == "mistral" || window == 0) return window;
+  if (config.contains("layer_types") && config["layer_types"].is_array()) {
+    for (const json& type : config["layer_types"]) {
+      if (type == "sliding_attention") return window;
+    }
+    return 0;
+  }
+  int64_t max_window_layers = 28;  // Qwen2Config's and Qwen3Config's default
+  fields.read("max_window_layers", max_window_layers);
+  return max_window_layers < num_layers ? window : 0;
+}
+
 }  // namespace
 
 ModelOptions model_options_from_hf_config(const json& config, const std::string& source) {
@@ -100,20 +125,12 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
                             (family.qkv_bias ? " has biases on q/k/v only)" : " has no biases)"));
     }
   }
-  // Qwen's configs carry a window that applies only with use_sliding_window; Mistral's applies
-  // whenever it is not null (v0.3 and Nemo write null). Both default to 4096 when the key is absent,
-  // as transformers' config classes do.
-  bool use_sliding_window = model.family == "mistral";
-  if (model.family != "llama") fields.read("use_sliding_window", use_sliding_window);
-  if (use_sliding_window) {
-    model.sliding_window = config.contains("sliding_window") ? 0 : 4096;
-    fields.read("sliding_window", model.sliding_window);
-  }
 
   model.rms_norm_eps = 1.0e-6;  // HF LlamaConfig's defaults where they differ from ours
   model.max_position_embeddings = 2048;
   fields.read("hidden_size", model.hidden_size, true);
   fields.read("num_hidden_layers", model.num_layers, true);
+  model.sliding_window = sliding_window_of(fields, config, model.family, model.num_layers);
   fields.read("num_attention_heads", model.num_heads, true);
   model.num_kv_heads = model.num_heads;
   fields.read("num_key_value_heads", model.num_kv_heads);
@@ -215,7 +232,8 @@ json to_hf_config_json(const ModelOptions& model, const std::string& torch_dtype
   } else {  // qwen2, qwen3: the window is off unless use_sliding_window
     config.update({{"use_sliding_window", model.sliding_window > 0},
                    {"sliding_window", window},
-                   {"max_window_layers", model.num_layers}});
+                   // A window applies to layers max_window_layers and up: to all, or to none.
+                   {"max_window_layers", model.sliding_window > 0 ? 0 : model.num_layers}});
     if (model.family == "qwen3") config["attention_bias"] = false;
   }
   return config;

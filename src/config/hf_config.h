@@ -13,7 +13,8 @@ namespace ulysses::config {
 // hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size (required);
 // num_key_value_heads (default num_attention_heads), head_dim (default 0 = hidden_size /
 // num_attention_heads; 128 for qwen3, as Qwen3Config), sliding_window (mistral: null = none,
-// absent = 4096; qwen2/qwen3: only with use_sliding_window), rope_theta
+// absent = 4096; qwen2/qwen3: only with use_sliding_window and when a layer gets the window by
+// layer_types or max_window_layers), rope_theta
 // (10000), rms_norm_eps (1e-6), tie_word_embeddings (false), initializer_range,
 // max_position_embeddings, bos_token_id, eos_token_id (first of a list), rope_scaling (null or
 // {rope_type: llama3, factor, low_freq_factor, high_freq_factor,

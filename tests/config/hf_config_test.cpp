@@ -205,8 +205,16 @@ TEST(HfConfig, SlidingWindowAsTransformersReadsIt) {
   EXPECT_EQ(model_options_from_hf_config(mistral, "m").sliding_window, 4096);
   mistral.erase("sliding_window");  // MistralConfig's default
   EXPECT_EQ(model_options_from_hf_config(mistral, "m").sliding_window, 4096);
+  // Qwen: only with use_sliding_window, and only if a layer gets the window (transformers gives it
+  // to layers max_window_layers and up, or to those layer_types names).
   json qwen = json::parse(kQwen25_7B);
   qwen["use_sliding_window"] = true;
+  EXPECT_EQ(model_options_from_hf_config(qwen, "q").sliding_window, 0);  // max_window_layers 28
+  qwen["max_window_layers"] = 21;
+  EXPECT_EQ(model_options_from_hf_config(qwen, "q").sliding_window, 131072);
+  qwen["layer_types"] = json::array({"full_attention", "full_attention"});
+  EXPECT_EQ(model_options_from_hf_config(qwen, "q").sliding_window, 0);
+  qwen["layer_types"][1] = "sliding_attention";
   EXPECT_EQ(model_options_from_hf_config(qwen, "q").sliding_window, 131072);
   // A window longer than the sequence changes nothing and trains; a shorter one is refused.
   testing::TempDir dir;
@@ -253,6 +261,9 @@ TEST(HfConfig, WritesEachFamilyInItsOwnLayout) {
   model.family = "mistral";
   model.sliding_window = 8192;
   EXPECT_EQ(to_hf_config_json(model)["sliding_window"], 8192);
+  EXPECT_EQ(model_options_from_hf_config(to_hf_config_json(model), "w").sliding_window, 8192);
+  model.family = "qwen3";  // every layer gets the window written
+  EXPECT_EQ(to_hf_config_json(model)["max_window_layers"], 0);
   EXPECT_EQ(model_options_from_hf_config(to_hf_config_json(model), "w").sliding_window, 8192);
 }
 
