@@ -1,6 +1,7 @@
-// Linear (bias optional) and token Embedding as bare weight holders. Unlike torch::nn::Linear/Embedding
-// they draw nothing from the global RNG: weights start uninitialized (host memory not yet touched)
-// and init_llama_weights (llama.h) or materialize_weights (materialize.h) gives them their values.
+// Linear (bias optional) and token Embedding as bare weight holders. Unlike torch::nn's Linear and
+// Embedding they draw nothing from the global RNG: weights start uninitialized (host memory not yet
+// touched) and init_llama_weights (llama.h) or materialize_weights (materialize.h) gives them their
+// values.
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>

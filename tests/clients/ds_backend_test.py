@@ -113,9 +113,10 @@ search: {{method: grid, probe: false, prune: false}}
 
 
 def run_ds_trial(run_yaml, ds_config, out_dir, world, torchrun, **overrides):
-    """ds_trial.py on `world` ranks writing to out_dir, with run-config `overrides` ("memory.limit_gib":
-    0.5): under torchrun as a user starts it, or as a sweep does, one process per rank with the
-    environment torchrun gives. Returns (exit status of each rank or of torchrun, stderr)."""
+    """ds_trial.py on `world` ranks writing to out_dir, with run-config `overrides`
+    ("memory.limit_gib": 1.0): under torchrun as a user starts it, or as a sweep does, one process
+    per rank with the environment torchrun gives. Returns (exit status of each rank or of
+    torchrun, stderr)."""
     with open(run_yaml) as f:
         run = yaml.safe_load(f)
     run["output"]["dir"] = out_dir

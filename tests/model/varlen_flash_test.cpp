@@ -74,7 +74,9 @@ TEST(VarlenFlash, EqualsOneCallPerDocumentOnCuda) {
     for (int64_t b = 0; b < 2; ++b) {
       std::vector<at::Tensor> pieces;
       for (const auto& [start, length] : runs[static_cast<size_t>(b)]) {
-        auto slice = [&](const at::Tensor& t) { return t.narrow(0, b, 1).narrow(1, start, length); };
+        auto slice = [&](const at::Tensor& t) {
+          return t.narrow(0, b, 1).narrow(1, start, length);
+        };
         pieces.push_back(sdpa_attention(slice(q), slice(k), slice(v), at::Tensor(),
                                         AttentionBackend::kFlash));
       }
