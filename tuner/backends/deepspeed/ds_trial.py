@@ -17,6 +17,7 @@ micro-step by micro-step, as ulysses-train does. The loss is ulysses-train's: th
 cross-entropies over every valid label of the global batch divided by their count.
 """
 import argparse
+import importlib
 import json
 import math
 import os
@@ -209,6 +210,21 @@ def main():
     dtype = torch.bfloat16 if bf16 else torch.float32
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
+    # The family (model.load's model_type, else model.family). transformers imports a family's
+    # modeling code only when a model is built; it is imported here, before the baseline, so that
+    # the baseline holds all the code the rank loads, as ulysses-train's does.
+    model_options = section(run, "model")
+    load = str(model_options.get("load", "") or "")
+    if load:
+        with open(os.path.join(load, "config.json")) as f:
+            family, key = json.load(f).get("model_type", "llama"), "model.load: model_type"
+    else:
+        family, key = str(model_options.get("family", "llama")), "model.family"
+    if family not in FAMILIES:
+        fail(EXIT_USAGE, f"error: {key}: '{family}' is not supported "
+                         f"(supported: {', '.join(FAMILIES)})")
+    importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+
     # The process before the model: what peak_mem_bytes counts above (summary memory_baseline_bytes).
     baseline = proc_status_bytes("VmRSS")
     if limit_gib > 0 and device == "cpu":
@@ -226,23 +242,12 @@ def main():
     workarounds = []
 
     # The model: the checkpoint of model.load, or the inline shapes with transformers' init; the
-    # family's own transformers class either way (model_type / model.family).
-    model_options = section(run, "model")
-    load = str(model_options.get("load", "") or "")
+    # family's own transformers class either way.
     if load:
-        with open(os.path.join(load, "config.json")) as f:
-            model_type = json.load(f).get("model_type", "llama")
-        if model_type not in FAMILIES:
-            fail(EXIT_USAGE, f"error: model.load: model_type '{model_type}' is not supported "
-                             f"(supported: {', '.join(FAMILIES)})")
         model = AutoModelForCausalLM.from_pretrained(load, dtype=dtype, attn_implementation="sdpa")
         weights = "loaded"
     else:
         torch.manual_seed(int(model_options.get("init_seed", 0)))
-        family = str(model_options.get("family", "llama"))
-        if family not in FAMILIES:
-            fail(EXIT_USAGE, f"error: model.family: '{family}' is not supported "
-                             f"(supported: {', '.join(FAMILIES)})")
         hidden = int(model_options["hidden_size"])
         heads = int(model_options["num_heads"])
         rope = {"rope_type": "default", "rope_theta": float(model_options.get("rope_theta", 1e4))}
