@@ -34,7 +34,8 @@ import torch
 import transformers
 
 import hf_common
-from hf_common import (Mismatch, causal_lm_loss, load_hf_model, log, make_hf_model, read_metrics,
+from hf_common import (BETAS, EPS, GRAD_CLIP, LR, WEIGHT_DECAY, optim_section,
+                       Mismatch, causal_lm_loss, load_hf_model, log, make_hf_model, read_metrics,
                        read_samples, run_case, run_trainer, write_run_config, write_tokens)
 
 # ulysses-train in fp32 against transformers in fp64, so the difference is ulysses-train's own
@@ -54,11 +55,6 @@ GRAD_RTOL = 1e-4
 SEQ_LEN = 64
 MICRO_BATCH = 2          # G = dp * micro_batch * grad_accum = 2 samples per step
 STEPS = 3
-LR = 1.0e-2
-BETAS = (0.9, 0.95)      # ulysses-train's defaults (docs/run-config.md), written out anyway
-EPS = 1.0e-8
-WEIGHT_DECAY = 0.1       # default 0; on every parameter (biases and norms too), as one AdamW group
-GRAD_CLIP = 1.0
 
 # 4 query heads over 2 KV heads: sp 2 splits KV heads, sp 4 replicates each twice. init_std 0.1 (not
 # transformers' 0.02) so attention is far from uniform and RoPE, q/k norms and biases matter.
@@ -111,8 +107,7 @@ def base_sections(work, name, hf_dir, tokens, sp, steps=STEPS):
         "mesh": {"sp": sp, "dp": 1},
         "sequence": {"length": SEQ_LEN, "micro_batch": MICRO_BATCH, "grad_accum": 1},
         "data": {"source": "tokens:" + tokens, "token_dtype": "uint16"},
-        "optim": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WEIGHT_DECAY,
-                  "grad_clip": GRAD_CLIP, "warmup_steps": 0, "schedule": "constant"},
+        "optim": optim_section(),
         "train": {"steps": steps, "seed": 0, "device": "cpu"},
         "comm": {"timeout_s": 120, "collective_timeout_s": 120},
         "output": {"dir": os.path.join(work, name, "out")},

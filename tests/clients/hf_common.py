@@ -25,6 +25,22 @@ import torch.nn.functional as F
 import transformers
 
 
+# The optimizer both sides run: ulysses-train's run config (optim_section) and, on the transformers
+# side, torch.optim.AdamW over every parameter as one group (weight decay on biases and norms too)
+# with clip_grad_norm_. Betas and eps are ulysses-train's defaults, written out anyway.
+LR = 1.0e-2
+BETAS = (0.9, 0.95)
+EPS = 1.0e-8
+WEIGHT_DECAY = 0.1
+GRAD_CLIP = 1.0
+
+
+def optim_section(lr=LR, eps=EPS, weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP):
+    """The run config's `optim:` for that optimizer (constant rate, no warm-up)."""
+    return {"lr": lr, "betas": list(BETAS), "eps": eps, "weight_decay": weight_decay,
+            "grad_clip": grad_clip, "warmup_steps": 0, "schedule": "constant"}
+
+
 class Mismatch(Exception):
     pass
 

@@ -34,7 +34,8 @@ import torch
 import transformers
 
 import hf_common
-from hf_common import (FAMILIES, Mismatch, load_hf_model, log, make_hf_model, read_metrics,
+from hf_common import (BETAS, EPS, GRAD_CLIP, LR, WEIGHT_DECAY, optim_section,
+                       FAMILIES, Mismatch, load_hf_model, log, make_hf_model, read_metrics,
                        read_samples, run_case, run_trainer, write_run_config, write_tokens)
 
 LOSS_RTOL = 1e-5   # relative 1e-5 on the loss (fp32)
@@ -85,11 +86,6 @@ CASES = {
     "reverse_mistral": ("reverse", MISTRAL, {"length": 128}),
 }
 
-LR = 1.0e-2
-BETAS = (0.9, 0.95)
-EPS = 1.0e-8
-WEIGHT_DECAY = 0.1
-GRAD_CLIP = 1.0
 MICRO_BATCH = 2
 STEPS = 2
 
@@ -110,8 +106,7 @@ def write_case_config(path, work, model, length, sp, tokens, eval_tokens):
         "mesh": {"sp": sp, "dp": 1},
         "sequence": {"length": length, "micro_batch": MICRO_BATCH, "grad_accum": 1},
         "data": {"source": "tokens:" + tokens, "token_dtype": "uint16"},
-        "optim": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WEIGHT_DECAY,
-                  "grad_clip": GRAD_CLIP, "warmup_steps": 0, "schedule": "constant"},
+        "optim": optim_section(),
         "train": {"steps": STEPS, "seed": 0, "device": "cpu"},
         "checkpoint": {"dir": os.path.join(work, "ckpt"), "every": 1, "save_initial": True},
         "output": {"dir": os.path.join(work, "out")},
