@@ -17,6 +17,7 @@ micro-step by micro-step, as ulysses-train does. The loss is ulysses-train's: th
 cross-entropies over every valid label of the global batch divided by their count.
 """
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -113,25 +114,18 @@ class PhaseTimes:
     def __init__(self, torch, cuda):
         self.torch, self.cuda, self.spans = torch, cuda, []
 
+    @contextlib.contextmanager
     def scope(self, name):
-        timer = self
-
-        class Scope:
-            def __enter__(self):
-                if timer.cuda:
-                    self.start = timer.torch.cuda.Event(enable_timing=True)
-                    self.start.record()
-                else:
-                    self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                if timer.cuda:
-                    end = timer.torch.cuda.Event(enable_timing=True)
-                    end.record()
-                    timer.spans.append((name, self.start, end))
-                else:
-                    timer.spans.append((name, 1000.0 * (time.perf_counter() - self.start), None))
-        return Scope()
+        if self.cuda:
+            start, end = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            yield
+            end.record()
+            self.spans.append((name, start, end))
+        else:
+            start = time.perf_counter()
+            yield
+            self.spans.append((name, 1000.0 * (time.perf_counter() - start), None))
 
     def take(self):
         """The step's {name: ms}, summed over the scope's occurrences; starts the next step.
@@ -433,9 +427,8 @@ def main():
             torch.cuda.synchronize()
         step_ms = 1000.0 * (time.perf_counter() - start)
         step_phases = phases.take()
-        total = loss_sum.to(target)  # every rank's tokens: the global batch's sum
-        dist.all_reduce(total)
-        loss = float(total) / valid
+        dist.all_reduce(loss_sum)  # every rank's tokens: the global batch's sum
+        loss = float(loss_sum) / valid
         if device == "cuda":
             peak = int(torch.cuda.max_memory_reserved())
         else:
