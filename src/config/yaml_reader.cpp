@@ -68,6 +68,21 @@ UserError unknown_key_error(const std::string& prefix, const std::string& key,
       closest = &candidate;
     }
   }
+  if (closest == nullptr) {
+    // A shortened or lengthened key ("warmup" for "warmup_steps") is many edits away: suggest
+    // the known key that starts with it, or that it starts with (the nearest when several do).
+    for (const std::string& candidate : known) {
+      if (key.size() < 3 || candidate.size() < 3) continue;
+      const bool shortened = candidate.rfind(key, 0) == 0;
+      const bool lengthened = key.rfind(candidate, 0) == 0;
+      if (!shortened && !lengthened) continue;
+      const size_t distance = edit_distance(key, candidate);
+      if (closest == nullptr || distance < best) {
+        best = distance;
+        closest = &candidate;
+      }
+    }
+  }
   if (closest != nullptr) message += " (did you mean " + prefix + *closest + "?)";
   return UserError(message);
 }

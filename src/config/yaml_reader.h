@@ -34,7 +34,9 @@ std::string read_yaml_text(const std::string& path);
 YAML::Node load_yaml_file(const std::string& path);
 
 // The error for a key that is not in `known`: "<prefix><key>: unknown key", plus
-// " (did you mean <prefix><closest>?)" when a known key is within two edits.
+// " (did you mean <prefix><closest>?)" when a known key is within two edits, or else when a
+// known key starts with `key` or `key` starts with it (both at least 3 characters: "warmup" ->
+// "warmup_steps"), the nearest of those by edit distance.
 UserError unknown_key_error(const std::string& prefix, const std::string& key,
                             const std::vector<std::string>& known);
 

@@ -45,6 +45,10 @@ TEST(ConfigErrors, UnknownKeyAtAnyLevel) {
       {"", {"memory.tiled_mlp"}, "--set memory.tiled_mlp: expected key.path=value"},
       {"", {"steps=4"}, "--set steps=4: expected key.path=value"},
       {"", {"trian.steps=4"}, "trian: unknown key (did you mean train?)"},
+      {"optim: {warmup: 10}\n", {}, "optim.warmup: unknown key (did you mean optim.warmup_steps?)"},
+      {"", {"profile.warmup=1"}, "profile.warmup: unknown key (did you mean profile.warmup_steps?)"},
+      {"", {"memory.tiled_mlp_size=2"},
+       "memory.tiled_mlp_size: unknown key (did you mean memory.tiled_mlp?)"},
   });
 }
 
@@ -123,9 +127,25 @@ TEST(ConfigErrors, OutOfRangeOrNotAllowed) {
       {"comm: {store: etcd}\n", {}, "comm.store: must be tcp or file:PATH, got 'etcd'"},
       {"comm: {backend: nccl}\n", {}, "comm.backend: nccl needs train.device cuda"},
       {"output: {dir: ''}\n", {}, "output.dir: must not be empty"},
-      {"model: {rope_scaling_type: yarn}\n",
+      {"model: {rope_scaling_type: longrope}\n",
        {},
-       "model.rope_scaling_type: must be llama3 or empty (no scaling), got 'yarn'"},
+       "model.rope_scaling_type: must be linear, dynamic, yarn, llama3 or empty (no scaling), got "
+       "'longrope'"},
+      {"model: {rope_scaling_type: yarn, rope_beta_slow: 0}\n",
+       {},
+       "model.rope_beta_slow: must be > 0, got 0"},
+      {"model: {rope_scaling_type: yarn, rope_attention_factor: -1}\n",
+       {},
+       "model.rope_attention_factor: must be >= 0, got -1"},
+      {"model: {rope_scaling_type: linear, rope_scaling_factor: 0}\n",
+       {},
+       "model.rope_scaling_factor: must be > 0, got 0"},
+      {"model: {rope_scaling_type: dynamic, max_position_embeddings: 4095}\n",
+       {},
+       "model.rope_scaling_type: dynamic (NTK) scaling is supported only for sequences no longer "
+       "than max_position_embeddings 4095 (got 4096 tokens): beyond it transformers rescales by "
+       "the longest position seen at forward time, which SP shards and packed batches do not "
+       "know"},
       {"model: {eos_token_id: 1024}\n",
        {},
        "model.eos_token_id: must be in [0, vocab_size 1024), got 1024"},
