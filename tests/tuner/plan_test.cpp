@@ -7,10 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/paths.h"
 #include "config/presets.h"
+#include "tuner/plan/plan_command.h"
 #include "tuner/plan/planner.h"
 #include "tuner/report/plot_script.h"
 #include "tuner/report/trial_table.h"
@@ -212,6 +216,42 @@ TEST(Plan, MeshesBreakingTheHeadRuleAreMarked) {
   EXPECT_EQ(last.sp, 64);
   EXPECT_FALSE(last.valid);
   EXPECT_NE(last.limit.find("heads vs sp"), std::string::npos) << last.limit;
+}
+
+// What `ulysses-tune plan` prints to stdout for `o`.
+std::string plan_output(const PlanOptions& o) {
+  std::ostringstream captured;
+  std::streambuf* const saved = std::cout.rdbuf(captured.rdbuf());
+  try {
+    run_plan(o);
+  } catch (...) {
+    std::cout.rdbuf(saved);
+    throw;
+  }
+  std::cout.rdbuf(saved);
+  return captured.str();
+}
+
+TEST(Plan, HeaderNamesTheZeroStageItAssumed) {
+  PlanOptions o;
+  o.features = {"alst"};
+  std::string text = plan_output(o);
+  std::string header = text.substr(0, text.find('\n'));
+  EXPECT_NE(header.find(", ZeRO stage 0"), std::string::npos) << header;
+  o.zero = 2;
+  o.features = {"alst", "tiled-mlp,zero3"};
+  text = plan_output(o);
+  header = text.substr(0, text.find('\n'));
+  EXPECT_NE(header.find(", ZeRO stage 2; zero3 rows: stage 3"), std::string::npos) << header;
+
+  o.json = true;
+  const nlohmann::json j = nlohmann::json::parse(plan_output(o));
+  EXPECT_EQ(j["zero_stage"], 2);
+  EXPECT_EQ(j["zero_assumed"], "ZeRO stage 2; zero3 rows: stage 3");
+  ASSERT_FALSE(j["rows"].empty());
+  for (const auto& row : j["rows"]) {
+    EXPECT_EQ(row["zero_stage"], row["features"] == "alst" ? 2 : 3) << row.dump();
+  }
 }
 
 TEST(Plan, FeaturesParse) {

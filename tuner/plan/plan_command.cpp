@@ -2,6 +2,7 @@
 // a sweep's ok trials, fits the free coefficients and prints predicted vs measured.
 #include "tuner/plan/plan_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -271,6 +272,25 @@ void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
   std::cout << "\n";
 }
 
+// The ZeRO stage the plan assumed, for its header: "ZeRO stage 0", plus the stages of feature
+// sets that name their own ("; zero3 rows: stage 3") and the DeepSpeed what-if.
+std::string zero_assumed(const PlanRequest& r, const std::vector<PlanRow>& rows,
+                         bool what_if_deepspeed) {
+  std::string text = "ZeRO stage " + std::to_string(r.zero_stage);
+  std::vector<int64_t> others;
+  for (const PlanRow& row : rows) {
+    if (row.zero_stage != r.zero_stage &&
+        std::find(others.begin(), others.end(), row.zero_stage) == others.end()) {
+      others.push_back(row.zero_stage);
+    }
+  }
+  for (int64_t stage : others) {
+    text += "; zero" + std::to_string(stage) + " rows: stage " + std::to_string(stage);
+  }
+  if (what_if_deepspeed) text += "; what-if DeepSpeed: states sharded over the world as ZeRO-3";
+  return text;
+}
+
 }  // namespace
 
 CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
@@ -369,9 +389,11 @@ int run_plan(const PlanOptions& o) {
                 {"parameters", costmodel::parameter_count(r.model)},
                 {"hardware", r.hardware.name}, {"world", r.world},
                 {"zero_stage", r.zero_stage},
+                {"zero_assumed", zero_assumed(r, rows, o.what_if_deepspeed)},
                 {"usable_device_bytes", usable_device_bytes(r.hardware)}, {"rows", json::array()}};
     for (const PlanRow& row : rows) {
       out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"features", row.features},
+                             {"zero_stage", row.zero_stage},
                              {"valid", row.valid}, {"limit", row.limit}, {"seqlen", row.seqlen},
                              {"peak_bytes", row.peak_bytes},
                              {"host_bytes_per_node", row.host_bytes_per_node},
@@ -405,9 +427,8 @@ int run_plan(const PlanOptions& o) {
   std::cout << "plan: " << o.model << " on " << r.hardware.name << ", world " << r.world << " ("
             << r.hardware.nodes << " x " << r.hardware.devices_per_node << "), "
             << fmt("%.1f GiB usable per device", usable_device_bytes(r.hardware) / kGiB)
-            << ", micro-batch " << r.micro_batch
-            << (r.zero_stage > 0 ? ", ZeRO stage " + std::to_string(r.zero_stage) : std::string())
-            << "\n"
+            << ", micro-batch " << r.micro_batch << ", "
+            << zero_assumed(r, rows, o.what_if_deepspeed) << "\n"
             << model_line(r.model) << report::render_terminal(table);
   if (o.components) print_components(r, rows);
   std::cout << "times are uncalibrated estimates unless a fit is given (--db DB after "

@@ -118,6 +118,7 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
     for (const FeatureSet& f : r.features) {
       PlanRow row;
       row.sp = sp, row.dp = r.world / sp, row.features = f.name;
+      row.zero_stage = f.zero_stage >= 0 ? f.zero_stage : r.zero_stage;
       PlanRequest req = r;
       if (!r.time_calibrated) req.time = time_coefficients(r.hardware, r.precision, sp, r.world);
       try {

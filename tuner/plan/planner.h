@@ -53,6 +53,7 @@ struct PlanRequest {
 struct PlanRow {
   int64_t dp = 1, sp = 1;
   std::string features;
+  int64_t zero_stage = 0;   // the ZeRO stage the row assumes: its feature set's, else --zero
   bool valid = true;        // false: the mesh breaks a rule, or seqlen exceeds the model's
                             // sliding window (limit says which)
   std::string limit;        // "fits" | "device memory" | "host memory" | "heads vs sp: ..." |
