@@ -294,8 +294,10 @@ TEST(Experiment, ResultInputsNameWhatChangedButNotTheBudget) {
   EXPECT_EQ(changed("steps: 3}", "steps: 4}"), "trial.steps");
   EXPECT_EQ(changed("trial_timeout_s: 30", "trial_timeout_s: 60"), "budget.trial_timeout_s");
   EXPECT_EQ(changed("memory_limit_gib: 2", "memory_limit_gib: 3"), "memory_limit_gib");
-  EXPECT_EQ(changed("steps: 7}}", "steps: 7}, memory: {precision: fp32, checkpointing: true}}"),
-            "base");
+  EXPECT_EQ(changed("steps: 7}}", "steps: 7}, memory: {checkpointing: true}}"),
+            "base.memory.checkpointing");
+  // Every key of the base counts, also one that each trial overrides.
+  EXPECT_EQ(changed("steps: 7}}", "steps: 8}}"), "base.train.steps");
   EXPECT_EQ(changed("model: tiny", "model: tiny\nheadroom: 0.2"), "headroom");
   EXPECT_EQ(changed("[1, 4, auto]", "[1, auto]"), "space.memory.tiled_mlp");
   EXPECT_EQ(changed("  memory.offload: [none, both]\n", ""), "space");

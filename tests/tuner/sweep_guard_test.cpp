@@ -59,8 +59,11 @@ TEST_F(SweepCliTest, ResumeRefusesAChangedExperimentNamingTheKey) {
       {"memory_limit_gib: 1.0", "memory_limit_gib: 2.0", "memory_limit_gib"},
       {"headroom: 0.1", "headroom: 0.2", "headroom"},
       {"train: {device: cpu, steps: 5}",
-       "train: {device: cpu, steps: 5}\n  memory: {checkpointing: true}", "base"},
-      {"num_layers: 1", "num_layers: 2", "base"},
+       "train: {device: cpu, steps: 5}\n  memory: {checkpointing: true}",
+       "base.memory.checkpointing"},
+      {"num_layers: 1", "num_layers: 2", "base.model.num_layers"},
+      // Trials set their own steps, but the base is what the sweep was started with.
+      {"train: {device: cpu, steps: 5}", "train: {device: cpu, steps: 6}", "base.train.steps"},
       {"memory.tiled_loss: [1, 8]", "memory.tiled_loss: [1, 4]", "space.memory.tiled_loss"},
       {"to: 32768", "to: 16384", "space.sequence.length"},
       {"trial_timeout_s: 30", "trial_timeout_s: 60", "budget.trial_timeout_s"},
@@ -71,13 +74,21 @@ TEST_F(SweepCliTest, ResumeRefusesAChangedExperimentNamingTheKey) {
     rewrite(experiment_, change.from, change.to);
     const Result r = tune(sweep_args("--resume"));
     expect_one_error_line(r);
-    EXPECT_EQ(r.err.rfind("error: --resume: " + change.key + " differs from the experiment sweep "
-                          "'fake' started with",
-                          0),
-              0u)
+    EXPECT_EQ(r.err.rfind("error: --resume: " + change.key + " changed", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(" since sweep 'fake' started; resume with the experiment it started "
+                         "with (only budget.max_trials and budget.wall_clock_s may change)"),
+              std::string::npos)
         << r.err;
     EXPECT_EQ(ran(trials("fake")), runs);  // nothing ran
   }
+
+  // The refusal names the key and both values.
+  std::ofstream(experiment_) << experiment;
+  rewrite(experiment_, "steps: 5}", "steps: 7}");
+  EXPECT_EQ(tune(sweep_args("--resume")).err.rfind("error: --resume: base.train.steps changed "
+                                                   "(5 -> 7) since sweep 'fake' started; ",
+                                                   0),
+            0u);
 
   // The profile's contents decide trials too (its limits, nodes, devices).
   std::ofstream(experiment_) << experiment;

@@ -38,6 +38,25 @@ std::string canonical(const YAML::Node& node) {
   return out.c_str();
 }
 
+// A YAML value on one line: scalars as they are, sequences and maps in flow style.
+std::string one_line(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+// Every leaf of a YAML map as ("<prefix><key path>", value on one line), in document order.
+void flatten(const YAML::Node& node, const std::string& prefix, std::vector<ResultInput>* out) {
+  if (!node.IsMap()) {
+    out->push_back({prefix.substr(0, prefix.size() - 1), one_line(node)});
+    return;
+  }
+  for (const auto& entry : node) {
+    flatten(entry.second, prefix + entry.first.Scalar() + ".", out);
+  }
+}
+
 // The base run config with the model resolved and every default written, less what every
 // trial sets itself (plan_trial): those keys of the base never reach a trial.
 config::RunConfig trial_base(const Experiment& e) {
@@ -65,8 +84,10 @@ std::vector<ResultInput> result_inputs(const Experiment& e) {
       {"device", e.device},
       {"memory_limit_gib", config::format_double(e.memory_limit_gib)},
       {"headroom", config::format_double(e.headroom)},
-      {"base", config::to_yaml(trial_base(e))},
   };
+  // The whole base run config as written, resolved (model preset or HF config, defaults), key by
+  // key: even what every trial overrides (train.steps, ...) is what the user ran the sweep with.
+  flatten(YAML::Load(config::to_yaml(config::parse_run_config_yaml(e.base_yaml))), "base.", &in);
   std::vector<std::string> axis_keys;
   for (const AxisSpec& axis : e.axes) axis_keys.push_back(axis.key);
   in.push_back({"space", join(axis_keys)});

@@ -1,7 +1,7 @@
-// What of an experiment decides its trials' results, so that `sweep --resume` can refuse an
+// What of an experiment a sweep was started with, so that `sweep --resume` can refuse an
 // experiment that changed since the sweep started (stored results would be replayed as facts
-// about a different configuration). The budget's max_trials and wall_clock_s, the name, the
-// description and the runner (how ranks are started) are not part of it.
+// about a different configuration). Only the budget's max_trials and wall_clock_s, the name,
+// the description and the runner (how ranks are started) may change: they are not part of it.
 #pragma once
 #include <map>
 #include <string>
@@ -17,12 +17,12 @@ struct ResultInput {
   std::string value;
 };
 
-// In a fixed order: world_size, nodes, device, memory_limit_gib, headroom, base (the resolved
-// base run config, model preset or HF config included, less the keys every trial sets itself:
-// train.steps, profile.warmup_steps, memory.limit_gib, sequence.length, mesh.dp, output,
-// checkpoint.dir / resume, eval.source, attention.skip_all_but_last), space (the axis keys in
-// order), space.<key> per axis, space.sequence.length, objective, target_length,
-// budget.trial_timeout_s, trial.warmup_steps, trial.steps, search.method.
+// In a fixed order: world_size, nodes, device, memory_limit_gib, headroom, then every key of the
+// resolved base run config (model preset or HF config included, every default written) as
+// "base.<section>.<key>" with its value on one line ("base.train.steps" = "3"; the keys every
+// trial sets itself too), space (the axis keys in order), space.<key> per axis,
+// space.sequence.length, objective, target_length, budget.trial_timeout_s, trial.warmup_steps,
+// trial.steps, search.method.
 // REQUIRES: `e` from load_experiment / parse_experiment.
 std::vector<ResultInput> result_inputs(const Experiment& e);
 

@@ -124,9 +124,9 @@ void check_unchanged(const store::SweepRecord& sweep, const experiment::Experime
     const std::string was = value_of(before), is = value_of(now);
     const bool short_values = was.size() + is.size() < 120 &&
                               (was + is).find_first_of("\r\n") == std::string::npos;
-    throw UserError("--resume: " + key + " differs from the experiment sweep '" + sweep.name +
-                    "' started with" + (short_values ? " (" + was + ", now " + is + ")" : "") +
-                    advice);
+    throw UserError("--resume: " + key + " changed" +
+                    (short_values ? " (" + was + " -> " + is + ")" : "") +
+                    " since sweep '" + sweep.name + "' started" + advice);
   }
   const nlohmann::json env = nlohmann::json::parse(sweep.environment, nullptr, false);
   if (!env.is_object() || !env.contains("experiment_digests")) return;  // an older sweep
