@@ -102,11 +102,13 @@ MemoryLimit apply_memory_limit(double limit_gib, const c10::Device& device) {
     throw UserError("memory.limit_gib: must be >= 0, got " + std::to_string(limit_gib));
   }
   const auto limit_bytes = static_cast<int64_t>(limit_gib * kGiB);
-  if (limit_bytes == 0) return MemoryLimit{};
+  MemoryLimit out;
 #ifdef ULYSSES_WITH_CUDA
-  if (device.is_cuda()) return apply_device_limit(limit_bytes, device);
+  if (limit_bytes > 0 && device.is_cuda()) out = apply_device_limit(limit_bytes, device);
 #endif
-  return apply_host_limit(limit_bytes);
+  if (limit_bytes > 0 && !device.is_cuda()) out = apply_host_limit(limit_bytes);
+  record_startup_baseline(device);  // what summary.json's peak counts from (memory_stats.h)
+  return out;
 }
 
 }  // namespace ulysses::memory

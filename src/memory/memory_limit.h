@@ -32,6 +32,8 @@ struct MemoryLimit {
 // MemoryLimit with limit_bytes 0. Call it once, after the process groups exist and before the
 // model is built, so that their threads are part of the baseline. On CPU it first starts the
 // intra-op thread pool (each thread allocating once) so that the pool is part of the baseline too.
+// With or without a limit it then records the rank's start-up baseline for summary.json
+// (memory_stats.h record_startup_baseline).
 // Throws UserError("memory.limit_gib: ...") when the limit cannot be applied: negative, above the
 // hard RLIMIT_AS, or (CUDA) more than the device has.
 MemoryLimit apply_memory_limit(double limit_gib, const c10::Device& device);

@@ -22,6 +22,16 @@ int64_t peak_host_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+namespace {
+std::optional<int64_t> g_startup_baseline;  // record_startup_baseline (one per process)
+}  // namespace
+
+void record_startup_baseline(const c10::Device& device) {
+  g_startup_baseline = device.is_cuda() ? 0 : peak_host_bytes();
+}
+
+std::optional<int64_t> startup_baseline_bytes() { return g_startup_baseline; }
+
 int64_t virtual_memory_bytes() {
   std::ifstream status("/proc/self/status");
   std::string line;

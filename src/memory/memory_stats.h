@@ -4,11 +4,22 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace ulysses::memory {
 
 // Peak resident set size of this process so far, in bytes (getrusage ru_maxrss).
 int64_t peak_host_bytes();
+
+// The rank's start-up baseline: what its stored peak (StepMetrics::peak_mem_bytes) counts from.
+// On a CPU device the resident-set high-water mark now (peak_host_bytes(): LibTorch, the
+// process groups and their threads, the OpenMP pool), on a CUDA device 0 (the device footprint
+// counts from zero). Call it once, after the process groups exist and before the model is built
+// (apply_memory_limit does); a later call replaces the value.
+void record_startup_baseline(const c10::Device& device);
+// The value record_startup_baseline stored, in bytes; nullopt when it was never called (a rank
+// built in a test without ulysses-train's start-up).
+std::optional<int64_t> startup_baseline_bytes();
 
 // Current virtual address-space size of this process (VmSize of /proc/self/status), in bytes:
 // what RLIMIT_AS caps. 0 when /proc is unreadable.

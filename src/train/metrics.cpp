@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "memory/memory_stats.h"
 
 namespace ulysses::train {
 namespace {
@@ -197,6 +198,10 @@ void MetricsWriter::write_summary(const nlohmann::json& extra) const {
       summary["peak_tflops_per_rank"] = peak_flops_per_rank_ / 1e12;
       summary["mfu"] = achieved / peak_flops_per_rank_;
     }
+  }
+  // What peak_mem_bytes counts from (rank 0's start-up baseline); absent when not measured.
+  if (const std::optional<int64_t> baseline = memory::startup_baseline_bytes()) {
+    summary["memory_baseline_bytes"] = *baseline;
   }
   for (const auto& [key, value] : extra.items()) summary[key] = value;
   const std::string tmp = dir_ + "/.summary.json.tmp";

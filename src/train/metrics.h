@@ -67,7 +67,9 @@ class MetricsWriter {
   // Writes summary.json: medians of step_ms, tokens_per_s, phases and category times over the
   // steps after warmup (all steps when there are no others), tokens/s per rank, achieved model
   // TFLOP/s per rank and MFU (when model_flops and the peak are known), first and final loss,
-  // skipped steps, peak memory, plus `extra` fields. Kept records from before a resume count.
+  // skipped steps, peak memory, the start-up baseline it counts from ("memory_baseline_bytes",
+  // memory::startup_baseline_bytes(), when recorded), plus `extra` fields. Kept records from
+  // before a resume count.
   void write_summary(const nlohmann::json& extra) const;
 
  private:

@@ -95,6 +95,30 @@ std::string read_text(const std::filesystem::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// summary.json names the start-up baseline the peak counts from, measured on CPU too: the
+// resident set before the model was built, below the run's peak.
+TEST(TrainCli, SummaryRecordsTheMeasuredStartupBaseline) {
+  const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-baseline";
+  for (const std::string limit : {"0", "2"}) {
+    SCOPED_TRACE("memory.limit_gib=" + limit);
+    ulysses::remove_tree(out);
+    Result r = run("--config " + example() +
+                   " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=1 --set sequence.length=64"
+                   " --set memory.limit_gib=" + limit + " --set output.dir=" + out.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string summary = read_text(out / "summary.json");
+    const auto at = summary.find("\"memory_baseline_bytes\": ");
+    ASSERT_NE(at, std::string::npos) << summary;
+    const long long baseline = std::stoll(summary.substr(at + 25));
+    const auto peak_at = summary.find("\"peak_mem_bytes\": ");
+    ASSERT_NE(peak_at, std::string::npos) << summary;
+    const long long peak = std::stoll(summary.substr(peak_at + 18));
+    EXPECT_GT(baseline, 10ll << 20) << summary;  // LibTorch alone is more than 10 MiB resident
+    EXPECT_LT(baseline, peak) << summary;
+  }
+  ulysses::remove_tree(out);
+}
+
 TEST(TrainCli, RunEchoesItsEffectiveConfigAndWritesARunYamlThatRunsAgain) {
   const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-echo";
   ulysses::remove_tree(out);

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "support/test_files.h"
+#include "memory/memory_stats.h"
 #include "train/metrics.h"
 
 namespace ulysses::train {
@@ -68,6 +69,24 @@ TEST(Metrics, CommWaitIsNamedForWhatItMeasures) {
   EXPECT_FALSE(record.contains("exposed_comm_ms"));
   EXPECT_EQ(summary(dir).at("comm_wait_ms_median").get<double>(), 7.0);
   EXPECT_FALSE(summary(dir).contains("exposed_comm_ms_median"));
+}
+
+// The summary names the start-up baseline the peak counts from once the rank recorded it: the
+// resident high-water mark on CPU, 0 on CUDA (the device footprint counts from zero).
+TEST(Metrics, SummaryRecordsTheStartupBaseline) {
+  TempDir dir;
+  memory::record_startup_baseline(c10::Device(c10::kCPU));
+  const std::optional<int64_t> baseline = memory::startup_baseline_bytes();
+  ASSERT_TRUE(baseline.has_value());
+  EXPECT_GT(*baseline, 0);
+  {
+    MetricsWriter writer(dir.path().string(), 0);
+    writer.write_step(step(1, 10.0));
+    writer.write_summary({});
+  }
+  EXPECT_EQ(summary(dir).at("memory_baseline_bytes").get<int64_t>(), *baseline);
+  memory::record_startup_baseline(c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(memory::startup_baseline_bytes(), 0);
 }
 
 // A metrics.jsonl to resume from that is over kMaxMetricsFileBytes is refused in one line before
