@@ -61,22 +61,26 @@ int run(const std::string& config_path, const std::vector<std::string>& override
   const at::Device device = train::select_device(config, env);
   comm::DeviceMesh mesh =
       comm::DeviceMesh::create(env, config.mesh.dp, config.mesh.sp, config.comm, device);
-  std::cout << "ulysses-train: rank " << mesh.rank() << " of " << mesh.world().size() << " (dp "
-            << mesh.dp_size() << " x sp " << mesh.sp_size() << "), sp group "
-            << join(mesh.sp().global_ranks()) << ", dp group " << join(mesh.dp().global_ranks())
-            << std::endl;
-  // After the process groups (their threads belong to the baseline), before the model is built.
-  if (default_alloc_conf && mesh.rank() == 0) {
-    std::cout << "ulysses-train: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the default;"
-                 " set the variable to choose another)" << std::endl;
-  }
-  const memory::MemoryLimit limit = memory::apply_memory_limit(config.memory.limit_gib, device);
-  if (limit.limit_bytes > 0) std::cout << "ulysses-train: " << limit.describe() << std::endl;
-  const int status = config.train.steps == 0 && config.eval.source.empty()
-                         ? kExitOk
-                         : train::run_training(config, mesh, device);
-  mesh.finish();  // the final barrier; then the backends (NCCL communicators) shut down
-  return status;
+  // From here on a failing rank reports its cause and exits at once, before its process groups
+  // are torn down (comm/exit_status.h: its peers then fail as a consequence of its own status).
+  return comm::run_rank_or_exit([&] {
+    std::cout << "ulysses-train: rank " << mesh.rank() << " of " << mesh.world().size() << " (dp "
+              << mesh.dp_size() << " x sp " << mesh.sp_size() << "), sp group "
+              << join(mesh.sp().global_ranks()) << ", dp group " << join(mesh.dp().global_ranks())
+              << std::endl;
+    // After the process groups (their threads belong to the baseline), before the model is built.
+    if (default_alloc_conf && mesh.rank() == 0) {
+      std::cout << "ulysses-train: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the default;"
+                   " set the variable to choose another)" << std::endl;
+    }
+    const memory::MemoryLimit limit = memory::apply_memory_limit(config.memory.limit_gib, device);
+    if (limit.limit_bytes > 0) std::cout << "ulysses-train: " << limit.describe() << std::endl;
+    const int status = config.train.steps == 0 && config.eval.source.empty()
+                           ? kExitOk
+                           : train::run_training(config, mesh, device);
+    mesh.finish();  // the final barrier; then the backends (NCCL communicators) shut down
+    return status;
+  });
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // Error -> exit status mapping for every binary's main (see exit_status.h).
 #include "comm/exit_status.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <new>
 #include <string>
@@ -21,9 +24,9 @@ std::string first_line(const std::string& text) {
 
 }  // namespace
 
-int run_with_exit_status(const std::function<int()>& body) {
+int report_current_exception() {
   try {
-    return body();
+    throw;
   } catch (const UserError& e) {
     std::cerr << "error: " << first_line(e.what()) << std::endl;
     return kExitUsage;
@@ -40,6 +43,29 @@ int run_with_exit_status(const std::function<int()>& body) {
     }
     std::cerr << "error: " << first_line(e.what()) << std::endl;
     return kExitFailure;
+  } catch (...) {
+    std::cerr << "error: unknown exception" << std::endl;
+    return kExitFailure;
+  }
+}
+
+int run_with_exit_status(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (...) {
+    return report_current_exception();
+  }
+}
+
+int run_rank_or_exit(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (...) {
+    const int status = report_current_exception();
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    std::_Exit(status);
   }
 }
 

@@ -702,5 +702,46 @@ TEST(RealTrial, TooSmallAMemoryLimitIsOom) {
   EXPECT_EQ(outcome.error.rfind("out of memory: ", 0), 0u) << outcome.error;
 }
 
+// The real trainer, with one rank (ONE_RANK) under its own memory cap: the others run uncapped.
+constexpr char kOneRankCappedTrainer[] = R"SH(#!/bin/sh
+if [ "$RANK" = "$ONE_RANK" ]; then
+  exec "$REAL_TRAINER" "$@" --set "memory.limit_gib=$ONE_RANK_LIMIT_GIB"
+fi
+exec "$REAL_TRAINER" "$@"
+)SH";
+
+// Four real ranks (sp 4); only rank 3 runs out of memory (its first allocation past its start-up
+// baseline), while its peers wait for it in a collective and then fail with a lost connection
+// (exit 13). The trial is the root cause, whatever order the ranks end in: oom, rank 3, exit 12,
+// its own line. Run three times: the cause must not depend on which rank is reaped first.
+TEST(RealTrial, OneRankOutOfMemoryIsTheTrialsCauseNotItsPeersLostConnections) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    TempDir temp;
+    TrialSpec spec = real_trial(temp.path(), 0, 32768);
+    if (!fs::exists(spec.trainer)) GTEST_SKIP() << "ulysses-train not built yet";
+    const size_t mesh = spec.config_yaml.find("mesh: {sp: 2, dp: 1}");
+    ASSERT_NE(mesh, std::string::npos);
+    spec.config_yaml.replace(mesh, 20, "mesh: {sp: 4, dp: 1}");
+    spec.nproc = 4;
+    const std::string real_trainer = spec.trainer;
+    spec.trainer = (temp.path() / "one-rank-capped.sh").string();
+    write_text(spec.trainer, kOneRankCappedTrainer);
+    fs::permissions(spec.trainer, fs::perms::owner_all);
+    spec.extra_env = {"REAL_TRAINER=" + real_trainer, "ONE_RANK=3", "ONE_RANK_LIMIT_GIB=0.001"};
+    const TrialOutcome outcome = run_trial(spec);
+    std::string logs;
+    for (int rank = 0; rank < 4; ++rank) {
+      logs += "rank " + std::to_string(rank) + ": " +
+              last_nonempty_line(spec.run_dir + "/rank-" + std::to_string(rank) + ".err") + "\n";
+    }
+    EXPECT_EQ(outcome.status, "oom") << "attempt " << attempt << ": " << outcome.error << "\n"
+                                     << logs;
+    EXPECT_EQ(outcome.failed_rank, 3) << logs;
+    EXPECT_EQ(outcome.exit_code, 12) << logs;
+    EXPECT_EQ(outcome.error.rfind("out of memory: ", 0), 0u) << outcome.error;
+    EXPECT_LT(outcome.wall_s, kTrialTimeoutS);
+  }
+}
+
 }  // namespace
 }  // namespace ulysses::trial

@@ -207,7 +207,15 @@ class Supervision {
   SupervisionResult wait_all() {
     while (reap_finished() > 0) {
       const Clock::time_point now = Clock::now();
-      if (!stopping_ && now >= timeout_deadline_) on_timeout();
+      if (!stopping_ && now >= timeout_deadline_) {
+        // A failure already happened (its settle window ran into the timeout): it stays the
+        // outcome, and the processes still waiting are stopped.
+        if (result_.first_failure) {
+          begin_stopping(SIGTERM);
+        } else {
+          on_timeout();
+        }
+      }
       if (!stopping_ && settle_deadline_ && now >= *settle_deadline_) begin_stopping(SIGTERM);
       if (kill_deadline_ && now >= *kill_deadline_) {
         for (auto& child : children_) signal_child(child, SIGKILL);

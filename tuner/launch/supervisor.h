@@ -34,7 +34,8 @@ struct SupervisorOptions {
   // When the first failure is a communication failure (exit kExitCommFailure: a peer went away),
   // the other processes get up to this long to end by themselves before they are stopped, so
   // that the peer that ran out of memory or crashed reports its own status (the cause). 0 = stop
-  // at once. Any other failure in that window ends it.
+  // at once. Any other failure in that window ends it. The timeout still applies during the
+  // window; reaching it there stops the processes and keeps the failure as the outcome.
   double settle_s = 0.0;
 };
 

@@ -92,8 +92,12 @@ TrialOutcome run_trial(const TrialSpec& spec) {
   launch::SupervisorOptions options;
   options.grace_s = spec.grace_s;
   options.timeout_s = spec.timeout_s;
-  // A rank that runs out of memory tears its process groups down before it exits 12, so its
-  // peers can fail first with 13: give it time to report the cause itself.
+  // A rank that fails exits at once, before tearing its process groups down
+  // (comm::run_rank_or_exit), so a peer that loses its connection to it fails after it: its own
+  // status (12 for out of memory) is already there when the peers' 13 arrives, whatever order
+  // the supervisor reaps them in, and classify() picks it by exit status. The window covers a
+  // rank started by something else (the deepspeed backend's Python ranks) that still tears down
+  // before it exits.
   options.settle_s = kCommFailureSettleS;
 
   const auto start = std::chrono::steady_clock::now();
