@@ -173,6 +173,38 @@ TEST_F(OutputSafetyTest, SweepWritesTrialDirectoriesOnlyIntoItsOwn) {
   EXPECT_EQ(tune(sweep_args("--resume")).status, 0);
 }
 
+// An exported configuration runs in a directory of its own: launching it leaves the trial's
+// measurements as they were, and launch refuses an output.dir (or checkpoint.dir) inside a
+// sweep's trial runs.
+TEST_F(OutputSafetyTest, ExportedConfigsGetTheirOwnOutputAndLaunchNeverWritesIntoTrialRuns) {
+  const Result exported = tune("export --db '" + db_ + "' --trial 1 --format native --out '" +
+                               (dir_ / "trial1.yaml").string() + "'");
+  ASSERT_EQ(exported.status, 0) << exported.err;
+  const std::string yaml = read_text(dir_ / "trial1.yaml");
+  EXPECT_NE(yaml.find("dir: runs/fake-trial-1"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find((dir_ / "runs").string()), std::string::npos) << yaml;
+
+  const auto runs_before = snapshot(dir_ / "runs" / "fake");
+  ASSERT_FALSE(runs_before.empty());
+  const Result launched = shell("cd '" + dir_.string() + "' && '" + tune_ +
+                                "' launch trial1.yaml --nproc 4 --trainer '" + fake_ + "'");
+  EXPECT_EQ(launched.status, 0) << launched.out << launched.err;
+  EXPECT_TRUE(fs::exists(dir_ / "runs" / "fake-trial-1" / "metrics.jsonl"));
+  EXPECT_EQ(snapshot(dir_ / "runs" / "fake"), runs_before);
+
+  // The trial's own output directory (and anything under the sweep's runs) is refused.
+  const std::string trial_out = (dir_ / "runs" / "fake" / "1" / "out").string();
+  expect_refused(shell("cd '" + dir_.string() + "' && '" + tune_ +
+                       "' launch trial1.yaml --nproc 4 --trainer '" + fake_ +
+                       "' --set output.dir=" + trial_out),
+                 "output.dir " + trial_out + ": is inside " + (dir_ / "runs" / "fake").string());
+  expect_refused(shell("cd '" + dir_.string() + "' && '" + tune_ +
+                       "' launch trial1.yaml --nproc 4 --trainer '" + fake_ +
+                       "' --set checkpoint.dir=runs/fake/ckpt"),
+                 "checkpoint.dir runs/fake/ckpt: is inside");
+  EXPECT_EQ(snapshot(dir_ / "runs" / "fake"), runs_before);
+}
+
 TEST_F(OutputSafetyTest, SubmitWithoutSbatchAndResumeOfAnUnknownNameWriteNothing) {
   const std::string other_db = (dir_ / "submit.db").string();
   expect_refused(tune("sweep '" + experiment_ + "' --db '" + other_db + "' --trainer '" + fake_ +

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "common/output_dir.h"
 #include "common/paths.h"
 #include "config/run_config.h"
 #include "train/preflight.h"
@@ -24,6 +25,23 @@ namespace ulysses::launch {
 namespace {
 
 constexpr const char* kTrainerName = "ulysses-train";
+
+// Throws UserError "<key> <dir>: ..." when `dir` is, or lies inside, a sweep's directory of trial
+// runs: the job would write its metrics, logs or checkpoints over a trial's. Reads only.
+void check_not_in_sweep_runs(const std::string& dir, const std::string& key) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
+  if (ec) p = fs::absolute(dir).lexically_normal();
+  for (; !p.empty(); p = p.parent_path()) {
+    if (is_output_of(p, kSweepRunsWriter)) {
+      throw UserError(key + " " + dir + ": is inside " + p.string() +
+                      ", a sweep's trial runs, and would write over a trial's files; choose "
+                      "another directory (--set " + key + "=DIR)");
+    }
+    if (p == p.parent_path()) break;
+  }
+}
 
 // The trainer as an absolute path: a name without '/' is looked up on PATH.
 std::string resolve_trainer(const LaunchOptions& options) {
@@ -175,6 +193,8 @@ int run_launch(const LaunchOptions& options) {
   }
   // Data files, checkpoint to resume, device: one line here rather than one per rank later.
   train::check_run_inputs(run_config);
+  check_not_in_sweep_runs(run_config.output.dir, "output.dir");
+  check_not_in_sweep_runs(run_config.checkpoint.dir, "checkpoint.dir");
   const std::string trainer = resolve_trainer(options);
   const int master_port = options.master_port > 0 ? options.master_port : pick_free_port();
   const int first_rank = effective_node_rank(options) * options.nproc;

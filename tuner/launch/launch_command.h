@@ -9,6 +9,9 @@ class App;
 
 namespace ulysses::launch {
 
+// The writer named in the marker of a sweep's directory of trial runs (common/output_dir.h).
+inline constexpr char kSweepRunsWriter[] = "ulysses-tune sweep";
+
 // Adds the `launch` subcommand with its options and help to `app`; parsing writes into *options,
 // which must outlive the parse. Returns the subcommand (check ->parsed() after parsing).
 CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options);
@@ -20,7 +23,9 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions* options);
 // Throws UserError (before any rank starts) for bad options, a run config that does not load or
 // validate for world size nnodes * nproc, inputs that train::check_run_inputs rejects (missing
 // data file, checkpoint.resume that does not exist, train.device cuda without CUDA; not checked
-// with --print, whose ranks run elsewhere), or a trainer that is not an executable file. Prints one
+// with --print, whose ranks run elsewhere), an output.dir or checkpoint.dir inside a sweep's
+// directory of trial runs (a job would write over a trial's files), or a trainer that is not an
+// executable file. Prints one
 // line to stderr naming the failing rank and its status, or the interrupting signal.
 // REQUIRES: called from the main thread (see supervise()).
 int run_launch(const LaunchOptions& options);

@@ -226,7 +226,14 @@ int run_export(const ExportOptions& options) {
     throw UserError("--trial: trial " + std::to_string(t->id) + " is " + t->status +
                     " and has no run config to export");
   }
-  const config::RunConfig c = config::parse_run_config_yaml(t->config_yaml);
+  // The configuration exactly as the trial ran it, except its outputs: they go to
+  // runs/<sweep>-trial-<id> (relative to where the job is started), never into the trial's run
+  // directory, so running the export cannot write over what the trial measured.
+  const std::optional<store::SweepRecord> sweep = sweeps.sweep(t->sweep_id);
+  const std::string sweep_name = sweep ? sweep->name : "sweep";
+  const config::RunConfig c = config::parse_run_config_yaml(
+      t->config_yaml,
+      {"output.dir=runs/" + sweep_name + "-trial-" + std::to_string(t->id)});
   if (report::trial_backend(*t) != "native") {
     std::cerr << "note: trial #" << t->id << " ran on the " << report::trial_backend(*t)
               << " backend (transformers + DeepSpeed)"

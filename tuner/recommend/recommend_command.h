@@ -4,7 +4,8 @@
 //     arctic_training.yaml, accelerate_config.yaml, launch.sh (local, torchrun, srun lines) and
 //     WHY.md. Warnings of the exports go to stderr and into WHY.md.
 //   export --db F --trial ID --format native|deepspeed|arctic|accelerate [--out FILE]
-//     one trial's configuration in one format, to stdout or FILE.
+//     one trial's configuration in one format, to stdout or FILE; its output.dir is
+//     runs/<sweep>-trial-<ID> (never the trial's run directory).
 #pragma once
 #include <cstdint>
 #include <string>
