@@ -69,6 +69,21 @@ std::vector<std::string> weight_files(const std::string& dir) {
   return files;
 }
 
+// The PyTorch pickle weight files of `dir` (pytorch_model*.bin and their index), sorted.
+std::vector<std::string> bin_weight_files(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("pytorch_model", 0) == 0 &&
+        (entry.path().extension() == ".bin" || name == "pytorch_model.bin.index.json")) {
+      found.push_back(name);
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
 bool ignored(const std::string& name, bool tied) {
   const std::string rotary_suffix = "rotary_emb.inv_freq";
   return (tied && name == "lm_head.weight") ||
@@ -78,6 +93,31 @@ bool ignored(const std::string& name, bool tied) {
 }
 
 }  // namespace
+
+void check_hf_weight_files(const std::string& dir) {
+  const bool has_index = fs::exists(fs::path(dir) / "model.safetensors.index.json");
+  bool has_safetensors = has_index;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    has_safetensors = has_safetensors || entry.path().extension() == ".safetensors";
+  }
+  if (!has_safetensors) {
+    const std::vector<std::string> bins = bin_weight_files(dir);
+    if (!bins.empty()) {
+      throw UserError(dir + ": holds PyTorch .bin weights (" + bins.front() +
+                      (bins.size() > 1 ? ", ..." : "") +
+                      ") and no *.safetensors; ulysses-train reads safetensors: save the model "
+                      "with transformers' save_pretrained (safetensors by default) first");
+    }
+  }
+  for (const std::string& file : weight_files(dir)) {
+    if (!fs::exists(file)) {
+      throw UserError(file + ": is missing" +
+                      (has_index ? " (model.safetensors.index.json lists it)" : std::string()));
+    }
+    load_safetensors_metadata(file);  // the header parses and its offsets fit the file
+  }
+}
 
 void load_hf_weights(LlamaForCausalLM& model, const std::string& dir) {
   std::map<std::string, at::Tensor> params;

@@ -21,6 +21,12 @@ namespace ulysses::model {
 // more layers than model.num_layers), and for corrupt files.
 void load_hf_weights(LlamaForCausalLM& model, const std::string& dir);
 
+// The checks of load_hf_weights that need no tensor data, for a run's inputs before any rank
+// starts: a directory with PyTorch .bin weights and no safetensors is refused naming them; every
+// file the index lists (or model.safetensors, or the *.safetensors found) exists and its header
+// parses. Throws UserError("<dir or file>: ..."); reads only headers.
+void check_hf_weight_files(const std::string& dir);
+
 // The model's parameters as HF names them, in HF order (lm_head.weight omitted when tied, as HF
 // saves it). The tensors are the parameters themselves, detached (same device and dtype).
 std::vector<std::pair<std::string, at::Tensor>> hf_state(LlamaForCausalLM& model);

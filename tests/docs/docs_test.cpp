@@ -146,6 +146,70 @@ TEST(LaunchChecksInputs, BadInputIsOneLineBeforeAnyRankStarts) {
   EXPECT_EQ(print.status, 0) << print.output;
 }
 
+// Weights and tokens that would fail only once the ranks run: a model directory with PyTorch .bin
+// weights only, an index naming a shard that is missing, a token outside the vocabulary in a
+// sample of the run's third step. Each is one line before any rank starts, and the run's output
+// directory is not created.
+TEST(LaunchChecksInputs, WeightsAndTokensAreCheckedBeforeAnyRankStartsAndLeaveNoFiles) {
+  testing::TempDir dir("docs-inputs");
+  const fs::path trainer = dir.path() / "trainer.sh";
+  testing::write_executable(trainer, "#!/bin/sh\ntouch " + (dir.path() / "started").string() +
+                                         "\nexit 0\n");
+  // An HF model directory: the weights a one-rank run saves before its first step.
+  const Result save = run_shell("cd " + dir.path().string() + " && " + bin("ulysses-train") +
+                                " --config " + tiny_cpu() +
+                                " --set mesh.dp=1 --set mesh.sp=1 --set sequence.length=32"
+                                " --set train.steps=1 --set checkpoint.dir=ckpt"
+                                " --set checkpoint.save_initial=true --set output.dir=saved");
+  ASSERT_EQ(save.status, 0) << save.output;
+  const fs::path initial = dir.path() / "ckpt" / "initial";
+  ASSERT_TRUE(fs::exists(initial / "model.safetensors")) << save.output;
+
+  const fs::path bin_only = dir.path() / "bin-only";
+  fs::create_directories(bin_only);
+  fs::copy_file(initial / "config.json", bin_only / "config.json");
+  std::ofstream(bin_only / "pytorch_model.bin") << "pickled";
+
+  const fs::path sharded = dir.path() / "sharded";
+  fs::create_directories(sharded);
+  fs::copy_file(initial / "config.json", sharded / "config.json");
+  fs::copy_file(initial / "model.safetensors", sharded / "model-00001-of-00002.safetensors");
+  std::ofstream(sharded / "model.safetensors.index.json")
+      << R"({"metadata": {}, "weight_map": {"model.embed_tokens.weight": )"
+      << R"("model-00001-of-00002.safetensors", "lm_head.weight": )"
+      << R"("model-00002-of-00002.safetensors"}})";
+
+  // 4096 uint16 tokens in the vocabulary (1024) but one: sample 5 (step 3 of a 2 x 2 mesh at
+  // 256 tokens, global batch 2) holds 1024 at its token 10.
+  std::vector<uint16_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 1000);
+  tokens[5 * 256 + 10] = 1024;
+  const fs::path token_file = dir.path() / "tokens.bin";
+  std::ofstream(token_file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+
+  const std::vector<BadInput> cases = {
+      {"model.preset= --set model.load=" + bin_only.string(),
+       "error: model.load: " + bin_only.string() + ": holds PyTorch .bin weights"},
+      {"model.preset= --set model.load=" + sharded.string(),
+       "error: model.load: " + (sharded / "model-00002-of-00002.safetensors").string() +
+           ": is missing (model.safetensors.index.json lists it)"},
+      {"data.source=tokens:" + token_file.string(),
+       "error: data.source: " + token_file.string() + ": token 1024"}};
+  int index = 0;
+  for (const BadInput& bad : cases) {
+    const fs::path out = dir.path() / ("out-" + std::to_string(index++));
+    const Result r = run_shell(bin("ulysses-tune") + " launch " + tiny_cpu() +
+                               " --nproc 4 --trainer " + trainer.string() + " --set " + bad.set +
+                               " --set output.dir=" + out.string());
+    EXPECT_EQ(r.status, kExitUsage) << bad.set << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind(bad.message_prefix, 0), 0u) << bad.set << "\n" << r.output;
+    EXPECT_EQ(line_count(r.output), 1) << bad.set << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(dir.path() / "started")) << bad.set;
+    EXPECT_FALSE(fs::exists(out)) << bad.set << ": the run's output directory was created";
+  }
+}
+
 // A trainer rank meeting bad input before its rendezvous: the node's first rank prints the one
 // line, the others exit 2 in silence (they would all print the same line otherwise). The peers
 // never start, so a check done after the rendezvous would hang here until comm.timeout_s.
