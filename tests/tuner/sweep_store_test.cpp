@@ -385,9 +385,10 @@ TEST_F(SweepStoreTest, ASchemaVersion1DatabaseMigratesKeepingItsRows) {
     ASSERT_FALSE(db.has_table("sweeps"));
   }
   Store store = Store::open(path_);
-  EXPECT_EQ(store.schema_version(), 3);
-  EXPECT_EQ(latest_schema_version(), 3) << "a new migration: extend this test";
-  for (const char* table : {"sweeps", "trials", "trial_steps", "trial_phases", "calibration_trials"})
+  EXPECT_EQ(store.schema_version(), 4);
+  EXPECT_EQ(latest_schema_version(), 4) << "a new migration: extend this test";
+  for (const char* table : {"sweeps", "trials", "trial_steps", "trial_phases", "calibration_trials",
+                            "trial_load"})
     EXPECT_TRUE(store.db().has_table(table)) << table;
   const auto runs = store.calibration_runs();
   ASSERT_EQ(runs.size(), 1u);
@@ -401,6 +402,49 @@ TEST_F(SweepStoreTest, ASchemaVersion1DatabaseMigratesKeepingItsRows) {
   sweeps.add_trial(trial);
   EXPECT_EQ(sweeps.trials(trial.sweep_id).size(), 1u);
   EXPECT_FALSE(store.latest_model_fit("").has_value());  // the benchmark run is not a fit
+  expect_integrity_ok(store.db());
+}
+
+// The machine's load per trial (schema version 4) round trips; a version 3 database (written
+// before loads were recorded) still reads, read-only too, with no loads, and migrates.
+TEST_F(SweepStoreTest, TrialLoadsRoundTripAndAVersion3DatabaseStillReads) {
+  {
+    Database db = Database::open(path_);
+    for (int v = 0; v < 3; ++v) {
+      db.transaction([&] {
+        db.exec(migrations().at(v).sql);
+        db.exec("PRAGMA user_version = " + std::to_string(v + 1));
+      });
+    }
+    SweepStore sweeps(db);
+    TrialRecord t = full_trial(sweeps.create_sweep(make_sweep("old")), "k");
+    sweeps.add_trial(t);
+  }
+  {
+    Database old = Database::open(path_, Database::Mode::kReadOnly);
+    SweepStore sweeps(old);
+    const auto sweep = sweeps.find_sweep("old");
+    ASSERT_TRUE(sweep.has_value());
+    EXPECT_EQ(sweeps.trials(sweep->id).size(), 1u);
+    EXPECT_TRUE(sweeps.trial_loads(sweep->id).empty());
+  }
+  Store store = Store::open(path_);
+  SweepStore sweeps(store.db());
+  const int64_t sweep_id = sweeps.find_sweep("old")->id;
+  const int64_t trial_id = sweeps.trials(sweep_id).at(0).id;
+  TrialLoad load;
+  load.trial_id = trial_id;
+  load.start_load_1m = 0.25;
+  load.cores = 2;
+  sweeps.record_trial_load(load);
+  load.end_load_1m = 1.5;  // replaces the row
+  sweeps.record_trial_load(load);
+  const std::vector<TrialLoad> loads = sweeps.trial_loads(sweep_id);
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].trial_id, trial_id);
+  EXPECT_EQ(loads[0].start_load_1m, 0.25);
+  EXPECT_EQ(loads[0].end_load_1m, 1.5);
+  EXPECT_EQ(loads[0].cores, 2);
   expect_integrity_ok(store.db());
 }
 

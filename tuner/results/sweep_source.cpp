@@ -41,6 +41,7 @@ SweepData load_sweep(store::Database& db, const std::string& name) {
   data.sweep = find_sweep(db, name);
   store::SweepStore sweeps(db);
   data.trials = sweeps.trials(data.sweep.id);
+  data.loads = sweeps.trial_loads(data.sweep.id);
   for (const auto& trial : data.trials) {
     auto phases = sweeps.trial_phases(trial.id);
     if (!phases.empty()) data.phases[trial.id] = std::move(phases);

@@ -23,11 +23,13 @@ bool has_sweep_tables(store::Database& db);
 // "--sweep NAME: no such sweep in DB (has: a, b)" or "DB: holds no sweeps".
 store::SweepRecord find_sweep(store::Database& db, const std::string& name);
 
-// A sweep with all its trials (id order) and each trial's phases.
+// A sweep with all its trials (id order), each trial's phases and the machine's load while
+// trials ran.
 struct SweepData {
   store::SweepRecord sweep;
   std::vector<store::TrialRecord> trials;
   std::map<int64_t, std::vector<store::TrialPhase>> phases;  // by trial id; absent = none
+  std::vector<store::TrialLoad> loads;  // trial id order; empty when none was recorded
 };
 // find_sweep() and everything stored under it. Throws as find_sweep().
 SweepData load_sweep(store::Database& db, const std::string& name);

@@ -131,6 +131,18 @@ CREATE TABLE calibration_trials (
   PRIMARY KEY (run_id, trial_id, kind)
 );
 )sql"},
+      {4, "the machine's load average while each trial ran",
+       R"sql(
+-- /proc/loadavg when the sweep started the trial and when it ended, so that a reader can tell a
+-- quiet machine's timings from a loaded one's. A separate table: the trials table keeps its
+-- columns, so databases without this table read as before.
+CREATE TABLE trial_load (
+  trial_id        INTEGER PRIMARY KEY REFERENCES trials(id) ON DELETE CASCADE,
+  start_load_1m   REAL,      -- 1-minute load average at the trial's start; NULL if unreadable
+  end_load_1m     REAL,      -- the same at its end
+  cores           INTEGER    -- online CPU cores of the machine that started it
+);
+)sql"},
   };
   return list;
 }

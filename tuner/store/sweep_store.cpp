@@ -167,4 +167,35 @@ std::vector<TrialPhase> SweepStore::trial_phases(int64_t trial_id) {
   return out;
 }
 
+void SweepStore::record_trial_load(const TrialLoad& load) {
+  db_.transaction([&] {
+    Statement s = db_.prepare(
+        "INSERT OR REPLACE INTO trial_load (trial_id, start_load_1m, end_load_1m, cores) "
+        "VALUES (?, ?, ?, ?)");
+    s.bind(1, load.trial_id);
+    load.start_load_1m ? s.bind(2, *load.start_load_1m) : s.bind_null(2);
+    load.end_load_1m ? s.bind(3, *load.end_load_1m) : s.bind_null(3);
+    load.cores > 0 ? s.bind(4, load.cores) : s.bind_null(4);
+    s.run();
+  });
+}
+
+std::vector<TrialLoad> SweepStore::trial_loads(int64_t sweep_id) {
+  std::vector<TrialLoad> out;
+  if (!db_.has_table("trial_load")) return out;  // written before loads were recorded
+  Statement s = db_.prepare(
+      "SELECT l.trial_id, l.start_load_1m, l.end_load_1m, l.cores FROM trial_load l "
+      "JOIN trials t ON t.id = l.trial_id WHERE t.sweep_id = ? ORDER BY l.trial_id");
+  s.bind(1, sweep_id);
+  while (s.step()) {
+    TrialLoad load;
+    load.trial_id = s.column_int(0);
+    if (!s.is_null(1)) load.start_load_1m = s.column_double(1);
+    if (!s.is_null(2)) load.end_load_1m = s.column_double(2);
+    load.cores = s.is_null(3) ? 0 : s.column_int(3);
+    out.push_back(load);
+  }
+  return out;
+}
+
 }  // namespace ulysses::store

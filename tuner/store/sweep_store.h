@@ -1,5 +1,5 @@
 // Sweeps and trials in the results database (records in trial_record.h, schema
-// version 2 in migrations.cpp). Every write is one transaction, so a killed sweep leaves each
+// versions 2 and 4 in migrations.cpp). Every write is one transaction, so a killed sweep leaves each
 // trial either absent, `running` (re-run by --resume) or complete with its steps and phases.
 // Errors are UserError naming the database file (database.h). Optional fields and "" timestamps
 // are stored as NULL; SQLite stores NaN as NULL too, so a NaN optional reads back as nullopt and
@@ -55,6 +55,13 @@ class SweepStore {
   // A trial's steps in step order; its phases in the order finish_trial got them.
   std::vector<TrialStep> trial_steps(int64_t trial_id);
   std::vector<TrialPhase> trial_phases(int64_t trial_id);
+
+  // Records the machine's load while the trial ran, replacing what the trial had (one
+  // transaction). REQUIRES: load.trial_id names a trial; a schema of version 4 or later.
+  void record_trial_load(const TrialLoad& load);
+  // The loads recorded for a sweep's trials, in trial id order; empty for a database without the
+  // table (schema version 3 or older, opened read-only) or trials that recorded none.
+  std::vector<TrialLoad> trial_loads(int64_t sweep_id);
 
  private:
   Database& db_;

@@ -71,6 +71,14 @@ struct TrialPhase {
   double ms = 0.0;
 };
 
+// The machine's load while a trial ran (table trial_load): the 1-minute load average
+// (/proc/loadavg) when the sweep started it and when it ended, and the machine's online cores.
+struct TrialLoad {
+  int64_t trial_id = 0;
+  std::optional<double> start_load_1m, end_load_1m;  // nullopt: not readable
+  int64_t cores = 0;                                 // 0: unknown
+};
+
 struct SweepRecord {
   int64_t id = 0;  // set by the store
   std::string name;

@@ -42,6 +42,18 @@ double memory_gib() {
 
 }  // namespace
 
+std::optional<double> load_average_1m() {
+  std::ifstream in("/proc/loadavg");
+  double load = 0.0;
+  if (!(in >> load) || load < 0.0) return std::nullopt;
+  return load;
+}
+
+int64_t online_cores() {
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores > 0 ? cores : 0;
+}
+
 std::string command_output(const std::string& command) {
   const std::string out = all_output(command);
   return out.substr(0, out.find('\n'));
