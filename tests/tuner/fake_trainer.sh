@@ -6,6 +6,10 @@
 # against memory.limit_gib. FAKE_HANG_AT=<length> hangs at that length; FAKE_SLEEP=<s> delays
 # every rank (to kill a sweep in the middle of a trial); FAKE_BACKEND=deepspeed plays the deepspeed
 # backend's rank program (0.8 x the throughput, its own memory baseline, a workaround named).
+# FAKE_TERM_AT=<n> FAKE_TERM_PID=<pid> FAKE_COUNT_DIR=<dir>: in the n-th trial started, one rank
+# sends SIGTERM to <pid> (the sweep) and every rank waits to be stopped: the signal arrives
+# during a trial after exactly n - 1 finished ones (trials are counted as directories in <dir>,
+# made by whichever rank comes first: a rank may be stopped before it gets here).
 [ "$1" = --version ] && { echo "fake trainer"; exit 0; }
 cfg=$2
 get() {
@@ -14,6 +18,14 @@ get() {
 }
 len=$(get sequence length); sp=$(get mesh sp); tl=$(get memory tiled_loss)
 off=$(get memory offload_activations); limit=$(get memory limit_gib); out=$(get output dir)
+if [ -n "$FAKE_TERM_AT" ]; then
+  trial=$(basename "$(dirname "$out")")
+  mkdir "$FAKE_COUNT_DIR/$trial" 2>/dev/null && first=1 || first=0
+  if [ "$(ls "$FAKE_COUNT_DIR" | wc -l)" -eq "$FAKE_TERM_AT" ]; then
+    [ "$first" = 1 ] && kill -TERM "$FAKE_TERM_PID"
+    exec sleep 300
+  fi
+fi
 [ -n "$FAKE_SLEEP" ] && sleep "$FAKE_SLEEP"
 [ "$FAKE_HANG_AT" = "$len" ] && exec sleep 300
 eval "$(awk -v len="$len" -v sp="$sp" -v tl="$tl" -v off="$off" -v limit="$limit" 'BEGIN {

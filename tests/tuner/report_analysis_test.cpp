@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "tuner/results/format.h"
+#include "tuner/results/machine_load.h"
 #include "tuner/results/memory_basis.h"
 #include "tuner/results/objective.h"
 #include "tuner/report/plot_script.h"
@@ -167,9 +168,72 @@ TEST(MemoryBasis, PeaksCountAboveTheStartUpBaselineOfTheirDevice) {
   EXPECT_EQ(peak_above_baseline(trial(4, 1, 2, 1024, "ok", 1)), std::nullopt);
 
   const std::string note = memory_basis_note({cpu, cuda});
-  EXPECT_NE(note.find("minus a baseline of " + gib(baseline) + " GiB"), std::string::npos) << note;
+  EXPECT_NE(note.find("1 trial from a ulysses-train that did not record it use the cost model's "
+                      "estimate instead (its runtime term), a baseline of " +
+                      memory_size(baseline) + "."),
+            std::string::npos)
+      << note;
   EXPECT_NE(note.find("On CUDA it is the rank's device footprint"), std::string::npos) << note;
   EXPECT_EQ(memory_basis_note({cuda}).find("On CPU"), std::string::npos);
+}
+
+// A trial of the current ulysses-train records its measured start-up baseline in summary.json:
+// that is what comes off its peak, and nothing is called estimated. A trial of an older build
+// (no field) still reports, on the cost model's estimate, and says so.
+TEST(MemoryBasis, TheRecordedBaselineIsSubtractedAndTheEstimateNamed) {
+  TrialRecord measured = with_peak(trial(1, 1, 2, 1024, "ok", 1), "cpu", 200 * kMiB);
+  measured.summary = R"({"device":"cpu","memory_baseline_bytes":)" +
+                     std::to_string(150 * kMiB) + "}";
+  EXPECT_EQ(recorded_baseline_bytes(measured), 150 * kMiB);
+  EXPECT_FALSE(baseline_estimated(measured));
+  EXPECT_EQ(peak_above_baseline(measured), 50 * kMiB);
+  EXPECT_EQ(trial_basis(measured), "above the start-up baseline 150 MiB");
+  const std::string note = memory_basis_note({measured});
+  EXPECT_NE(note.find("as each trial measured and recorded it"), std::string::npos) << note;
+  EXPECT_EQ(note.find("estimate"), std::string::npos) << note;
+  EXPECT_EQ(memory_basis_caption({measured}),
+            "peak above the start-up baseline (resident peak minus the measured baseline)");
+
+  const TrialRecord old = with_peak(trial(2, 1, 2, 1024, "ok", 1), "cpu", 200 * kMiB);
+  EXPECT_EQ(recorded_baseline_bytes(old), std::nullopt);
+  EXPECT_TRUE(baseline_estimated(old));
+  EXPECT_EQ(trial_basis(old), "above the start-up baseline " +
+                                  memory_size(memory_baseline_bytes("cpu")) + " (estimated)");
+  EXPECT_NE(memory_basis_note({measured, old}).find("1 trial from a ulysses-train that did not "
+                                                    "record it"),
+            std::string::npos);
+  // CUDA counts from zero, recorded or not.
+  TrialRecord cuda = with_peak(trial(3, 1, 2, 1024, "ok", 1), "cuda:0", 5 * kGiB);
+  EXPECT_FALSE(baseline_estimated(cuda));
+  EXPECT_EQ(trial_basis(cuda), "above the start-up baseline (CUDA: device footprint, baseline 0)");
+}
+
+// The report's header says how loaded the machine was: min, median and max of the 1-minute load
+// over every trial's start and end, and the cores; a sweep that recorded none says so.
+TEST(MachineLoad, MinMedianMaxOverTheTrialsAndTheCores) {
+  std::vector<store::TrialLoad> loads(3);
+  loads[0] = {1, 0.5, 1.0, 2};
+  loads[1] = {2, 3.0, std::nullopt, 2};  // its end was not readable
+  loads[2] = {3, 1.5, 2.0, 0};
+  EXPECT_EQ(machine_load_text(loads),
+            "1-minute load average 0.50 min, 1.50 median, 3.00 max over the start and end of 3 "
+            "trials; 2 cores");
+  EXPECT_EQ(machine_load_text({}),
+            "not recorded (the sweep was run by a ulysses-tune that did not record it)");
+  EXPECT_EQ(machine_load_text({{4, std::nullopt, std::nullopt, 2}}), machine_load_text({}));
+}
+
+// Memory for people: MiB under 1 GiB (so 0.04 and 0.045 GiB read apart), GiB above.
+TEST(Format, MemorySizeKeepsSmallPeaksApart) {
+  EXPECT_EQ(memory_size(std::nullopt), "");
+  EXPECT_EQ(memory_size(46 * kMiB), "46 MiB");
+  EXPECT_EQ(memory_size(static_cast<int64_t>(0.04 * kGiB)), "41 MiB");
+  EXPECT_EQ(memory_size(static_cast<int64_t>(0.045 * kGiB)), "46 MiB");
+  EXPECT_EQ(memory_size(kMiB * 9 / 2), "4.5 MiB");
+  EXPECT_EQ(memory_size(0), "0.0 MiB");
+  EXPECT_EQ(memory_size(kGiB + kGiB / 4), "1.25 GiB");
+  EXPECT_EQ(memory_size(kGiB - 1), "1.00 GiB");  // 1024 MiB once rounded
+  EXPECT_EQ(memory_size(9 * kGiB - 123 * kMiB), "8.88 GiB");
 }
 
 TEST(Objective, RanksTrialsByTheObjective) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,6 +16,8 @@
 #include "tuner/report/plots.h"
 #include "tuner/report/report_command.h"
 #include "tuner/report/trial_table.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
 
 namespace fs = std::filesystem;
 
@@ -189,10 +192,18 @@ TEST_F(ReportFixture, ListShowsSweepsAndTrials) {
         << trials;
   }
   // Peaks above the start-up baseline, which is stated under the table: A's 0.25 GiB of resident
-  // set is 0.13 GiB above the CPU baseline.
-  EXPECT_NE(trials.find("peak above baseline GiB"), std::string::npos) << trials;
-  EXPECT_NE(trials.find("1000.0    100.0                     0.13       8.00"), std::string::npos)
-      << trials;
+  // set is about 0.13 GiB above the CPU baseline, shown in MiB (under 1 GiB) with its unit.
+  EXPECT_NE(trials.find("peak above baseline"), std::string::npos) << trials;
+  const auto a = std::find_if(trials_.begin(), trials_.end(),
+                              [&](const store::TrialRecord& t) { return t.id == id("A"); });
+  ASSERT_NE(a, trials_.end());
+  const std::string a_peak = memory_size(peak_above_baseline(*a));
+  ASSERT_NE(a_peak.find(" MiB"), std::string::npos) << a_peak;
+  const size_t a_row = trials.find("1000.0    100.0");
+  ASSERT_NE(a_row, std::string::npos) << trials;
+  const std::string a_line = trials.substr(a_row, trials.find('\n', a_row) - a_row);
+  EXPECT_NE(a_line.find(" " + a_peak + "  "), std::string::npos) << a_line;
+  EXPECT_NE(a_line.find(" 8.00 GiB"), std::string::npos) << a_line;
   EXPECT_NE(trials.find("\nPeak memory is per rank and above the rank's start-up baseline"),
             std::string::npos)
       << trials;
@@ -236,8 +247,9 @@ TEST_F(ReportFixture, ShowPrintsATrialOrASweepInFull) {
       std::string::npos)
       << text;
   EXPECT_NE(text.find("run dir: runs/synthetic/H"), std::string::npos);
-  EXPECT_NE(text.find("\npeak above baseline: 8.88 GiB (cpu: peak_mem_bytes minus a start-up "
-                      "baseline of 0.12 GiB) of a limit of 8.00 GiB\n"),
+  EXPECT_NE(text.find("\npeak above baseline: 8.88 GiB (peak_mem_bytes 9.00 GiB above the "
+                      "start-up baseline " + memory_size(memory_baseline_bytes("cpu")) +
+                      " (estimated)) of a limit of 8.00 GiB\n"),
             std::string::npos)
       << text;
 
@@ -246,7 +258,7 @@ TEST_F(ReportFixture, ShowPrintsATrialOrASweepInFull) {
   ASSERT_EQ(run_show(show, ok_out), 0);
   EXPECT_NE(ok_out.str().find("compute_ms         50.000"), std::string::npos) << ok_out.str();
   EXPECT_NE(ok_out.str().find("   2  6.7500"), std::string::npos) << ok_out.str();
-  EXPECT_NE(ok_out.str().find("peak above baseline GiB"), std::string::npos) << ok_out.str();
+  EXPECT_NE(ok_out.str().find("peak above baseline"), std::string::npos) << ok_out.str();
 
   std::ostringstream sweep_out;
   show.trial_id = 0;

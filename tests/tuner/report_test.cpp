@@ -240,7 +240,7 @@ TEST(Plots, ATrialThatFitIsDrawnUnderItsLimitLine) {
   EXPECT_EQ(oom, 2);
   // The basis and the baseline are named on the plot.
   EXPECT_NE(memory.find("peak above the start-up baseline (resident peak minus " +
-                        gib(memory_baseline_bytes("cpu")) + " GiB, estimated)"),
+                        memory_size(memory_baseline_bytes("cpu")) + ", estimated)"),
             std::string::npos)
       << memory;
 }
@@ -363,12 +363,14 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
   EXPECT_EQ(markdown_row(readme, "experiment"),
             (std::vector<std::string>{"experiment", "`experiments/synthetic.yaml`"}));
   EXPECT_EQ(markdown_row(readme, "trials")[1], "11: ok 7, oom 1, timeout 1, pruned 1, invalid 1");
+  EXPECT_EQ(markdown_row(readme, "machine load while trials ran")[1],
+            "not recorded (the sweep was run by a ulysses-tune that did not record it)");
   // The basis of every peak, stated once: above the start-up baseline, which on CPU is estimated.
   EXPECT_NE(readme.find("**Memory.** Peak memory is per rank and above the rank's start-up "
                         "baseline"),
             std::string::npos);
-  EXPECT_NE(readme.find("On CPU it is the peak resident set minus a baseline of " +
-                        gib(memory_baseline_bytes("cpu")) + " GiB"),
+  EXPECT_NE(readme.find("use the cost model's estimate instead (its runtime term), a baseline "
+                        "of " + memory_size(memory_baseline_bytes("cpu")) + "."),
             std::string::npos);
   // Environment, flattened.
   EXPECT_EQ(markdown_row(readme, "host"), (std::vector<std::string>{"host", "node-7"}));
@@ -397,11 +399,13 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
 
   // The cost model beside the measurement, both peaks above the same baseline.
   const std::string model = readme.substr(readme.find("## Cost model"));
-  const double baseline_mib = memory_baseline_bytes("cpu") / 1048576.0;
-  const double peak = 256 - baseline_mib, predicted = 300 - baseline_mib;
+  const int64_t baseline = memory_baseline_bytes("cpu");
+  const int64_t peak_bytes = (int64_t{256} << 20) - baseline;
+  const int64_t predicted_bytes = (int64_t{300} << 20) - baseline;
+  const double peak = static_cast<double>(peak_bytes), predicted = static_cast<double>(predicted_bytes);
   EXPECT_EQ(markdown_row(model, std::to_string(id("A"))),
             (std::vector<std::string>{std::to_string(id("A")), "1x2", "1024", "no",
-                                      fixed(peak, 1), fixed(predicted, 1),
+                                      memory_size(peak_bytes), memory_size(predicted_bytes),
                                       "+" + fixed(100 * (predicted - peak) / peak, 1) + " %",
                                       "100.0", "160.0", "+60.0 %"}));
   // The trials table: one row per trial.
@@ -412,8 +416,8 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
   EXPECT_EQ(oom[2], "1x2");
   EXPECT_EQ(oom[3], "16384");
   EXPECT_EQ(oom[4], "2");  // the tiled_mlp axis
-  EXPECT_EQ(oom[7], "8.88");  // 9 GiB of resident set less the CPU start-up baseline
-  EXPECT_EQ(oom[8], "8.00");
+  EXPECT_EQ(oom[7], "8.88 GiB");  // 9 GiB of resident set less the CPU start-up baseline
+  EXPECT_EQ(oom[8], "8.00 GiB");
   EXPECT_EQ(oom[9], "out of memory: \"CUDA\", tried to allocate 2.00 GiB, at layer 3");
   EXPECT_EQ(markdown_row(trials, std::to_string(id("G")))[1], "ok (probe)");
   const auto a = markdown_row(trials, std::to_string(id("A")));

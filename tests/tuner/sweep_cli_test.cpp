@@ -139,6 +139,77 @@ TEST_F(SweepCliTest, SigkillLeavesAValidDatabaseAndResumeKeepsFinishedTrials) {
             32768);
 }
 
+// SIGTERM during the 7th trial: the sweep stops that trial, ends `interrupted` with exit status
+// 130, and its summary counts the 6 trials it ran (the line it prints and the one it stores).
+TEST_F(SweepCliTest, SigtermAfterSixTrialsCountsTheSixTrialsRun) {
+  const fs::path starts = dir_ / "starts";
+  fs::create_directories(starts);
+  const std::string out = (dir_ / "terminated.out").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("FAKE_TERM_AT", "7", 1);
+    setenv("FAKE_TERM_PID", std::to_string(getpid()).c_str(), 1);
+    setenv("FAKE_COUNT_DIR", starts.c_str(), 1);
+    freopen(out.c_str(), "w", stdout);
+    freopen(out.c_str(), "a", stderr);
+    execl(tune_.c_str(), tune_.c_str(), "sweep", experiment_.c_str(), "--db", db_.c_str(),
+          "--trainer", fake_.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "the sweep did not stop on SIGTERM: " << read_text(out);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::string text = read_text(out);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), kExitInterrupted) << text;
+  EXPECT_NE(text.find("sweep fake interrupted: 6 trials run ("), std::string::npos) << text;
+  // Progress lines show the peak as the report does: above the start-up baseline, in MiB under
+  // 1 GiB, the basis named (the fake records no baseline: the estimate, called so).
+  EXPECT_NE(text.find(" MiB above the start-up baseline "), std::string::npos) << text;
+  EXPECT_EQ(text.find(" GiB, "), std::string::npos) << text;
+  EXPECT_NE(text.find(" (estimated), "), std::string::npos) << text;
+
+  int64_t finished = 0, running = 0;
+  for (const auto& t : trials("fake")) {
+    finished += t.ran() && t.status != "running";
+    running += t.status == "running";
+  }
+  EXPECT_EQ(finished, 6);
+  EXPECT_EQ(running, 1);  // the 7th, left to --resume
+  store::Store store = store::Store::open(db_);
+  const auto sweep = store::SweepStore(store.db()).find_sweep("fake");
+  ASSERT_TRUE(sweep.has_value());
+  EXPECT_EQ(sweep->status, "interrupted");
+  EXPECT_NE(sweep->summary.find("\"trials_run\":6,"), std::string::npos) << sweep->summary;
+
+  // The machine's load while each finished trial ran, summarized in the report's header.
+  EXPECT_EQ(store::SweepStore(store.db()).trial_loads(sweep->id).size(), 6u);
+  Result report = tune("report --db '" + db_ + "' --sweep fake --out '" +
+                       (dir_ / "report").string() + "'");
+  ASSERT_EQ(report.status, 0) << report.err;
+  EXPECT_NE(read_text(dir_ / "report" / "README.md")
+                .find("| machine load while trials ran | 1-minute load average "),
+            std::string::npos);
+  EXPECT_NE(read_text(dir_ / "report" / "README.md").find(" max over the start and end of 6 trials; "),
+            std::string::npos);
+}
+
+// The default name of a grid sweep ("<name>-grid", which SmartSearchMatchesTheGrid... uses) is
+// explained where sweep names are: the README's tuning section and `sweep --help`.
+TEST_F(SweepCliTest, TheGridSuffixOfSweepNamesIsDocumented) {
+  const std::string readme = read_text(fs::path(project_home()) / "README.md");
+  EXPECT_NE(readme.find("plus the suffix `-grid` under `--search grid`"), std::string::npos);
+  const Result help = tune("sweep --help");
+  EXPECT_NE(help.out.find("\"-grid\" for --search grid"), std::string::npos) << help.out;
+}
+
 TEST_F(SweepCliTest, HangingTrialIsATimeoutAndTheSweepGoesOn) {
   std::string text = kExperiment;
   text.replace(text.find("trial_timeout_s: 30"), 19, "trial_timeout_s: 2");

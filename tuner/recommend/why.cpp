@@ -40,9 +40,9 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
   md << "Winner: trial #" << winner.id << " — " << report::configuration(winner) << ", "
      << winner.seqlen << " tokens, "
      << num(winner.tokens_per_s_per_rank.value_or(0)) << " tokens/s per rank, peak "
-     << report::gib(report::peak_above_baseline(winner)) << " GiB";
+     << report::memory_size(report::peak_above_baseline(winner));
   if (winner.limit_bytes) {
-    md << " of a per-rank limit of " << report::gib(winner.limit_bytes) << " GiB";
+    md << " of a per-rank limit of " << report::memory_size(winner.limit_bytes);
   }
   md << ".\n\n";
   if (report::trial_backend(winner) == "deepspeed") {
@@ -68,7 +68,7 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
     md << "It is the fastest configuration that fits at the target length with the head-room.\n\n";
   }
   md << "## Candidates side by side\n\n";
-  md << "| configuration | best trial | length | tokens/s per rank | peak GiB above baseline | "
+  md << "| configuration | best trial | length | tokens/s per rank | peak above baseline | "
         "where time went | what limited it |\n|---|---:|---:|---:|---:|---|---|\n";
   for (size_t i = 0; i < summaries.size(); ++i) {
     const PointSummary& s = summaries[i];
@@ -76,7 +76,7 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
     if (s.best) {
       md << "#" << s.best->id << " | " << s.best->seqlen << " | "
          << num(s.best->tokens_per_s_per_rank.value_or(0)) << " | "
-         << report::gib(report::peak_above_baseline(*s.best)) << " | "
+         << report::memory_size(report::peak_above_baseline(*s.best)) << " | "
          << time_split(*s.best, phases[i]) << " | ";
     } else {
       md << "- | " << (s.longest_fit ? std::to_string(s.longest_fit) : "-") << " | - | - | - | ";

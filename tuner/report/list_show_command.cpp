@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "tuner/results/format.h"
+#include "tuner/results/machine_load.h"
 #include "tuner/results/memory_basis.h"
 #include "tuner/results/objective.h"
 #include "tuner/report/summary_tables.h"
@@ -106,15 +107,13 @@ Table sweeps_table(store::Database& db) {
   return table;
 }
 
-// "0.05 GiB (cpu: peak_mem_bytes minus a start-up baseline of 0.12 GiB) of a limit of 0.11 GiB":
+// "46 MiB (peak_mem_bytes 170 MiB above the start-up baseline 124 MiB) of a limit of 110 MiB":
 // the stored peak is the whole process on CPU; this is what counts against the limit.
 std::string peak_against_limit(const store::TrialRecord& t) {
   if (!t.peak_mem_bytes) return "-";
-  const std::string device = trial_device(t);
-  std::string text = gib(peak_above_baseline(t)) + " GiB (" + device +
-                     ": peak_mem_bytes minus a start-up baseline of " +
-                     gib(memory_baseline_bytes(device)) + " GiB)";
-  if (t.limit_bytes) text += " of a limit of " + gib(t.limit_bytes) + " GiB";
+  std::string text = memory_size(peak_above_baseline(t)) + " (peak_mem_bytes " +
+                     memory_size(t.peak_mem_bytes) + " " + trial_basis(t) + ")";
+  if (t.limit_bytes) text += " of a limit of " + memory_size(t.limit_bytes);
   return text;
 }
 
@@ -132,13 +131,13 @@ void show_trial(store::Database& db, int64_t id, std::ostream& out) {
   Table steps;
   steps.add_column("step", true);
   for (const char* name :
-       {"loss", "grad_norm", "step ms", "tokens/s", "peak above baseline GiB"}) {
+       {"loss", "grad_norm", "step ms", "tokens/s", "peak above baseline"}) {
     steps.add_column(name, true);
   }
   for (const auto& s : store.trial_steps(id)) {
     steps.rows.push_back({std::to_string(s.step), fixed(s.loss, 4), fixed(s.grad_norm, 4),
                           fixed(s.step_ms, 2), fixed(s.tokens_per_s, 1),
-                          gib(above_baseline(*trial, s.peak_mem_bytes))});
+                          memory_size(above_baseline(*trial, s.peak_mem_bytes))});
   }
   out << "\nsteps:\n" << (steps.rows.empty() ? "(none recorded)\n" : render_terminal(steps));
   Table phases;
@@ -165,6 +164,7 @@ void show_sweep(store::Database& db, const std::string& name, std::ostream& out)
   }
   print_field(out, "trials",
               std::to_string(data.trials.size()) + ": " + status_count_text(data.trials));
+  print_field(out, "machine load while trials ran", machine_load_text(data.loads));
   out << "\nenvironment:\n" << render_terminal(json_table(s.environment));
   out << "\nsearch summary:\n" << render_terminal(search_summary_table(data));
   const Table grid = grid_comparison_table(data);

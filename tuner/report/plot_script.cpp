@@ -190,7 +190,7 @@ void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
     top = std::max(top, to_gib(limit));
     limit_lines += "set arrow from graph 0, first " + y + " to graph 1, first " + y +
                    " nohead dt 2 lw 2 lc rgb 'red'\nset label " +
-                   gnuplot_quote("limit " + gib(limit) + " GiB per rank") +
+                   gnuplot_quote("limit " + memory_size(limit) + " per rank") +
                    " at graph 0.01, first " + y + " offset 0,0.7 tc rgb 'red'\n";
   }
   gp += begin_plot(plot.file, plot.title, 1000, 620, memory_basis_caption(data.trials)) +

@@ -5,6 +5,7 @@
 
 #include "tuner/results/backend_comparison.h"
 #include "tuner/results/format.h"
+#include "tuner/results/machine_load.h"
 #include "tuner/results/memory_basis.h"
 #include "tuner/report/summary_tables.h"
 #include "tuner/results/sweep_analysis.h"
@@ -30,7 +31,8 @@ std::string sweep_table(const SweepData& data) {
       {"finished (UTC)", s.finished_at.empty() ? "-" : s.finished_at},
       {"search", s.search},
       {"objective", s.objective},
-      {"trials", std::to_string(data.trials.size()) + ": " + status_count_text(data.trials)}};
+      {"trials", std::to_string(data.trials.size()) + ": " + status_count_text(data.trials)},
+      {"machine load while trials ran", machine_load_text(data.loads)}};
   return render_markdown(table);
 }
 
@@ -173,7 +175,7 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
     out += "The sweep has no trials.\n";
   } else {
     out +=
-        "Peak (above the start-up baseline, see Memory above) and limit are per rank, in GiB; a "
+        "Peak (above the start-up baseline, see Memory above) and limit are per rank; a "
         "probe is a memory probe run (`attention.skip_all_but_last`).\n\n" +
         render_markdown(trials_table(data.trials));
   }

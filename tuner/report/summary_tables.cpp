@@ -153,8 +153,8 @@ Table backends_table(const SweepData& data) {
   const std::vector<BackendPair> pairs = backend_pairs(data.trials);
   if (pairs.empty()) return table;
   for (const char* h : {"row", "configuration", "seqlen", "native", "deepspeed",
-                        "native tok/s/rank", "deepspeed tok/s/rank", "tok/s ratio", "native peak GiB",
-                        "deepspeed peak GiB", "peak ratio", "first loss |diff|",
+                        "native tok/s/rank", "deepspeed tok/s/rank", "tok/s ratio", "native peak",
+                        "deepspeed peak", "peak ratio", "first loss |diff|",
                         "final loss |diff|"}) {
     const std::string name = h;
     table.add_column(name, name != "configuration" && name != "native" && name != "deepspeed");
@@ -169,7 +169,7 @@ Table backends_table(const SweepData& data) {
     return t && is_measured(*t) ? fixed(t->tokens_per_s_per_rank, 1) : std::string("-");
   };
   auto peak = [](const store::TrialRecord* t) {
-    return t && t->status == "ok" ? gib(peak_above_baseline(*t)) : std::string("-");
+    return t && t->status == "ok" ? memory_size(peak_above_baseline(*t)) : std::string("-");
   };
   auto ratio = [](std::optional<double> r) { return r ? fixed(r, 2) : std::string("-"); };
   auto loss = [](std::optional<double> d) {

@@ -63,7 +63,7 @@ Table trials_table(const std::vector<store::TrialRecord>& trials) {
   table.add_column("seqlen", true);
   for (const auto& header : axis_headers(keys)) table.add_column(header);
   for (const char* name :
-       {"tokens/s per rank", "step ms", "peak above baseline GiB", "limit GiB"}) {
+       {"tokens/s per rank", "step ms", "peak above baseline", "limit"}) {
     table.add_column(name, true);
   }
   table.add_column("error / reason");
@@ -73,8 +73,8 @@ Table trials_table(const std::vector<store::TrialRecord>& trials) {
     for (const auto& key : keys) row.push_back(axis_value(t, key));
     row.push_back(fixed(t.tokens_per_s_per_rank, 1));
     row.push_back(fixed(t.step_ms, 1));
-    row.push_back(gib(peak_above_baseline(t)));
-    row.push_back(gib(t.limit_bytes));
+    row.push_back(memory_size(peak_above_baseline(t)));
+    row.push_back(memory_size(t.limit_bytes));
     row.push_back(t.error.empty() ? t.reason : t.error);
     table.rows.push_back(std::move(row));
   }
@@ -125,13 +125,12 @@ Table prediction_table(const std::vector<store::TrialRecord>& trials) {
     std::snprintf(text, sizeof text, "%+.1f %%", 100.0 * (predicted - measured) / measured);
     return std::string(text);
   };
-  auto mib = [](double bytes) { return fixed(bytes / (1 << 20), 1); };
   Table table;
   table.add_column("id", true);
   table.add_column("mesh");
   table.add_column("seqlen", true);
   table.add_column("probe");
-  for (const char* name : {"peak above baseline MiB", "predicted MiB", "error", "step ms",
+  for (const char* name : {"peak above baseline", "predicted peak", "error", "step ms",
                            "predicted ms",
                            "error "}) {
     table.add_column(name, true);
@@ -145,7 +144,7 @@ Table prediction_table(const std::vector<store::TrialRecord>& trials) {
     if (peak && predicted_peak && *peak > 0) {
       const double measured = static_cast<double>(*peak);
       const double predicted = static_cast<double>(*predicted_peak);
-      row.insert(row.end(), {mib(measured), mib(predicted), error(predicted, measured)});
+      row.insert(row.end(), {memory_size(peak), memory_size(predicted_peak), error(predicted, measured)});
     } else {
       row.insert(row.end(), {"-", "-", "-"});
     }

@@ -18,8 +18,9 @@ std::vector<std::pair<std::string, std::string>> trial_fields(const store::Trial
 Table trial_fields_table(const std::vector<store::TrialRecord>& trials);
 
 // One row per trial, for people: id, status ("ok (probe)" for probes), mesh dp x sp, seqlen, one
-// column per axis of the space (sweep_analysis.h), tokens/s per rank, step ms, peak GiB above the
-// start-up baseline (memory_basis.h), limit GiB, and the error (or the reason a trial did not run).
+// column per axis of the space (sweep_analysis.h), tokens/s per rank, step ms, peak above the
+// start-up baseline (memory_basis.h), limit (both as format.h memory_size writes them), and the
+// error (or the reason a trial did not run).
 Table trials_table(const std::vector<store::TrialRecord>& trials);
 
 // One row per mesh (best_per_mesh()): trials, measured, the fastest trial (tokens/s per rank,
@@ -28,7 +29,7 @@ Table trials_table(const std::vector<store::TrialRecord>& trials);
 Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials);
 
 // The cost model beside the measurement, one row per trial that ran to the end (status ok) and
-// has a prediction: id, mesh, seqlen, probe, measured and predicted peak (MiB, both above the
+// has a prediction: id, mesh, seqlen, probe, measured and predicted peak (memory_size, both above the
 // start-up baseline: memory_basis.h) and the error, measured and predicted step ms and the error
 // ("-" where either is missing). Error = (predicted - measured) / measured, signed percent.
 Table prediction_table(const std::vector<store::TrialRecord>& trials);

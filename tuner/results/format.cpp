@@ -14,9 +14,14 @@ std::string fixed(std::optional<double> value, int decimals) {
   return buffer;
 }
 
-std::string gib(std::optional<int64_t> bytes) {
+std::string memory_size(std::optional<int64_t> bytes) {
   if (!bytes) return "";
-  return fixed(static_cast<double>(*bytes) / (1024.0 * 1024.0 * 1024.0), 2);
+  const double mib = static_cast<double>(*bytes) / (1024.0 * 1024.0);
+  const double rounded_mib = mib < 10.0 ? std::round(mib * 10.0) / 10.0 : std::round(mib);
+  if (std::abs(rounded_mib) < 1024.0) {
+    return fixed(rounded_mib, std::abs(rounded_mib) < 10.0 ? 1 : 0) + " MiB";
+  }
+  return fixed(mib / 1024.0, 2) + " GiB";
 }
 
 std::string exact(std::optional<double> value) {

@@ -8,6 +8,7 @@
 #include "config/run_config.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/results/format.h"
+#include "tuner/results/sweep_analysis.h"
 
 namespace ulysses::report {
 
@@ -28,13 +29,22 @@ int64_t memory_baseline_bytes(const std::string& device) {
   return static_cast<int64_t>(costmodel::default_memory_coefficients(device).runtime_bytes);
 }
 
-int64_t trial_baseline_bytes(const store::TrialRecord& trial) {
+std::optional<int64_t> recorded_baseline_bytes(const store::TrialRecord& trial) {
   const auto summary = nlohmann::json::parse(trial.summary, nullptr, /*allow_exceptions=*/false);
   if (summary.is_object() && summary.contains("memory_baseline_bytes") &&
       summary["memory_baseline_bytes"].is_number_integer()) {
     return summary["memory_baseline_bytes"].get<int64_t>();
   }
+  return std::nullopt;
+}
+
+int64_t trial_baseline_bytes(const store::TrialRecord& trial) {
+  if (const std::optional<int64_t> recorded = recorded_baseline_bytes(trial)) return *recorded;
   return memory_baseline_bytes(trial_device(trial));
+}
+
+bool baseline_estimated(const store::TrialRecord& trial) {
+  return !recorded_baseline_bytes(trial) && trial_device(trial) != "cuda";
 }
 
 std::optional<int64_t> above_baseline(const store::TrialRecord& trial,
@@ -47,17 +57,28 @@ std::optional<int64_t> peak_above_baseline(const store::TrialRecord& trial) {
   return above_baseline(trial, trial.peak_mem_bytes);
 }
 
+std::string trial_basis(const store::TrialRecord& trial) {
+  if (trial_device(trial) == "cuda" && trial_baseline_bytes(trial) == 0) {
+    return "above the start-up baseline (CUDA: device footprint, baseline 0)";
+  }
+  return "above the start-up baseline " + memory_size(trial_baseline_bytes(trial)) +
+         (baseline_estimated(trial) ? " (estimated)" : "");
+}
+
 namespace {
 
-// Whether trials with a peak or a predicted peak ran on CPU and on CUDA.
+// Whether trials with a peak or a predicted peak ran on CPU and on CUDA, and how many CPU trials
+// did not record their baseline.
 struct Devices {
   bool cpu = false, cuda = false;
+  int64_t cpu_estimated = 0;
 };
 Devices devices_of(const std::vector<store::TrialRecord>& trials) {
   Devices d;
   for (const store::TrialRecord& t : trials) {
     if (!t.peak_mem_bytes && !t.predicted_peak_bytes) continue;
     (trial_device(t) == "cuda" ? d.cuda : d.cpu) = true;
+    d.cpu_estimated += baseline_estimated(t);
   }
   return d;
 }
@@ -70,20 +91,25 @@ std::string memory_basis_note(const std::vector<store::TrialRecord>& trials) {
       "Peak memory is per rank and above the rank's start-up baseline, the part that "
       "memory.limit_gib caps; limits are per rank too.";
   if (d.cpu) {
-    note += " On CPU it is the peak resident set minus a baseline of " +
-            gib(memory_baseline_bytes("cpu")) +
-            " GiB, the resident bytes of a rank before it builds its model (LibTorch, Gloo, the "
-            "OpenMP pool): trials do not record it, so this is the cost model's estimate "
-            "(its runtime term). There the limit caps address space above the baseline and the "
-            "kernel enforces it: a trial that ran to the end fit.";
+    note += " On CPU it is the peak resident set minus the rank's resident set before it built "
+            "its model (LibTorch, Gloo, the OpenMP pool), as each trial measured and recorded it "
+            "(summary.json memory_baseline_bytes).";
+    if (d.cpu_estimated > 0) {
+      note += " " + std::to_string(d.cpu_estimated) +
+              (d.cpu_estimated == 1 ? " trial" : " trials") +
+              " from a ulysses-train that did not record it use the cost model's estimate "
+              "instead (its runtime term), a baseline of " +
+              memory_size(memory_baseline_bytes("cpu")) + ".";
+    }
+    note += " There the limit caps address space above the baseline and the kernel enforces "
+            "it: a trial that ran to the end fit.";
   }
-  const bool own = std::any_of(trials.begin(), trials.end(), [](const store::TrialRecord& t) {
-    return t.summary.find("\"memory_baseline_bytes\"") != std::string::npos;
+  const bool deepspeed = std::any_of(trials.begin(), trials.end(), [](const store::TrialRecord& t) {
+    return trial_backend(t) == "deepspeed";
   });
-  if (own) {
-    note += " Trials of the deepspeed backend record their own baseline (the resident set of "
-            "the rank's Python process before it builds the model), which is subtracted "
-            "instead.";
+  if (deepspeed) {
+    note += " Trials of the deepspeed backend record their own baseline: the resident set of "
+            "the rank's Python process before it builds the model.";
   }
   if (d.cuda) {
     note += " On CUDA it is the rank's device footprint at its peak: the caching allocator's "
@@ -99,8 +125,11 @@ std::string memory_basis_caption(const std::vector<store::TrialRecord>& trials) 
   const Devices d = devices_of(trials);
   std::string caption = "peak above the start-up baseline";
   if (d.cpu) {
-    caption += std::string(d.cuda ? " (CPU: " : " (") + "resident peak minus " +
-               gib(memory_baseline_bytes("cpu")) + " GiB, estimated";
+    std::string cpu = "resident peak minus the measured baseline";
+    if (d.cpu_estimated > 0) {
+      cpu = "resident peak minus " + memory_size(memory_baseline_bytes("cpu")) + ", estimated";
+    }
+    caption += std::string(d.cuda ? " (CPU: " : " (") + cpu;
     caption += d.cuda ? "; CUDA: device footprint)" : ")";
   } else if (d.cuda) {
     caption += " (CUDA: reserved peak + context and NCCL)";

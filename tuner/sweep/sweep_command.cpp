@@ -365,6 +365,9 @@ int run_sweep(const SweepOptions& options) {
   } catch (const Interrupted& stop) {
     sweep.status = "interrupted";
     status = kExitInterrupted;
+    // The engine's summary went with the exception: what the host counted up to the signal.
+    summary = host.counted();
+    summary.grid_runs = (points - summary.invalid) * static_cast<int64_t>(space.lengths.size());
   }
   nlohmann::ordered_json s;
   s["trials_run"] = summary.runs + summary.probes;  // every ulysses-train run, probes included

@@ -14,6 +14,9 @@
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/experiment/trial_space.h"
 #include "tuner/results/calibrated_model.h"
+#include "tuner/results/format.h"
+#include "tuner/results/memory_basis.h"
+#include "tuner/sweep/environment.h"
 #include "tuner/trial/trial_runner.h"
 
 namespace ulysses::sweep {
@@ -21,12 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string gib(double bytes) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.2f GiB", bytes / kGiB);
-  return buffer;
-}
 
 
 }  // namespace
@@ -95,8 +92,8 @@ std::optional<std::string> SweepHost::prune_reason(const search::Point& p, int64
   const experiment::TrialPlan plan = experiment::plan_trial(e_, space_, p, length, false, "unused");
   const int64_t predicted = costmodel::lower_bound_peak(plan.config).total_bytes();
   if (predicted <= trial_limit_bytes()) return std::nullopt;
-  return "memory model: at least " + gib(predicted) + " per rank > limit " +
-         gib(static_cast<double>(trial_limit_bytes()));
+  return "memory model: at least " + report::memory_size(predicted) + " per rank > limit " +
+         report::memory_size(trial_limit_bytes());
 }
 
 search::RunOutcome SweepHost::outcome_of(const store::TrialRecord& r) {
@@ -137,6 +134,7 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
     const search::RunOutcome o = outcome_of(it->second);
     note_best(it->second, o);
     progress_.finished(key, it->second.status, "(stored, not re-run)", /*replayed=*/true);
+    ++(probe ? counted_.probes : counted_.runs);
     return o;
   }
   store::TrialRecord r = base_record(p, length, probe);
@@ -169,25 +167,34 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   }
   spec.nnodes = static_cast<int>(e_.nodes);
   spec.name = "ulysses-trial-" + std::to_string(r.id);
+  store::TrialLoad load;  // how loaded the machine was while the trial ran
+  load.trial_id = r.id;
+  load.cores = online_cores();
+  load.start_load_1m = load_average_1m();
   const trial::TrialOutcome outcome = settings_.runner->run(spec);
   if (outcome.status == "running") throw Interrupted(outcome.interrupt_signal);
+  load.end_load_1m = load_average_1m();
   trial::apply_outcome(outcome, &r);
   r.finished_at = utc_now();
   store_.finish_trial(r, outcome.steps, outcome.phases);
+  store_.record_trial_load(load);
   const search::RunOutcome o = outcome_of(r);
   note_best(r, o);
 
   std::string detail;
   if (r.status == "ok") {
-    char text[160];
-    std::snprintf(text, sizeof text, "%.0f tok/s/rank, peak %s, %.1f s", o.value,
-                  gib(static_cast<double>(r.peak_mem_bytes.value_or(0))).c_str(), outcome.wall_s);
+    // The peak on the report's basis, the basis named (results/memory_basis.h).
+    char text[256];
+    std::snprintf(text, sizeof text, "%.0f tok/s/rank, peak %s %s, %.1f s", o.value,
+                  report::memory_size(report::peak_above_baseline(r)).c_str(),
+                  report::trial_basis(r).c_str(), outcome.wall_s);
     detail = text;
     if (o.result == search::Result::kOom) detail += " (over the head-room)";
   } else {
     detail = "(" + r.error.substr(0, 100) + ")";
   }
   progress_.finished("#" + std::to_string(r.id) + " " + key, r.status, detail);
+  ++(probe ? counted_.probes : counted_.runs);
   return o;
 }
 
@@ -208,6 +215,9 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
   }
   store_.add_trial(r);
   progress_.not_run(r.key, status, reason);
+  if (status == "pruned") ++counted_.pruned;
+  if (status == "skipped") ++counted_.skipped;
+  if (status == "invalid") ++counted_.invalid;
 }
 
 void SweepHost::predict(const config::RunConfig& c, store::TrialRecord* r) const {

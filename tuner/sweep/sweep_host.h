@@ -3,7 +3,8 @@
 // predicts the objective to order the search, runs trials as real ulysses-train ranks
 // (trial/trial_runner.h) or, for a point of the deepspeed backend, as transformers + DeepSpeed
 // ranks (backends/deepspeed/deepspeed_trial.h; neither pruned nor predicted: the cost model is
-// ulysses-train's), stores every result in its own transaction, replays finished trials on
+// ulysses-train's), stores every result in its own transaction with the machine's load average
+// at the trial's start and end (store::TrialLoad), replays finished trials on
 // --resume, enforces the budget and prints progress.
 #pragma once
 #include <cstdint>
@@ -53,6 +54,11 @@ class SweepHost : public search::Host {
 
   // Trials replayed from the store instead of run (--resume).
   int64_t replayed() const { return replayed_; }
+  // What the search did so far, counted as the engine counts it (search::Summary: runs and probes
+  // that returned a result, replays included; pruned, skipped, invalid), so that a sweep stopped
+  // by a signal, whose engine summary is lost with the exception, still reports it. grid_runs and
+  // budget_exhausted are not counted (0, false); a trial stopped by the signal is not counted.
+  search::Summary counted() const { return counted_; }
   // The id of the best fitting real trial so far by the experiment's objective, or 0.
   int64_t best_trial() const { return best_id_; }
 
@@ -76,6 +82,7 @@ class SweepHost : public search::Host {
   std::map<std::string, store::TrialRecord> previous_;  // by key: what an earlier run stored
   Progress progress_;
   int64_t started_ = 0, replayed_ = 0;
+  search::Summary counted_;
   int64_t best_id_ = 0, best_length_ = 0;
   double best_value_ = 0.0;
 };
