@@ -12,6 +12,7 @@
 # turned into the plain command: `# comments` and optional `[...]` parts are dropped, and of
 # alternatives `a|b` the first is kept. Lines matched by SKIP below are not run, with the reason;
 # nor are lines whose comment starts with "GPU" or "SLURM" (they need a GPU or a SLURM cluster).
+# Lines matched by SMALLER run on a smaller input (a small experiment), and say so.
 # Then every experiments/, scripts/ and bench/ path the README names must exist (renamed files).
 set -uo pipefail
 
@@ -29,6 +30,10 @@ SKIP=(
   "scripts/build-gpu.sh|configures and builds the project (minutes); its --print form runs"
   "scripts/gpu-campaign.sh*--dry-run*|a few minutes: the gpu_campaign_dry_run test runs it"
   "bench/compare/compare.py run*--dry-run*|about two minutes: the bench_compare test runs it"
+)
+# pattern (bash glob on the plain command) | text in it | what it becomes here | why
+SMALLER=(
+  "ulysses-tune sweep experiments/quickstart-cpu.yaml*|experiments/quickstart-cpu.yaml|$root/tests/docs/readme-sweep.yaml|the whole sweep takes minutes: the same model, world and limit over 4 trials give the commands after it a sweep to read (scripts/quickstart.sh runs it whole)"
 )
 # Paths the README may name that are not files of the project (a user's own experiment).
 NOT_FILES=(experiments/my-cluster.yaml experiments/X.yaml)
@@ -60,6 +65,18 @@ skip_reason() {  # COMMAND LINE: the reason not to run it, or nothing
   done
 }
 
+smaller() {  # COMMAND: the command as it runs here (SMALLER), or nothing
+  local command=$1 entry rest from to
+  for entry in "${SMALLER[@]}"; do
+    # shellcheck disable=SC2053  # the pattern is a glob on purpose
+    if [[ $command == ${entry%%|*} ]]; then
+      rest=${entry#*|}; from=${rest%%|*}; rest=${rest#*|}; to=${rest%%|*}
+      echo "${command/"$from"/"$to"}"
+      return
+    fi
+  done
+}
+
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/readme-examples-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/build" "$scratch/runs" "$scratch/reports"
@@ -84,9 +101,10 @@ for line in "${lines[@]}"; do
     skipped=$((skipped + 1))
     continue
   fi
+  small=$(smaller "$command")
   start=$SECONDS
-  if output=$(cd "$scratch" && bash -c "$command" </dev/null 2>&1); then
-    echo "ok    $command    ($((SECONDS - start)) s)"
+  if output=$(cd "$scratch" && bash -c "${small:-$command}" </dev/null 2>&1); then
+    echo "ok    $command    ($((SECONDS - start)) s${small:+; run here as: $small})"
     ran=$((ran + 1))
   else
     status=$?
