@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/output_dir.h"
 #include "common/paths.h"
+#include "tuner/backends/deepspeed/deepspeed_ops.h"
 #include "tuner/backends/deepspeed/deepspeed_trial.h"
 #include "tuner/experiment/experiment.h"
 #include "tuner/experiment/result_inputs.h"
@@ -177,6 +178,8 @@ std::string deepspeed_python(const SweepOptions& options, const experiment::Expe
     throw UserError("backend: deepspeed: " + backends::deepspeed_trial_script() +
                     ": no such file (set ULYSSES_HOME to the project's directory)");
   }
+  // DeepSpeed's ops, built once here (no trial timeout) so that trials only load them.
+  if (!options.submit) backends::prepare_deepspeed_ops(python, e.device);
   return python;
 }
 

@@ -35,8 +35,19 @@ struct Classification {
 Classification classify(const launch::SupervisionResult& result, bool summary_readable,
                         const std::vector<std::string>& last_stderr_lines, double timeout_s);
 
-// The last non-empty line of the file at `path` (from its last 64 KiB, trailing whitespace
-// removed), or "" when the file is missing or holds no such line.
+// The line of a rank's stderr file at `path` that says why it failed, from the file's last 64 KiB
+// with trailing whitespace removed; "" when the file is missing or holds no such line.
+// Skipped: blank lines, progress output (what a carriage return overwrote, tqdm bars
+// "NN%|###   | n/N [...]"), warnings ("warning: ...", "FooWarning: ...", "[WARNING]", c10's
+// "[W... ] ..."), and stack frames (Python's "Traceback ..." and indented frame/code lines,
+// c10's "frame #N: ..." and "Exception raised from ..."). Of the lines left, the last one that
+// states an error ("error: ...", "out of memory: ...", "communication failed: ...", an exception
+// "FooError: ..." / "FooException: ...", "[ERROR]") is chosen, else the last one; with none
+// left, the last warning, else the last non-blank line that is not progress output. A rank that
+// prints one error line last (ulysses-train's do) gets that line.
 std::string last_nonempty_line(const std::string& path);
+
+// last_nonempty_line on the text itself. Pure function.
+std::string error_line_of(const std::string& text);
 
 }  // namespace ulysses::trial

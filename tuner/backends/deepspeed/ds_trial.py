@@ -219,6 +219,14 @@ def main():
                          f"(supported: {', '.join(FAMILIES)})")
     importlib.import_module(f"transformers.models.{family}.modeling_{family}")
 
+    # DeepSpeed's C++ ops (ds_ops.py): the sweep built them before its first trial, so they only
+    # load here; code, so before the baseline too. A lock left in an op's build directory by a
+    # build that was killed would make the load wait forever: it is named instead.
+    import ds_ops
+    lock = ds_ops.load_trial_ops(ds_config)
+    if lock:
+        fail(EXIT_USAGE, f"error: {ds_ops.stale_lock_message(lock)}")
+
     # The process before the model: what peak_mem_bytes counts above (summary memory_baseline_bytes).
     baseline = proc_status_bytes("VmRSS")
     if limit_gib > 0 and device == "cpu":
