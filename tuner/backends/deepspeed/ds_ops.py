@@ -148,10 +148,12 @@ class Stopped(BaseException):
 @contextlib.contextmanager
 def released_on_sigterm():
     """SIGTERM inside the block unwinds it (torch releases the lock of a build or load under way)
-    and then ends the process by SIGTERM as before; outside the block SIGTERM's action is as it
-    was. SIGINT already unwinds (KeyboardInterrupt)."""
+    and then ends the process by SIGTERM as before; SIGINT unwinds it as KeyboardInterrupt, also
+    when the process started with SIGINT ignored (as a background job does). Outside the block
+    both act as they did."""
     def stop(signum, frame):
         raise Stopped()
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield
@@ -163,6 +165,7 @@ def released_on_sigterm():
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 # Set by the sweep to the extensions directory its prepare step built (or loaded) every op in,
