@@ -35,11 +35,31 @@ const std::map<std::string, std::string>& meanings() {
       {"model.intermediate_size", "SwiGLU MLP inner width."},
       {"model.vocab_size", "Vocabulary size V (>= 2); every token id must be below it."},
       {"model.rope_theta", "RoPE base frequency."},
-      {"model.rope_scaling_type", "\"\" = no RoPE scaling, llama3 = Llama 3.1 frequency scaling."},
-      {"model.rope_scaling_factor", "llama3 scaling: factor."},
+      {"model.rope_scaling_type",
+       "RoPE scaling, computed as transformers computes it: \"\" = none, linear (frequencies / "
+       "factor), dynamic (NTK; only for sequences no longer than max_position_embeddings, where "
+       "transformers leaves RoPE unscaled), yarn (YaRN, as Qwen2.5's long-context configs), "
+       "llama3 (Llama 3.1)."},
+      {"model.rope_scaling_factor", "linear, dynamic, yarn and llama3 scaling: factor."},
       {"model.rope_low_freq_factor", "llama3 scaling: low-frequency factor."},
       {"model.rope_high_freq_factor", "llama3 scaling: high-frequency factor (> low)."},
-      {"model.rope_original_max_position", "llama3 scaling: original context length."},
+      {"model.rope_original_max_position",
+       "yarn and llama3 scaling: the context length before scaling "
+       "(original_max_position_embeddings)."},
+      {"model.rope_attention_factor",
+       "yarn scaling: the factor cos and sin are multiplied by; 0 = transformers' default from "
+       "the factor (0.1 ln(factor) + 1) or from rope_mscale / rope_mscale_all_dim."},
+      {"model.rope_beta_fast",
+       "yarn scaling: frequencies turning at least this often over the original context are kept."},
+      {"model.rope_beta_slow",
+       "yarn scaling: frequencies turning at most this often over the original context are divided "
+       "by the factor (a linear ramp between)."},
+      {"model.rope_mscale",
+       "yarn scaling: with rope_mscale_all_dim (both non-zero) the attention factor is "
+       "mscale(factor, rope_mscale) / mscale(factor, rope_mscale_all_dim); 0 = unset."},
+      {"model.rope_mscale_all_dim", "yarn scaling: see rope_mscale; 0 = unset."},
+      {"model.rope_truncate",
+       "yarn scaling: round the ramp's ends to whole dims (transformers' truncate)."},
       {"model.rms_norm_eps", "RMSNorm epsilon."},
       {"model.sliding_window",
        "Sliding-window attention span in tokens (Mistral); 0 = none. A window shorter than "
@@ -50,9 +70,15 @@ const std::map<std::string, std::string>& meanings() {
        "the device, so a CUDA run starts from other values than a CPU run)."},
       {"model.init_std", "Standard deviation of the normal init of every weight matrix."},
       {"model.max_position_embeddings",
-       "Written to a checkpoint's HF config.json (and read from one); not used by training."},
-      {"model.bos_token_id", "Written to / read from HF config.json; in [0, vocab_size)."},
-      {"model.eos_token_id", "Written to / read from HF config.json; in [0, vocab_size)."},
+       "Written to a checkpoint's HF config.json (and read from one); training uses it only with "
+       "dynamic RoPE scaling (the longest sequence supported)."},
+      {"model.bos_token_id",
+       "Written to / read from HF config.json; in [0, vocab_size). A checkpoint of model.load "
+       "writes the source's value as it was there (null, absent) unless this key sets another."},
+      {"model.eos_token_id",
+       "Written to / read from HF config.json (the first of a list); in [0, vocab_size). A "
+       "checkpoint of model.load writes the source's value as it was there (a list, null, "
+       "absent) unless this key sets another."},
       {"model.load",
        "A Hugging Face model directory (config.json + *.safetensors): shapes from config.json, "
        "weights from the safetensors; not combinable with preset. \"\" = random init."},

@@ -28,6 +28,12 @@ void for_each_model_field(M& m, Visit&& visit) {
   visit("rope_low_freq_factor", m.rope_low_freq_factor);
   visit("rope_high_freq_factor", m.rope_high_freq_factor);
   visit("rope_original_max_position", m.rope_original_max_position);
+  visit("rope_attention_factor", m.rope_attention_factor);
+  visit("rope_beta_fast", m.rope_beta_fast);
+  visit("rope_beta_slow", m.rope_beta_slow);
+  visit("rope_mscale", m.rope_mscale);
+  visit("rope_mscale_all_dim", m.rope_mscale_all_dim);
+  visit("rope_truncate", m.rope_truncate);
   visit("rms_norm_eps", m.rms_norm_eps);
   visit("sliding_window", m.sliding_window);
   visit("tie_embeddings", m.tie_embeddings);

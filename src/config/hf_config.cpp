@@ -59,22 +59,102 @@ class JsonFields {
   std::string prefix_;
 };
 
-void read_rope_scaling(const json& scaling, const std::string& source, ModelOptions& model) {
-  if (!scaling.is_object()) {
-    throw UserError(source + ": rope_scaling: expected an object or null, got " + scaling.dump());
+// Scaling types whose frequencies the rotary embedding computes (model/rotary.h).
+bool known_rope_type(const std::string& type) {
+  return type == "linear" || type == "dynamic" || type == "yarn" || type == "llama3";
+}
+
+// RoPE as transformers (>= 5, modeling_rope_utils.py) reads it from config.json: the RoPE object is
+// a non-empty legacy `rope_scaling` when there is one, else `rope_parameters`
+// (convert_rope_params_to_dict: `rope_scaling or rope_parameters`); in it, `rope_theta` and
+// `partial_rotary_factor` win over the top-level keys, `rope_type` over the older `type`
+// ("default" when neither); for yarn and llama3 a top-level `original_max_position_embeddings`
+// wins over the object's (standardize_rope_params), which defaults to max_position_embeddings.
+// Reads max_position_embeddings from `model` (read before this).
+void read_rope(const json& config, const JsonFields& top, const std::string& source,
+               ModelOptions& model) {
+  top.read("rope_theta", model.rope_theta);
+  model.rope_scaling_type.clear();
+  const char* key = nullptr;
+  for (const char* candidate : {"rope_scaling", "rope_parameters"}) {
+    if (!top.has(candidate)) continue;
+    const json& value = config[candidate];
+    if (!value.is_object()) {
+      top.fail(candidate, "expected an object or null, got " + value.dump());
+    }
+    if (!value.empty()) {
+      key = candidate;
+      break;
+    }
   }
-  const JsonFields fields(scaling, source, "rope_scaling.");
-  std::string type;
+  if (key == nullptr) return;  // default RoPE
+  const json& rope = config[key];
+  const JsonFields fields(rope, source, std::string(key) + ".");
+  for (const char* layer_type : {"full_attention", "sliding_attention"}) {
+    if (rope.contains(layer_type)) {
+      fields.fail(layer_type, "RoPE parameters per layer type are not supported (one object for "
+                              "every layer)");
+    }
+  }
+  fields.read("rope_theta", model.rope_theta);
+  std::string type = "default";
   fields.read("type", type);  // older configs
   fields.read("rope_type", type);
-  if (type != "llama3") {
-    fields.fail("rope_type", "'" + type + "' is not supported (llama3 or no rope_scaling)");
+  if (type == "default") return;
+  if (!known_rope_type(type)) {
+    fields.fail(rope.contains("rope_type") ? "rope_type" : "type",
+                "'" + type + "' is not supported (default, linear, dynamic, yarn or llama3)");
+  }
+  double partial_rotary_factor = 1.0;
+  top.read("partial_rotary_factor", partial_rotary_factor);
+  fields.read("partial_rotary_factor", partial_rotary_factor);
+  if (partial_rotary_factor != 1.0) {
+    fields.fail("partial_rotary_factor",
+                "RoPE on part of the head dim is not supported with " + type + " scaling");
   }
   model.rope_scaling_type = type;
-  fields.read("factor", model.rope_scaling_factor, true);
-  fields.read("low_freq_factor", model.rope_low_freq_factor, true);
-  fields.read("high_freq_factor", model.rope_high_freq_factor, true);
-  fields.read("original_max_position_embeddings", model.rope_original_max_position, true);
+  auto original_max_position = [&] {
+    model.rope_original_max_position = model.max_position_embeddings;
+    fields.read("original_max_position_embeddings", model.rope_original_max_position);
+    top.read("original_max_position_embeddings", model.rope_original_max_position);
+  };
+  if (type == "llama3") {
+    fields.read("factor", model.rope_scaling_factor, true);
+    fields.read("low_freq_factor", model.rope_low_freq_factor, true);
+    fields.read("high_freq_factor", model.rope_high_freq_factor, true);
+    original_max_position();
+  } else if (type == "yarn") {
+    original_max_position();
+    if (fields.has("factor")) {
+      fields.read("factor", model.rope_scaling_factor);
+    } else if (rope.contains("factor")) {  // null: the ratio of the context lengths, as HF
+      model.rope_scaling_factor = static_cast<double>(model.max_position_embeddings) /
+                                  static_cast<double>(model.rope_original_max_position);
+    } else {
+      fields.require("factor");
+    }
+    model.rope_attention_factor = 0.0;  // absent or null: from the factor and mscale
+    fields.read("attention_factor", model.rope_attention_factor);
+    if (fields.has("attention_factor") && !(model.rope_attention_factor > 0)) {
+      fields.fail("attention_factor", "must be > 0, got " + rope["attention_factor"].dump());
+    }
+    // HF takes `beta_fast or 32`, `beta_slow or 1`: null and 0 mean the defaults.
+    model.rope_beta_fast = 32.0;
+    model.rope_beta_slow = 1.0;
+    fields.read("beta_fast", model.rope_beta_fast);
+    fields.read("beta_slow", model.rope_beta_slow);
+    if (model.rope_beta_fast == 0) model.rope_beta_fast = 32.0;
+    if (model.rope_beta_slow == 0) model.rope_beta_slow = 1.0;
+    model.rope_mscale = 0.0;  // HF uses them only when both are set and non-zero
+    model.rope_mscale_all_dim = 0.0;
+    fields.read("mscale", model.rope_mscale);
+    fields.read("mscale_all_dim", model.rope_mscale_all_dim);
+    // HF: rope_parameters.get("truncate", True); a null is falsy there, so no truncation.
+    model.rope_truncate = !rope.contains("truncate") || !rope["truncate"].is_null();
+    fields.read("truncate", model.rope_truncate);
+  } else {  // linear, dynamic
+    fields.read("factor", model.rope_scaling_factor, true);
+  }
 }
 
 // The window a layer of the model attends within, as transformers reads the config: Mistral's
@@ -127,7 +207,11 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
   }
 
   model.rms_norm_eps = 1.0e-6;  // HF LlamaConfig's defaults where they differ from ours
-  model.max_position_embeddings = 2048;
+  // The family's config class default when the key is absent (it decides yarn's and llama3's
+  // original_max_position_embeddings and dynamic scaling when those are absent too).
+  model.max_position_embeddings = model.family == "llama"     ? 2048
+                                  : model.family == "mistral" ? 4096 * 32
+                                                              : 32768;  // Qwen2Config, Qwen3Config
   fields.read("hidden_size", model.hidden_size, true);
   fields.read("num_hidden_layers", model.num_layers, true);
   model.sliding_window = sliding_window_of(fields, config, model.family, model.num_layers);
@@ -138,7 +222,6 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
   fields.read("head_dim", model.head_dim);
   fields.read("intermediate_size", model.intermediate_size, true);
   fields.read("vocab_size", model.vocab_size, true);
-  fields.read("rope_theta", model.rope_theta);
   fields.read("rms_norm_eps", model.rms_norm_eps);
   fields.read("tie_word_embeddings", model.tie_embeddings);
   fields.read("initializer_range", model.init_std);
@@ -153,24 +236,7 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
   } else {
     fields.read("eos_token_id", model.eos_token_id);
   }
-  if (fields.has("rope_scaling")) read_rope_scaling(config["rope_scaling"], source, model);
-  // transformers >= 5 writes RoPE as one object, "rope_parameters": {"rope_type": "default" |
-  // "llama3", "rope_theta": ..., and llama3's scaling fields}; it wins over the legacy keys.
-  if (fields.has("rope_parameters") && !config["rope_parameters"].is_null()) {
-    const json& rope = config["rope_parameters"];
-    if (!rope.is_object()) {
-      throw UserError(source + ": rope_parameters: expected an object, got " + rope.dump());
-    }
-    const JsonFields rope_fields(rope, source, "rope_parameters.");
-    rope_fields.read("rope_theta", model.rope_theta);
-    std::string type = "default";
-    rope_fields.read("rope_type", type);
-    if (type == "default") {
-      model.rope_scaling_type.clear();
-    } else {
-      read_rope_scaling(rope, source, model);
-    }
-  }
+  read_rope(config, fields, source, model);
   return model;
 }
 
@@ -193,12 +259,27 @@ json to_hf_config_json(const ModelOptions& model, const std::string& torch_dtype
   const int64_t head_dim =
       model.head_dim > 0 ? model.head_dim : model.hidden_size / model.num_heads;
   json rope_scaling = nullptr;
-  if (!model.rope_scaling_type.empty()) {
-    rope_scaling = {{"rope_type", model.rope_scaling_type},
-                    {"factor", model.rope_scaling_factor},
-                    {"low_freq_factor", model.rope_low_freq_factor},
-                    {"high_freq_factor", model.rope_high_freq_factor},
-                    {"original_max_position_embeddings", model.rope_original_max_position}};
+  const std::string& type = model.rope_scaling_type;
+  if (!type.empty()) {  // the keys transformers' _validate_<type>_rope_parameters expects
+    rope_scaling = {{"rope_type", type}, {"factor", model.rope_scaling_factor}};
+    if (type == "llama3") {
+      rope_scaling.update({{"low_freq_factor", model.rope_low_freq_factor},
+                           {"high_freq_factor", model.rope_high_freq_factor},
+                           {"original_max_position_embeddings", model.rope_original_max_position}});
+    } else if (type == "yarn") {
+      rope_scaling.update({{"original_max_position_embeddings", model.rope_original_max_position},
+                           {"beta_fast", model.rope_beta_fast},
+                           {"beta_slow", model.rope_beta_slow}});
+      // Left out when unset: transformers derives the same attention factor without them.
+      if (model.rope_attention_factor > 0) {
+        rope_scaling["attention_factor"] = model.rope_attention_factor;
+      }
+      if (model.rope_mscale != 0) rope_scaling["mscale"] = model.rope_mscale;
+      if (model.rope_mscale_all_dim != 0) {
+        rope_scaling["mscale_all_dim"] = model.rope_mscale_all_dim;
+      }
+      if (!model.rope_truncate) rope_scaling["truncate"] = false;  // absent = true
+    }
   }
   const ModelFamily& family = model_family(model.family);
   json config{
@@ -237,6 +318,22 @@ json to_hf_config_json(const ModelOptions& model, const std::string& torch_dtype
     if (model.family == "qwen3") config["attention_bias"] = false;
   }
   return config;
+}
+
+void keep_source_token_ids(const json& source, const std::string& source_name,
+                           const ModelOptions& model, json& config) {
+  const ModelOptions read = model_options_from_hf_config(source, source_name);
+  auto keep = [&](const char* key, bool unchanged) {
+    if (!unchanged) return;  // the run config set another id: write the run's
+    if (source.contains(key)) {
+      config[key] = source[key];
+    } else {
+      config.erase(key);  // absent stays absent: transformers applies its family default
+    }
+  };
+  keep("bos_token_id", model.bos_token_id == read.bos_token_id);
+  keep("eos_token_id", model.eos_token_id == read.eos_token_id);
+  keep("pad_token_id", true);  // not a run-config key: always the source's
 }
 
 }  // namespace ulysses::config

@@ -22,12 +22,21 @@ struct ModelOptions {
   int64_t intermediate_size = 512;  // ffn
   int64_t vocab_size = 1024;        // V
   double rope_theta = 10000.0;
-  // llama3 RoPE scaling; rope_scaling_type "" = none, "llama3" = Llama 3.1 frequency scaling.
+  // RoPE scaling, computed as transformers' modeling_rope_utils does: rope_scaling_type "" = none,
+  // linear (inv_freq / factor), dynamic (NTK; only while positions stay below
+  // max_position_embeddings, where transformers leaves the frequencies unscaled), yarn, llama3
+  // (Llama 3.1). Each field names the types that read it.
   std::string rope_scaling_type;
-  double rope_scaling_factor = 8.0;
-  double rope_low_freq_factor = 1.0;
-  double rope_high_freq_factor = 4.0;
-  int64_t rope_original_max_position = 8192;
+  double rope_scaling_factor = 8.0;           // linear, dynamic, yarn, llama3
+  double rope_low_freq_factor = 1.0;          // llama3
+  double rope_high_freq_factor = 4.0;         // llama3
+  int64_t rope_original_max_position = 8192;  // yarn, llama3: the pre-scaling context length
+  double rope_attention_factor = 0.0;  // yarn: cos/sin multiplier; 0 = from factor and mscale
+  double rope_beta_fast = 32.0;        // yarn: ramp boundary (rotations), extrapolated above
+  double rope_beta_slow = 1.0;         // yarn: ramp boundary (rotations), interpolated below
+  double rope_mscale = 0.0;            // yarn: with rope_mscale_all_dim (both != 0), the
+  double rope_mscale_all_dim = 0.0;    // attention factor's numerator and denominator mscale
+  bool rope_truncate = true;           // yarn: floor/ceil the ramp's correction range
   double rms_norm_eps = 1.0e-5;
   // Sliding-window attention span in tokens (Mistral's sliding_window); 0 = none. Not implemented:
   // validation refuses a window shorter than the sequence, where it would change attention.
@@ -35,7 +44,8 @@ struct ModelOptions {
   bool tie_embeddings = false;
   uint64_t init_seed = 1234;
   double init_std = 0.02;           // normal(0, init_std) for every weight matrix
-  // Written to a checkpoint's HF config.json (and read from one); not used by training itself.
+  // Written to a checkpoint's HF config.json (and read from one); training reads it only for
+  // dynamic RoPE scaling.
   int64_t max_position_embeddings = 131072;
   int64_t bos_token_id = 1;         // 0 <= id < vocab_size
   int64_t eos_token_id = 2;         // 0 <= id < vocab_size

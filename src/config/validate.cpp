@@ -2,6 +2,7 @@
 // failing check throws; checks are ordered so that later ones may rely on earlier ones.
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <initializer_list>
 #include <string>
 
@@ -80,16 +81,31 @@ void validate_model(ModelOptions& m) {
   require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
           show(m.num_kv_heads) + " does not divide num_heads " + show(m.num_heads));
   positive("model.rope_theta", m.rope_theta);
-  require(m.rope_scaling_type.empty() || m.rope_scaling_type == "llama3", "model.rope_scaling_type",
-          "must be llama3 or empty (no scaling), got '" + m.rope_scaling_type + "'");
-  if (!m.rope_scaling_type.empty()) {
-    positive("model.rope_scaling_factor", m.rope_scaling_factor);
+  const std::string& rope = m.rope_scaling_type;
+  require(rope.empty() || rope == "linear" || rope == "dynamic" || rope == "yarn" ||
+              rope == "llama3",
+          "model.rope_scaling_type",
+          "must be linear, dynamic, yarn, llama3 or empty (no scaling), got '" + rope + "'");
+  if (!rope.empty()) positive("model.rope_scaling_factor", m.rope_scaling_factor);
+  if (rope == "llama3") {
     positive("model.rope_low_freq_factor", m.rope_low_freq_factor);
     require(m.rope_high_freq_factor > m.rope_low_freq_factor, "model.rope_high_freq_factor",
             "must be > rope_low_freq_factor " + show(m.rope_low_freq_factor) + ", got " +
                 show(m.rope_high_freq_factor));
+  }
+  if (rope == "llama3" || rope == "yarn") {
     at_least("model.rope_original_max_position", m.rope_original_max_position, 1);
   }
+  if (rope == "yarn") {
+    non_negative("model.rope_attention_factor", m.rope_attention_factor);
+    positive("model.rope_beta_fast", m.rope_beta_fast);
+    positive("model.rope_beta_slow", m.rope_beta_slow);
+    require(std::isfinite(m.rope_mscale), "model.rope_mscale", "must be a finite number");
+    require(std::isfinite(m.rope_mscale_all_dim), "model.rope_mscale_all_dim",
+            "must be a finite number");
+  }
+  require(rope != "dynamic" || m.head_dim > 2, "model.head_dim",
+          "dynamic RoPE scaling needs a head dim > 2, got " + show(m.head_dim));
   positive("model.rms_norm_eps", m.rms_norm_eps);
   at_least("model.sliding_window", m.sliding_window, 0);
   positive("model.init_std", m.init_std);
@@ -125,6 +141,17 @@ void validate_run(const RunConfig& c) {
   at_least("train.steps", c.train.steps, 0);
 
   at_least("sequence.length", c.sequence.length, 1);  // padded to a multiple of sp at run time
+  // transformers' dynamic NTK scaling rescales the frequencies by the longest position a forward
+  // has seen so far (per model replica, across steps), which an SP shard or a packed batch does
+  // not see; below max_position_embeddings it leaves them unscaled, and so does ulysses-train.
+  const int64_t padded_length = (c.sequence.length + c.mesh.sp - 1) / c.mesh.sp * c.mesh.sp;
+  require(c.model.rope_scaling_type != "dynamic" ||
+              padded_length <= c.model.max_position_embeddings,
+          "model.rope_scaling_type",
+          "dynamic (NTK) scaling is supported only for sequences no longer than "
+          "max_position_embeddings " + show(c.model.max_position_embeddings) + " (got " +
+              show(padded_length) + " tokens): beyond it transformers rescales by the longest "
+              "position seen at forward time, which SP shards and packed batches do not know");
   // A window at least as long as the sequence never masks anything (no token is that far back).
   require(c.model.sliding_window == 0 || c.model.sliding_window >= c.sequence.length,
           "model.sliding_window",

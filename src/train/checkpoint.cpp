@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 
 #include "common/error.h"
 #include "common/input_file.h"
@@ -200,6 +201,72 @@ NamedTensors unshard_state(const std::vector<fs::path>& files, model::LlamaForCa
   return out;
 }
 
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.rfind(prefix, 0) == 0;
+}
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The files of an HF model directory that describe how to use the model rather than hold it:
+// tokenizer (fast and slow, sentencepiece, tiktoken, Mistral's tekken), generation config, chat
+// templates.
+bool is_tokenizer_or_generation_file(const std::string& name) {
+  static const std::set<std::string> names = {
+      "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
+      "added_tokens.json",   "vocab.json",            "vocab.txt",
+      "merges.txt",          "spiece.model",          "sentencepiece.bpe.model",
+      "tekken.json",         "generation_config.json", "chat_template.json",
+      "chat_template.jinja"};
+  return names.count(name) > 0 || starts_with(name, "tokenizer.model") ||
+         ends_with(name, ".tiktoken");
+}
+
+// A regular file (or a link to one, as in the HF cache) copied and fsynced.
+void copy_synced(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  if (ec) {
+    throw UserError(to.string() + ": cannot copy from " + from.string() + " (" + ec.message() + ")");
+  }
+  sync_path(to);
+}
+
+// What a checkpoint of a model loaded from an HF directory (model.load) keeps of it: the tokenizer,
+// generation config and chat template files that exist there (and additional_chat_templates/),
+// copied into `dir`; and config.json's bos/eos/pad token ids as the source's config.json has them
+// (config::keep_source_token_ids). A source that is gone by now leaves `config` as it is.
+void keep_source_files(const config::ModelOptions& model, const fs::path& dir,
+                       nlohmann::json& config) {
+  std::error_code ec;
+  if (model.load.empty()) return;
+  const fs::path source(model.load);
+  if (!fs::is_directory(source, ec)) return;
+  for (const auto& entry : fs::directory_iterator(source, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (is_tokenizer_or_generation_file(name) && fs::is_regular_file(entry.path(), ec)) {
+      copy_synced(entry.path(), dir / name);
+    }
+  }
+  const fs::path templates = source / "additional_chat_templates";
+  if (fs::is_directory(templates, ec)) {
+    fs::create_directories(dir / templates.filename(), ec);
+    for (const auto& entry : fs::directory_iterator(templates, ec)) {
+      if (fs::is_regular_file(entry.path(), ec)) {
+        copy_synced(entry.path(), dir / templates.filename() / entry.path().filename());
+      }
+    }
+    sync_path(dir / templates.filename());
+  }
+  const fs::path source_config = source / "config.json";
+  if (fs::is_regular_file(source_config, ec)) {
+    config::keep_source_token_ids(read_json(source_config), source_config.string(), model,
+                                  config);
+  }
+}
+
 }  // namespace
 
 std::string new_run_id() {
@@ -320,7 +387,9 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
     const fs::path weights = tmp_path / "model.safetensors";
     model::save_safetensors(weights.string(), to_cpu(model::hf_state(model)), {{"format", "pt"}});
     sync_path(weights);
-    write_text(tmp_path / "config.json", config::to_hf_config_json(model_options).dump(2) + "\n");
+    nlohmann::json hf_config = config::to_hf_config_json(model_options);
+    keep_source_files(model_options, tmp_path, hf_config);
+    write_text(tmp_path / "config.json", hf_config.dump(2) + "\n");
     nlohmann::json trainer = {{"step", state.step},
                               {"samples_seen", state.samples_seen},
                               {"data_seed", state.data_seed},

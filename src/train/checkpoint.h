@@ -1,7 +1,9 @@
 // Checkpoints: <dir>/step-<N>/ holds model.safetensors with HF Llama names, config.json
 // (HF LlamaConfig), the AdamW state and trainer_state.json (step, seeds, data position, mesh), so
-// that resume continues bit-for-bit. A checkpoint is written under a temporary name, fsynced and
-// renamed, so a crash never leaves a half checkpoint that looks whole.
+// that resume continues bit-for-bit. A model loaded from an HF directory (model.load) keeps that
+// directory's tokenizer, generation config and chat template files, and its config.json's token
+// ids, so the checkpoint loads in transformers as the source did. A checkpoint is written under a
+// temporary name, fsynced and renamed, so a crash never leaves a half checkpoint that looks whole.
 //
 // Every rank writes a share of the optimizer state (optimizer-<r>-of-<W>.safetensors; one file,
 // optimizer.safetensors, in a world of 1), balanced by bytes with rank 0's model weights, so no
@@ -56,7 +58,12 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 // Collective over `world` (every rank calls it with the same arguments): writes a complete
 // checkpoint to `final_dir` (e.g. ".../step-20" or ".../initial"). Each rank writes its share of
 // `optimizer`'s state (may be null: weights only, e.g. initial) into ".<name>.tmp" next to
-// final_dir; rank 0 also writes the weights, config.json and trainer_state.json. Every file is
+// final_dir; rank 0 also writes the weights, config.json and trainer_state.json, and when
+// model_options.load names an HF directory copies the tokenizer files, generation_config.json and
+// chat templates that exist there (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+// added_tokens.json, tokenizer.model*, *.tiktoken, vocab/merges files, chat_template.{jinja,json},
+// additional_chat_templates/), and writes its config.json's bos/eos/pad token ids as they are
+// there (config::keep_source_token_ids). Every file is
 // fsynced by its writer; after a barrier rank 0 fsyncs the directory, replaces an older
 // checkpoint of the same name with one rename, and fsyncs the parent. An older checkpoint of
 // another run (foreign_checkpoint) is replaced only when `overwrite` is true, else UserError. Throws UserError when a

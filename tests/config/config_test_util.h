@@ -58,6 +58,12 @@ inline void expect_same_shapes(const ModelOptions& a, const ModelOptions& b) {
   EXPECT_EQ(a.rope_low_freq_factor, b.rope_low_freq_factor);
   EXPECT_EQ(a.rope_high_freq_factor, b.rope_high_freq_factor);
   EXPECT_EQ(a.rope_original_max_position, b.rope_original_max_position);
+  EXPECT_EQ(a.rope_attention_factor, b.rope_attention_factor);
+  EXPECT_EQ(a.rope_beta_fast, b.rope_beta_fast);
+  EXPECT_EQ(a.rope_beta_slow, b.rope_beta_slow);
+  EXPECT_EQ(a.rope_mscale, b.rope_mscale);
+  EXPECT_EQ(a.rope_mscale_all_dim, b.rope_mscale_all_dim);
+  EXPECT_EQ(a.rope_truncate, b.rope_truncate);
   EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.init_std, b.init_std);

@@ -382,8 +382,22 @@ TEST(HfConfig, ErrorsNameTheFileAndKey) {
        "attention_bias: true is not supported (llama has no biases)"},
       {with("mlp_bias", true), "mlp_bias: true is not supported (llama has no biases)"},
       {with("hidden_act", "gelu"), "hidden_act: 'gelu' is not supported (silu only)"},
-      {with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}),
-       "rope_scaling.rope_type: 'yarn' is not supported (llama3 or no rope_scaling)"},
+      {with("rope_scaling", {{"rope_type", "longrope"}, {"factor", 4.0}}),
+       "rope_scaling.rope_type: 'longrope' is not supported (default, linear, dynamic, yarn or "
+       "llama3)"},
+      {with("rope_scaling", {{"type", "su"}}),
+       "rope_scaling.type: 'su' is not supported (default, linear, dynamic, yarn or llama3)"},
+      {with("rope_scaling", {{"rope_type", "linear"}}),
+       "rope_scaling.factor: missing (required for a decoder model)"},
+      {with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 0}}),
+       "rope_scaling.attention_factor: must be > 0, got 0"},
+      {with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0},
+                             {"partial_rotary_factor", 0.5}}),
+       "rope_scaling.partial_rotary_factor: RoPE on part of the head dim is not supported with "
+       "yarn scaling"},
+      {with("rope_scaling", {{"full_attention", {{"rope_type", "default"}}}}),
+       "rope_scaling.full_attention: RoPE parameters per layer type are not supported (one "
+       "object for every layer)"},
   };
   for (const auto& c : cases) {
     dir.write("config.json", c.config.dump());
@@ -395,6 +409,39 @@ TEST(HfConfig, ErrorsNameTheFileAndKey) {
   testing::expect_user_error_prefix(
       [&] { parse_run_config_yaml("model: {load: " + dir.path() + "}\n"); },
       file + ": invalid JSON (");
+}
+
+// A checkpoint of a loaded model writes the source's token ids as they were there (null, a list,
+// absent), except an id the run config changed.
+TEST(HfConfig, KeepsSourceTokenIds) {
+  const json source = json::parse(R"({
+    "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "intermediate_size": 128, "vocab_size": 256, "bos_token_id": null,
+    "eos_token_id": [7, 9], "pad_token_id": null})");
+  ModelOptions model = model_options_from_hf_config(source, "src");
+  EXPECT_EQ(model.eos_token_id, 7);
+  json written = to_hf_config_json(model);
+  EXPECT_EQ(written["bos_token_id"], 1);  // ModelOptions' default: the null is not kept there
+  keep_source_token_ids(source, "src", model, written);
+  EXPECT_TRUE(written["bos_token_id"].is_null());
+  EXPECT_EQ(written["eos_token_id"], json::array({7, 9}));
+  EXPECT_TRUE(written.contains("pad_token_id") && written["pad_token_id"].is_null());
+
+  model.eos_token_id = 11;  // set by the run config: written as set
+  written = to_hf_config_json(model);
+  keep_source_token_ids(source, "src", model, written);
+  EXPECT_EQ(written["eos_token_id"], 11);
+  EXPECT_TRUE(written["bos_token_id"].is_null());
+
+  json absent = source;  // absent stays absent (transformers applies its family default)
+  absent.erase("bos_token_id");
+  absent.erase("pad_token_id");
+  model = model_options_from_hf_config(absent, "src");
+  written = to_hf_config_json(model);
+  keep_source_token_ids(absent, "src", model, written);
+  EXPECT_FALSE(written.contains("bos_token_id"));
+  EXPECT_FALSE(written.contains("pad_token_id"));
+  EXPECT_EQ(written["eos_token_id"], json::array({7, 9}));
 }
 
 }  // namespace

@@ -167,6 +167,12 @@ RunConfig every_field_changed() {
   m.rope_low_freq_factor = 0.5;
   m.rope_high_freq_factor = 3.25;
   m.rope_original_max_position = 4096;
+  m.rope_attention_factor = 1.25;  // yarn's keys: read and written whatever the type
+  m.rope_beta_fast = 16.5;
+  m.rope_beta_slow = 0.75;
+  m.rope_mscale = 0.707;
+  m.rope_mscale_all_dim = 1.5;
+  m.rope_truncate = false;
   m.rms_norm_eps = 3.3e-6;
   m.tie_embeddings = true;
   m.init_seed = 99;

@@ -117,7 +117,7 @@ TEST(Rotary, Llama3ScalingMatchesHfFormula) {
 
 TEST(Rotary, UnknownScalingTypeIsUserError) {
   config::ModelOptions o = rope_options(8, 10000.0);
-  o.rope_scaling_type = "yarn";
+  o.rope_scaling_type = "longrope";  // yarn, linear, dynamic: tests/model/rope_scaling_test.cpp
   EXPECT_THROW(RotaryEmbedding rope(o), UserError);
   o = rope_options(7, 10000.0);
   EXPECT_THROW(RotaryEmbedding rope(o), UserError);  // odd head dim
