@@ -51,7 +51,11 @@ def gib(b):
 # The model: a profile (profiles/models/NAME.yaml) as LlamaConfig fields, and its FLOPs.
 
 def load_yaml(path):
-    import yaml
+    try:
+        import yaml
+    except ImportError:
+        sys.exit(f"error: {path}: reading a profile needs PyYAML, which {sys.executable} lacks "
+                 f"(run this script with the project's .venv/bin/python)")
     with open(path) as f:
         return yaml.safe_load(f)
 
@@ -410,6 +414,23 @@ def python_has(python, module):
                           stderr=subprocess.DEVNULL).returncode == 0
 
 
+def baseline_python(requested):
+    """The Python that runs transformers' side: --python when given, else this interpreter when it
+    imports torch and transformers, else the project's venv (.venv, what scripts/install-deps.sh
+    makes). Exits with one line when none of them can."""
+    if requested:
+        if not python_has(requested, "torch, transformers"):
+            sys.exit(f"error: --python: {requested} cannot import torch and transformers")
+        return requested
+    candidates = [sys.executable, os.path.join(ROOT, ".venv", "bin", "python")]
+    for python in candidates:
+        if os.path.exists(python) and python_has(python, "torch, transformers"):
+            return python
+    sys.exit(f"error: --python: {sys.executable} cannot import torch and transformers, and there "
+             f"is no project venv with them ({candidates[1]}); run scripts/install-deps.sh or "
+             f"pass --python PY")
+
+
 def versions(python):
     code = ("import json, importlib.metadata as m\nv = {}\nfor p in ('torch', 'transformers', "
             "'deepspeed'):\n    try: v[p] = m.version(p)\n    except Exception: v[p] = None\n"
@@ -436,6 +457,7 @@ def cmd_run(args):
     args.max_length = args.max_length or max(args.lengths) * 16
     if args.device == "cpu" and "maxlen" in args.parts and not args.limit_gib:
         sys.exit("error: --limit-gib: the longest-length search on CPU needs a memory cap")
+    args.python = baseline_python(args.python)
     has_ds = python_has(args.python, "deepspeed")
     if args.configs:
         args.configs = args.configs.split(",")
@@ -557,8 +579,9 @@ def main():
                         "reported (0 = none)")
     r.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"),
                    help="directory of ulysses-train")
-    r.add_argument("--python", default=sys.executable,
-                   help="Python with torch and transformers (and DeepSpeed) for the baseline")
+    r.add_argument("--python",
+                   help="Python with torch and transformers (and DeepSpeed) for the baseline "
+                        "(default: this one when it imports them, else the project's .venv)")
     r.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0"))
                    or os.cpu_count())
     t = sub.add_parser("table", help="print the tables of a results.jsonl")

@@ -20,11 +20,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 COMPARE = os.path.join(ROOT, "bench", "compare", "compare.py")
 
 
+def check_python_choice(tmp, bin_dir):
+    """Started by a python3 without torch (as the README's line runs it on a machine where only
+    the venv has torch), the harness uses the project's venv for transformers' side; a --python
+    without torch and transformers is refused in one line before anything is written."""
+    bare = "/usr/bin/python3"
+    if not os.path.exists(bare) or subprocess.run([bare, "-c", "import torch"],
+                                                  capture_output=True).returncode == 0:
+        print(f"skip: no python3 without torch at {bare}")
+        return
+    out = os.path.join(tmp, "bare")
+    refused = subprocess.run([bare, COMPARE, "run", "--dry-run", "--out", out, "--bin", bin_dir,
+                              "--python", bare], capture_output=True, text=True)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --python: " + bare), refused.stderr
+    assert not os.path.exists(out), "a refused run wrote its --out"
+    # The default: the venv is found (the run goes on to the next check, the bad --configs).
+    found = subprocess.run([bare, COMPARE, "run", "--dry-run", "--out", out, "--bin", bin_dir,
+                            "--configs", "nope"], capture_output=True, text=True)
+    assert found.returncode != 0 and "unknown configuration 'nope'" in found.stderr, (
+        found.stdout + found.stderr)
+    assert not os.path.exists(out), "a refused run wrote its --out"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bin", required=True)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        check_python_choice(tmp, args.bin)
         out = os.environ.get("BENCH_COMPARE_TEST_OUT") or os.path.join(tmp, "out")
         run = subprocess.run([sys.executable, COMPARE, "run", "--dry-run", "--out", out,
                               "--bin", args.bin, "--python", sys.executable],
