@@ -124,6 +124,7 @@ def main():
 
         # 2. A lock left by a killed build: the sweep stops before any trial, naming it.
         lock = os.path.join(ext, "fused_adam", "lock")
+        os.makedirs(os.path.dirname(lock), exist_ok=True)  # there unless the first run failed
         open(lock, "w").close()
         db2 = os.path.join(tmp, "stale.db")
         path = os.path.join(tmp, "stale.yaml")
