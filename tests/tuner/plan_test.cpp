@@ -288,8 +288,8 @@ TEST(Plan, ReportShowsPredictionBesideMeasurement) {
   const report::Table t = report::prediction_table({ok, no_time, pruned});
   ASSERT_EQ(t.rows.size(), 2u);
   EXPECT_EQ(t.rows[0][0], "3");
-  EXPECT_EQ(t.rows[0][4], "200.0");
-  EXPECT_EQ(t.rows[0][5], "220.0");
+  EXPECT_EQ(t.rows[0][4], "200 MiB");
+  EXPECT_EQ(t.rows[0][5], "220 MiB");
   EXPECT_EQ(t.rows[0][6], "+10.0 %");
   EXPECT_EQ(t.rows[0][9], "-15.0 %");
   EXPECT_EQ(t.rows[1][9], "-");
