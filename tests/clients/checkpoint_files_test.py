@@ -26,12 +26,10 @@ run that loads the first run's step-1/ checkpoint passes all of it on again.
   checkpoint_files_test.py --bin BUILD/bin --case qwen2_null_list [--keep]
 Exit status 0 when every check holds; otherwise 1 naming each one that failed.
 """
-import argparse
 import json
 import os
 import sys
 
-import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -219,15 +217,7 @@ def body(args, work, case):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bin", required=True, help="directory holding ulysses-train")
-    parser.add_argument("--case", required=True, choices=sorted(CASES))
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    transformers.logging.disable_progress_bar()
-    transformers.logging.set_verbosity_error()
-    log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
+    args = hf_common.parse_case_args(__doc__, CASES)
     return run_case(f"checkpoint_files_{args.case}", lambda work: body(args, work, args.case),
                     FAILURES, keep=args.keep)
 

@@ -24,7 +24,6 @@ A null sliding_window trains: the mistral case's checkpoint has one.
   families_test.py --bin BUILD/bin --case qwen3 [--keep]
 Exit status 0 when every comparison holds; otherwise 1 with both numbers printed.
 """
-import argparse
 import math
 import os
 import sys
@@ -295,16 +294,8 @@ def sliding_window_case(args, work):
         sections = base_sections(work, name, hf_dir, tokens, nproc, steps=1)
         config_path = os.path.join(run_dir, "run.yaml")
         write_run_config(config_path, sections, "tests/clients/families_test.py")
-        proc = run_trainer(args.bin, config_path, nproc, run_dir, check=False)
-        lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
-        log(f"exit status {proc.returncode}, stdout {proc.stdout!r}, stderr {proc.stderr!r}")
-        problems = []
-        if proc.returncode != 2:
-            problems.append(f"exit status {proc.returncode}, expected 2")
-        if len(lines) != 1 or "sliding_window" not in lines[0]:
-            problems.append(f"the output is not one line naming sliding_window: {lines!r}")
-        if os.path.exists(os.path.join(sections["output"]["dir"], "metrics.jsonl")):
-            problems.append("a refused run left metrics.jsonl")
+        problems = hf_common.refused_run_problems(args.bin, config_path, sections, nproc, run_dir,
+                                                  "sliding_window")
         what = f"sliding_window {SEQ_LEN - 1} < sequence.length {SEQ_LEN}, {nproc} rank(s)"
         log(f"{'ok  ' if not problems else 'FAIL'} {what}: refused" +
             (": " + "; ".join(problems) if problems else ""))
@@ -332,14 +323,7 @@ CASES = sorted(FAMILY_MODELS) + ["mistral_sliding_window"]
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bin", required=True, help="directory holding ulysses-train")
-    parser.add_argument("--case", required=True, choices=CASES)
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    transformers.logging.disable_progress_bar()
-    log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
+    args = hf_common.parse_case_args(__doc__, CASES)
 
     def body(work):
         if args.case == "mistral_sliding_window":

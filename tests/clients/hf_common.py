@@ -1,4 +1,5 @@
-"""Helpers shared by the transformers client tests (hf_roundtrip.py, families_test.py).
+"""Helpers shared by the transformers client tests (hf_roundtrip.py, families_test.py,
+rope_scaling_test.py, checkpoint_files_test.py).
 
 The decoder families ulysses-train implements, as transformers' own config and model classes; the
 run-config model keys mapped to a transformers config; a flat uint16 token file and its samples;
@@ -10,6 +11,7 @@ next token within the sample, the last position ignored; a step's loss is the me
 over every valid label of the global batch, which is what transformers computes with
 labels=input_ids.
 """
+import argparse
 import json
 import math
 import os
@@ -223,6 +225,39 @@ def read_metrics(out_dir):
             elif "step" in record:
                 steps[int(record["step"])] = record
     return steps, evals
+
+
+def parse_case_args(doc, cases):
+    """The command line every client test takes (--bin DIR --case NAME [--keep]), with torch's
+    threads set from OMP_NUM_THREADS and transformers' progress bars and info logging off; logs
+    the versions and the case."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--bin", required=True, help="directory holding ulysses-train")
+    parser.add_argument("--case", required=True, choices=sorted(cases))
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
+    return args
+
+
+def refused_run_problems(bindir, config_path, sections, nproc, run_dir, key):
+    """Runs ulysses-train on a run config it must refuse: the problems found (exit status not 2,
+    output not one line naming `key`, metrics.jsonl written), [] when it was refused as it
+    should be."""
+    proc = run_trainer(bindir, config_path, nproc, run_dir, check=False)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    log(f"exit status {proc.returncode}, stdout {proc.stdout!r}, stderr {proc.stderr!r}")
+    problems = []
+    if proc.returncode != 2:
+        problems.append(f"exit status {proc.returncode}, expected 2")
+    if len(lines) != 1 or key not in lines[0]:
+        problems.append(f"the output is not one line naming {key}: {lines!r}")
+    if os.path.exists(os.path.join(sections["output"]["dir"], "metrics.jsonl")):
+        problems.append("a refused run left metrics.jsonl")
+    return problems
 
 
 def run_case(name, body, failures, keep=False):

@@ -26,7 +26,6 @@ global batch, which is what transformers computes with labels=input_ids.
   hf_roundtrip.py --bin BUILD/bin --case forward_untied [--keep]
 Exit status 0 when every comparison holds; otherwise 1 with both numbers printed.
 """
-import argparse
 import os
 import sys
 
@@ -252,13 +251,7 @@ def reverse_case(args, work, model_keys, opts):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bin", required=True, help="directory holding ulysses-train")
-    parser.add_argument("--case", required=True, choices=sorted(CASES))
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
+    args = hf_common.parse_case_args(__doc__, CASES)
 
     direction, model_keys, opts = CASES[args.case]
     body = forward_case if direction == "forward" else reverse_case

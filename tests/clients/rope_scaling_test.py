@@ -34,9 +34,7 @@ Cases:
   rope_scaling_test.py --bin BUILD/bin --case yarn [--keep]
 Exit status 0 when every comparison holds; otherwise 1 with both numbers printed.
 """
-import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -246,16 +244,8 @@ def refused_case(args, work, tokens):
         sections = run_sections(work, name, {"load": hf_dir}, tokens, nproc, steps=1)
         config_path = os.path.join(run_dir, "run.yaml")
         write_run_config(config_path, sections, "tests/clients/rope_scaling_test.py")
-        proc = run_trainer(args.bin, config_path, nproc, run_dir, check=False)
-        lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
-        log(f"exit status {proc.returncode}, stdout {proc.stdout!r}, stderr {proc.stderr!r}")
-        problems = []
-        if proc.returncode != 2:
-            problems.append(f"exit status {proc.returncode}, expected 2")
-        if len(lines) != 1 or "model.rope_scaling_type" not in lines[0]:
-            problems.append(f"the output is not one line naming model.rope_scaling_type: {lines!r}")
-        if os.path.exists(os.path.join(sections["output"]["dir"], "metrics.jsonl")):
-            problems.append("a refused run left metrics.jsonl")
+        problems = hf_common.refused_run_problems(args.bin, config_path, sections, nproc, run_dir,
+                                                  "model.rope_scaling_type")
         what = (f"dynamic scaling, max_position_embeddings {SEQ_LEN // 2} < sequence.length "
                 f"{SEQ_LEN}, {nproc} rank(s)")
         check(not problems, what + ": refused" + (": " + "; ".join(problems) if problems else ""))
@@ -338,15 +328,7 @@ def rope_case(args, work, case):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bin", required=True, help="directory holding ulysses-train")
-    parser.add_argument("--case", required=True, choices=sorted(CASES))
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    transformers.logging.disable_progress_bar()
-    transformers.logging.set_verbosity_error()
-    log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
+    args = hf_common.parse_case_args(__doc__, CASES)
     return run_case(f"rope_scaling_{args.case}", lambda work: rope_case(args, work, args.case),
                     FAILURES, keep=args.keep)
 
