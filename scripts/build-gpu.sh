@@ -3,13 +3,17 @@
 # Python already has (on a GPU node: its CUDA build, with NCCL), installing nothing and needing no
 # root. Prints `ulysses-train --version` at the end (a CUDA build: "nccl yes, cuda yes").
 #
-# Usage: scripts/build-gpu.sh [--python PY] [--deps PREFIX] [--tests] [--print] [BUILD_DIR]
+# Usage: scripts/build-gpu.sh [--python PY] [--deps PREFIX] [--tests] [--target T]... [--print]
+#                             [BUILD_DIR]
 #   BUILD_DIR      build directory (default: build); one configured against another PyTorch is
 #                  refused (pass another directory)
 #   --python PY    the Python whose torch to build against (default: $PYTHON, else python3)
 #   --deps PREFIX  where the libraries are when not installed system-wide: a prefix with
 #                  include/ and lib/, or one unpacked by scripts/fetch-deps.sh (PREFIX/usr)
 #   --tests        also build the test suites (needs GoogleTest)
+#   --target T     build only these targets (repeatable; default: the three programs, or
+#                  everything with --tests), e.g. `--tests --target ulysses_train --target
+#                  model_unit_tests` for the programs and one test suite in one ninja run
 #   --print        print the cmake commands and run nothing
 # Environment: JOBS (default: the number of cores), CUDA_HOME (the CUDA toolkit; default: the
 # nvcc on PATH, else /usr/local/cuda), TORCH_CUDA_ARCH_LIST (default: the GPU's, else 9.0).
@@ -17,12 +21,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
-deps="" tests=OFF print=0 build=""
+deps="" tests=OFF print=0 build="" targets=()
 while [ $# -gt 0 ]; do
   case $1 in
     --python) python=${2:?--python PY}; shift 2 ;;
     --deps) deps=${2:?--deps PREFIX}; shift 2 ;;
     --tests) tests=ON; shift ;;
+    --target) targets+=("${2:?--target T}"); shift 2 ;;
     --print) print=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "build-gpu: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -82,8 +87,10 @@ if [ "$torch_cuda" != None ]; then
 fi
 [ -n "$cxx_flags" ] && args+=(-DCMAKE_CXX_FLAGS="$cxx_flags")
 
-targets=(ulysses_train ulysses_tune ulysses_bench)
-[ "$tests" = ON ] && targets=(all)
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(ulysses_train ulysses_tune ulysses_bench)
+  [ "$tests" = ON ] && targets=(all)
+fi
 build_cmd=(cmake --build "$build" -j"${JOBS:-$(nproc)}" --target "${targets[@]}")
 if [ "$print" = 1 ]; then
   echo "# PyTorch $torch_version (CUDA $torch_cuda, NCCL $torch_nccl) from $python"

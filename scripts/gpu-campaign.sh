@@ -4,6 +4,9 @@
 #
 # Usage: scripts/gpu-campaign.sh OUT [--dry-run] [--stages LIST] [--build-dir DIR] [--deps PREFIX]
 #                                    [--python PY] [--list]
+#        scripts/gpu-campaign.sh --quick OUT [--dry-run] [--budget S] ...   (see --quick --help)
+#   --quick        a new node in one command under one deadline (default 540 s, the build
+#                  included) into an OUT of at most 8 files: scripts/campaign/quick.sh
 #   OUT            output directory: new, empty, or one this script made (it holds
 #                  .ulysses-campaign); any other directory is refused
 #   --dry-run      the same stages on CPU with tiny shapes (a few minutes), so the campaign is
@@ -52,6 +55,7 @@ declare -A NEEDS=(
 MARKER=.ulysses-campaign
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+for arg in "$@"; do [ "$arg" = --quick ] && exec "$root/scripts/campaign/quick.sh" "$@"; done
 out="" dry=0 only="" build="" deps="" python=${PYTHON:-python3} list=0
 while [ $# -gt 0 ]; do
   case $1 in

@@ -7,7 +7,9 @@
 # Usage: scripts/gpu-smoke.sh BUILD_DIR OUT_DIR
 # Environment: SMOKE_DEVICE=cpu runs the same list on CPU (fp32; the runs that need CUDA, bf16 and
 # the fused SDPA kernels, get a row with exit "skipped"), SMOKE_STEPS (default 20) the steps of
-# each run. Exit status: 0 when every run that ran exited 0, else 1.
+# each run, SMOKE_ONLY (comma-separated run names) runs only those, SMOKE_DEADLINE (seconds since
+# the epoch) starts no run after it (each run not started gets a row with exit "deadline").
+# Exit status: 0 when every run that ran exited 0, else 1.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -27,6 +29,11 @@ failures=0
 run() {  # name, then extra --set arguments (or a launcher command line after "--launch")
   local name=$1; shift
   local dir="$out/runs/$name" status
+  [[ -z ${SMOKE_ONLY:-} || ",$SMOKE_ONLY," == *",$name,"* ]] || return 0
+  if [[ -n ${SMOKE_DEADLINE:-} ]] && (( $(date +%s) >= SMOKE_DEADLINE )); then
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" deadline - - - - | tee -a "$out/gpu-smoke.tsv"
+    return
+  fi
   if [[ $device == cpu && ( " $* " == *precision=bf16* || " $* " == *backend=flash* ||
         " $* " == *backend=efficient* || " $* " == *backend=cudnn* ) ]]; then
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" skipped - - - - | tee -a "$out/gpu-smoke.tsv"
