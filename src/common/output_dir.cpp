@@ -145,7 +145,7 @@ StagedOutputDir::StagedOutputDir(fs::path dir, OutputOwner owner)
   const fs::path parent = dir_.has_parent_path() ? dir_.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(parent, ec);
-  staging_ = parent / ("." + dir_.filename().string() + ".tmp-" + std::to_string(getpid()));
+  staging_ = parent / (std::string(".") + dir_.filename().string() + ".tmp-" + std::to_string(getpid()));
   remove_tree(staging_);  // a stale one of this process id
   if (!fs::create_directory(staging_, ec)) {
     const std::string reason = ec ? ec.message() : "already exists";
@@ -170,7 +170,7 @@ void StagedOutputDir::commit() {
   fs::path aside;
   if (fs::exists(fs::symlink_status(dir_, ec))) {
     aside = staging_.parent_path() /
-            ("." + dir_.filename().string() + ".old-" + std::to_string(getpid()));
+            (std::string(".") + dir_.filename().string() + ".old-" + std::to_string(getpid()));
     remove_tree(aside);
     fs::rename(dir_, aside, ec);
     if (ec) refuse(owner_, dir_, "cannot move the earlier output aside (" + ec.message() + ")");
@@ -233,7 +233,7 @@ void write_output_file(const fs::path& path, const std::string& text, const Outp
   check_output_file(path, owner, replace);
   std::error_code ec;
   const fs::path tmp = path.parent_path() /
-                       ("." + path.filename().string() + ".tmp-" + std::to_string(getpid()));
+                       (std::string(".") + path.filename().string() + ".tmp-" + std::to_string(getpid()));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;

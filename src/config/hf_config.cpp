@@ -28,17 +28,22 @@ class JsonFields {
     if (!has(key)) fail(key, "missing (required for a decoder model)");
     return object_[key];
   }
+  // object[key], checked to be present when REQUIRED (the caller has checked it otherwise).
+  const json& field(const char* key, bool required) const {
+    if (required) return require(key);
+    return object_[key];
+  }
 
   // Reads object[key] into out when present; REQUIRED keys must be present.
   void read(const char* key, int64_t& out, bool required = false) const {
     if (!required && !has(key)) return;
-    const json& value = required ? require(key) : object_[key];
+    const json& value = field(key, required);
     if (!value.is_number_integer()) fail(key, "expected an integer, got " + value.dump());
     out = value.get<int64_t>();
   }
   void read(const char* key, double& out, bool required = false) const {
     if (!required && !has(key)) return;
-    const json& value = required ? require(key) : object_[key];
+    const json& value = field(key, required);
     if (!value.is_number()) fail(key, "expected a number, got " + value.dump());
     out = value.get<double>();
   }
@@ -189,7 +194,7 @@ ModelOptions model_options_from_hf_config(const json& config, const std::string&
   const JsonFields fields(config, source);
   ModelOptions model;
   fields.read("model_type", model.family);  // absent: llama, as older Llama configs
-  const ModelFamily& family = model_family(model.family, source + ": model_type");
+  const ModelFamily family = model_family(model.family, source + ": model_type");
   std::string text;
   fields.read("hidden_act", text);
   if (!text.empty() && text != "silu") {
@@ -281,7 +286,7 @@ json to_hf_config_json(const ModelOptions& model, const std::string& torch_dtype
       if (!model.rope_truncate) rope_scaling["truncate"] = false;  // absent = true
     }
   }
-  const ModelFamily& family = model_family(model.family);
+  const ModelFamily family = model_family(model.family);
   json config{
       {"architectures", json::array({family.hf_architecture})},
       {"model_type", family.name},

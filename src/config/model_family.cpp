@@ -19,7 +19,7 @@ constexpr std::array<ModelFamily, 4> kFamilies = {{
 
 }  // namespace
 
-const ModelFamily& model_family(const std::string& name, const std::string& key) {
+ModelFamily model_family(const std::string& name, const std::string& key) {
   for (const ModelFamily& family : kFamilies) {
     if (name == family.name) return family;
   }

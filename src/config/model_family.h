@@ -12,9 +12,11 @@ struct ModelFamily {
   bool qk_norm;                 // RMSNorm over hd of each query and key head, before RoPE
 };
 
-// The family named `name`. Throws UserError "<key>: '<name>' is not supported (supported: llama,
-// mistral, qwen2, qwen3)" for any other name.
-const ModelFamily& model_family(const std::string& name, const std::string& key = "model.family");
+// The family named `name`, by value (four words; a reference returned from a call whose arguments
+// are temporaries would read as dangling to GCC 13's -Wdangling-reference at every caller).
+// Throws UserError "<key>: '<name>' is not supported (supported: llama, mistral, qwen2, qwen3)"
+// for any other name.
+ModelFamily model_family(const std::string& name, const std::string& key = "model.family");
 
 // "llama, mistral, qwen2, qwen3": the names model_family accepts.
 std::string supported_model_families();

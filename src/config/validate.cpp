@@ -39,7 +39,8 @@ void one_of(const std::string& key, const std::string& value,
   std::string list;
   for (const char* option : allowed) {
     if (value == option) return;
-    list += (list.empty() ? "" : "|") + std::string(option);
+    if (!list.empty()) list += '|';
+    list += option;
   }
   require(false, key, "must be one of " + list + ", got '" + value + "'");
 }

@@ -23,7 +23,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const config::ModelOptions& o)
                     "), got " + std::to_string(num_kv_heads_));
   }
   if (head_dim_ <= 0) throw UserError("model.head_dim: must be > 0");
-  const config::ModelFamily& family = config::model_family(o.family);
+  const config::ModelFamily family = config::model_family(o.family);
   const int64_t h = o.hidden_size;
   q_proj = register_module("q_proj", Linear(h, num_heads_ * head_dim_, family.qkv_bias));
   k_proj = register_module("k_proj", Linear(h, num_kv_heads_ * head_dim_, family.qkv_bias));

@@ -293,21 +293,22 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
   };
   std::vector<Saved> saved;
   saved.reserve(slots_.size());
-  auto take = [&](const std::string& key) -> const at::Tensor& {
+  // The entry of `state` under key (a pointer into it, kept in `saved`), marked as used.
+  auto take = [&](const std::string& key) -> const at::Tensor* {
     auto it = unused.find(key);
     if (it == unused.end()) {
       throw UserError(c10::str(source, ": missing entry '", key, "'"));
     }
     const at::Tensor* tensor = it->second;
     unused.erase(it);
-    return *tensor;
+    return tensor;
   };
   for (const Slot& slot : slots_) {
-    const at::Tensor& exp_avg = take(slot.name + kExpAvg);
-    const at::Tensor& exp_avg_sq = take(slot.name + kExpAvgSq);
-    const at::Tensor& step = take(slot.name + kStep);
-    check_moment(source, slot.name + kExpAvg, exp_avg, slot.exp_avg);
-    check_moment(source, slot.name + kExpAvgSq, exp_avg_sq, slot.exp_avg_sq);
+    const at::Tensor* exp_avg = take(slot.name + kExpAvg);
+    const at::Tensor* exp_avg_sq = take(slot.name + kExpAvgSq);
+    const at::Tensor* step = take(slot.name + kStep);
+    check_moment(source, slot.name + kExpAvg, *exp_avg, slot.exp_avg);
+    check_moment(source, slot.name + kExpAvgSq, *exp_avg_sq, slot.exp_avg_sq);
     const at::Tensor* master = nullptr;
     auto master_entry = unused.find(slot.name + kMaster);
     if (is_reduced(slot.param.scalar_type()) && master_entry != unused.end()) {
@@ -315,7 +316,7 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
       check_moment(source, slot.name + kMaster, *master, slot.master);
       unused.erase(master_entry);
     }
-    saved.push_back({&exp_avg, &exp_avg_sq, read_step(source, slot.name + kStep, step), master});
+    saved.push_back({exp_avg, exp_avg_sq, read_step(source, slot.name + kStep, *step), master});
   }
   if (!unused.empty()) {
     throw UserError(c10::str(source, ": unexpected entry '", unused.begin()->first,

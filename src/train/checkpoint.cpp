@@ -349,7 +349,7 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
                      bool overwrite) {
   const fs::path final_path(final_dir);
   const fs::path parent = final_path.parent_path();
-  const fs::path tmp_path = parent / ("." + final_path.filename().string() + ".tmp");
+  const fs::path tmp_path = parent / (std::string(".") + final_path.filename().string() + ".tmp");
   const bool is_rank0 = world.rank() == 0;
   std::error_code ec;
   fs::create_directories(tmp_path, ec);  // every rank; concurrent creation is fine
@@ -419,7 +419,7 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
     }
   }
   sync_path(tmp_path);
-  const fs::path old_path = parent / ("." + final_path.filename().string() + ".old");
+  const fs::path old_path = parent / (std::string(".") + final_path.filename().string() + ".old");
   ulysses::remove_tree(old_path);
   if (fs::exists(final_path)) fs::rename(final_path, old_path, ec);
   ec.clear();

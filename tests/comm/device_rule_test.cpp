@@ -105,7 +105,9 @@ TEST(DeviceRule, FinishIsTheFinalBarrier) {
       std::ofstream(marker) << "1";
     }
     mesh.finish();
-    if (ctx.rank == 0) EXPECT_TRUE(std::filesystem::exists(marker));
+    if (ctx.rank == 0) {
+      EXPECT_TRUE(std::filesystem::exists(marker));
+    }
     EXPECT_NO_THROW(mesh.finish());  // idempotent
   });
 }

@@ -41,7 +41,10 @@ fs::path make_temp_dir() {
 
 std::string join(const std::vector<std::string>& words) {
   std::string out;
-  for (const auto& w : words) out += (out.empty() ? "" : " ") + shell_quote(w);
+  for (const auto& w : words) {
+    if (!out.empty()) out += ' ';
+    out += shell_quote(w);
+  }
   return out;
 }
 

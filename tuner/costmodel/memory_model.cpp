@@ -87,7 +87,7 @@ int64_t MemoryEstimate::total_bytes() const {
 }
 
 int64_t layer_parameter_count(const config::ModelOptions& m) {
-  const config::ModelFamily& family = config::model_family(m.family);
+  const config::ModelFamily family = config::model_family(m.family);
   const int64_t h = m.hidden_size, hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
   const int64_t attention = h * m.num_heads * hd        // q_proj
                             + 2 * h * m.num_kv_heads * hd  // k_proj, v_proj

@@ -60,7 +60,7 @@ std::vector<std::string> deepspeed_zero_warnings(const config::RunConfig& run) {
 }
 
 std::string model_family_text(const config::RunConfig& run) {
-  const config::ModelFamily& family = config::model_family(run.model.family);
+  const config::ModelFamily family = config::model_family(run.model.family);
   return std::string(family.name) + " (transformers " + family.hf_architecture +
          ", config.json model_type " + family.name + ")";
 }

@@ -76,7 +76,10 @@ Intervals step_windows(store::Database& db, const IngestOptions& options, int64_
                                           " WHERE n.eventType = 75 AND " + text + " = ?");
     domains.bind(1, options.domain);
     std::string ids;
-    while (domains.step()) ids += (ids.empty() ? "" : ",") + std::to_string(domains.column_int(0));
+    while (domains.step()) {
+      if (!ids.empty()) ids += ',';
+      ids += std::to_string(domains.column_int(0));
+    }
     if (!ids.empty()) domain_filter = " AND n.domainId IN (" + ids + ")";
   }
   store::Statement ranges =

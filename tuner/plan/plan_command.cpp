@@ -56,10 +56,10 @@ void apply_calibration(const std::string& path, PlanRequest* r) {
   json j;
   try {
     j = json::parse(text);
-    const json& m = j.at("memory");
+    const json m = j.at("memory");  // copies: small, and no reference into a call with a temporary key
     r->memory.runtime_bytes = m.at("runtime_bytes").get<double>();
     r->memory.allocator_fraction = m.at("allocator_fraction").get<double>();
-    const json& t = j.at("time");
+    const json t = j.at("time");
     r->time.ms_per_tflop = t.at("ms_per_tflop").get<double>();
     r->time.ms_per_tflop_attention = t.at("ms_per_tflop_attention").get<double>();
     r->time.ms_per_gb_a2a = r->time.ms_per_gb_allreduce = t.at("ms_per_gb_comm").get<double>();
@@ -222,7 +222,7 @@ int run_fit(const PlanOptions& o) {
 // "model: family qwen3 (Qwen3ForCausalLM), 8.19 B parameters, h 4096, 36 layers, 32 x 128 query
 // heads over 8 KV heads\n", and the sliding window when there is one.
 std::string model_line(const config::ModelOptions& m) {
-  const config::ModelFamily& family = config::model_family(m.family);
+  const config::ModelFamily family = config::model_family(m.family);
   const int64_t hd = m.head_dim > 0 ? m.head_dim : m.hidden_size / m.num_heads;
   std::string line = "model: family " + m.family + " (" + family.hf_architecture + "), " +
                      fmt("%.2f B parameters", costmodel::parameter_count(m) / 1e9) + ", h " +

@@ -95,7 +95,8 @@ std::string memory_basis_note(const std::vector<store::TrialRecord>& trials) {
             "its model (LibTorch, Gloo, the OpenMP pool), as each trial measured and recorded it "
             "(summary.json memory_baseline_bytes).";
     if (d.cpu_estimated > 0) {
-      note += " " + std::to_string(d.cpu_estimated) +
+      note += ' ';
+      note += std::to_string(d.cpu_estimated) +
               (d.cpu_estimated == 1 ? " trial" : " trials") +
               " from a ulysses-train that did not record it use the cost model's estimate "
               "instead (its runtime term), a baseline of " +
