@@ -31,7 +31,8 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // the master (the gradient converted to fp32), then the master is copied into the parameter.
 // kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in
 // host memory for every parameter and updates them with one fused, multi-threaded CPU pass
-// (optim/cpu_adam.h: the same results as kDevice's ATen ops on the CPU, bit for bit). Gradients
+// (optim/cpu_adam.h: kDevice's op order with a correctly rounded sqrt; the moments equal kDevice's
+// bit for bit, the weights to a few ulp per step, ATen's CPU sqrt not being exact). Gradients
 // reach that pass as:
 //   - host gradients (of host parameters, or of CUDA parameters accumulated on the host during
 //     backward: GradientBuffers on_host, what the trainer does): read where they are, no copy

@@ -1,5 +1,5 @@
 // AdamW as a sequence of ATen ops, in torch::optim::AdamW's op order: the kDevice update, the
-// reference the fused host kernel (cpu_adam.h) is tested against, and the pre-fused offload path
+// op order the fused host kernel (cpu_adam.h) follows, and the pre-fused offload path
 // (chunked ATen ops), kept as the benchmark's baseline.
 #pragma once
 #include <ATen/ATen.h>

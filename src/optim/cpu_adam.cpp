@@ -2,7 +2,6 @@
 // optim.cmake): every fma below is written out, no other is formed, and sqrt vectorizes.
 #include "optim/cpu_adam.h"
 
-#include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
@@ -11,15 +10,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 namespace ulysses::train {
 namespace {
 
-// Elements per work item: its buffers stay in a core's L2 between the two loops, the per-item
-// cost (one ATen sqrt) stays small, and it is a multiple of 64 so that ATen's vector/tail split of
-// each chunk's sqrt lines up with that of the whole tensor (kDevice's sqrt).
+// Elements per work item (the buffers are split over the threads in these).
 constexpr int64_t kChunk = 64 * 1024;
 
 // The scalars of one update, rounded to the master dtype T as ATen rounds a Scalar argument.
@@ -73,26 +71,21 @@ template <typename P, typename T>
   }
 }
 
-// The update of n <= kChunk elements; see cpu_adam.h for the formula and why each op is where
-// it is. Two loops over the (cache-resident) chunk around ATen's own sqrt, so that sqrt rounds
-// exactly as the ATen path's (its vectorized CPU sqrt is not always correctly rounded).
+// The update of n <= kChunk elements in one pass over memory; see cpu_adam.h for the formula and
+// why each op is where it is. std::sqrt is the correctly rounded hardware sqrt (vsqrtps under
+// -fno-math-errno), the same in every ISA variant.
 template <typename T, typename G, typename P>
 [[gnu::always_inline]] inline void adamw_loop(T* __restrict w, T* __restrict m, T* __restrict v,
                                               const G* __restrict g, P* __restrict out, int64_t n,
                                               const Coeffs<T>& c) {
-  thread_local std::vector<T> scratch;  // [kChunk] sqrt(v) of this chunk
-  scratch.resize(static_cast<size_t>(kChunk));
-  T* __restrict root = scratch.data();
   for (int64_t i = 0; i < n; ++i) {
     const T grad = to_master<T>(g[i]) * c.grad_scale;
-    m[i] = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
-    v[i] = std::fma(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
-    root[i] = v[i];
-  }
-  at::from_blob(root, {n}, at::TensorOptions(c10::CppTypeToScalarType<T>::value)).sqrt_();
-  for (int64_t i = 0; i < n; ++i) {
-    const T denom = root[i] / c.sqrt_bias_correction2 + c.eps;
-    const T updated = w[i] * c.decay + c.neg_step_size * m[i] / denom;
+    const T m_new = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
+    const T v_new = std::fma(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
+    m[i] = m_new;
+    v[i] = v_new;
+    const T denom = std::sqrt(v_new) / c.sqrt_bias_correction2 + c.eps;
+    const T updated = w[i] * c.decay + c.neg_step_size * m_new / denom;
     w[i] = updated;
     if constexpr (!std::is_same_v<P, NoOutput>) {
       out[i] = from_master<P>(updated);
@@ -255,7 +248,7 @@ void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
       chunks.push_back({i, offset, std::min(kChunk, numel - offset)});
     }
   }
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+  auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const Chunk& c = chunks[static_cast<size_t>(i)];
       const FusedAdamWBuffer& b = buffers[c.buffer];
@@ -265,7 +258,22 @@ void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
                                : static_cast<const void*>(&p.coeffs32);
       p.loop(b, coeffs, c.offset, c.length);
     }
-  });
+  };
+  // at::get_num_threads() threads, each over a contiguous share of the chunks. Plain threads, not
+  // at::parallel_for: in a LibTorch built with OpenMP that is an inline `omp parallel` loop, which
+  // runs on one thread in a file compiled without -fopenmp (as this one is: the process's one
+  // OpenMP runtime is LibTorch's own libgomp).
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  const int64_t threads =
+      std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(count, 1));
+  const int64_t share = (count + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  workers.reserve(static_cast<size_t>(threads - 1));
+  for (int64_t t = 1; t < threads; ++t) {
+    workers.emplace_back(run, t * share, std::min(count, (t + 1) * share));
+  }
+  run(0, std::min(count, share));
+  for (std::thread& w : workers) w.join();
 }
 
 const char* fused_adamw_isa() {

@@ -24,8 +24,9 @@ struct FusedAdamWBuffer {
 };
 
 // Applies one AdamW update (the op order and rounding of adamw.h, see adamw_aten_update) to every
-// buffer: per element, in the master dtype, with every scalar rounded to it as ATen rounds them,
-// so that the result equals the ATen ops' bit for bit (tested):
+// buffer: per element, in the master dtype, with every scalar rounded to it as ATen rounds them
+// and a correctly rounded sqrt, so that the result equals the ATen ops' with an exact sqrt bit for
+// bit (tested):
 //   g  = grad (converted to the master dtype) * grad_scale
 //                                                     (grad.mul_(grad_scale) on a master-dtype
 //                                                      gradient: clip_gradients' scaling, folded
@@ -34,10 +35,13 @@ struct FusedAdamWBuffer {
 //   v  = fma((1 - b2) * g, g, v * b2)                 (addcmul_'s kernel, as compiled in
 //                                                      LibTorch 2.x, contracts to an fma)
 //   w  = w * (1 - lr*wd) + (-lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
-// sqrt is ATen's (at::sqrt_ on each cache-resident chunk: its CPU sqrt is within 1 ulp, not
-// always correctly rounded, and matching it keeps kHost equal to kDevice).
-// The buffers are cut into 64K-element chunks, spread over at::parallel_for's threads. The inner loop is
-// compiled for AVX-512, AVX2+FMA and the baseline ISA and picked at run time (same results).
+// sqrt is correctly rounded (IEEE 754, as CUDA's sqrtf and NumPy's). ATen's CPU sqrt of a float
+// tensor is not (about 1 in 5 results is 1 ulp off), so on a CPU kDevice's ATen ops and this pass
+// differ in the last bits of w (about 1 ulp per step where it does); what this pass computes is
+// the formula's correctly rounded evaluation, one pass over memory (read w, m, v, g; write w, m,
+// v), as fast as the memory allows. The buffers are cut into 64K-element chunks, spread over
+// at::get_num_threads() threads. The inner loop is compiled for AVX-512, AVX2+FMA and the baseline
+// ISA and picked at run time (same results).
 // REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0; grad_scale finite
 // and > 0.
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,

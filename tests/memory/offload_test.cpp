@@ -307,10 +307,12 @@ config::OptimOptions optim_options() {
   return o;
 }
 
-TEST(OptimizerOffload, SameParametersAndStateAsAdamWBitForBit) {
-  // The host update runs torch's AdamW op sequence on chunks whose length is a multiple of 64, so
-  // ATen's vectorized loops split each chunk as they split the whole tensor: with the reference on
-  // one thread the results are identical, whatever the thread count of the offloaded update.
+TEST(OptimizerOffload, SameStateAsAdamWAndParametersWithinSqrtRounding) {
+  // The host update is torch's AdamW op sequence with a correctly rounded sqrt; the device update
+  // (ATen's CPU ops) takes ATen's sqrt, which is 1 ulp off for about one element in five. So the
+  // moments (which do not depend on sqrt) are equal bit for bit, whatever the thread counts, and
+  // the parameters differ by at most a few ulp after 5 steps: rtol 1e-6 (16 ulp of fp32), atol
+  // 1e-7, where a wrong formula misses by ~1e-3.
   train::NamedTensors ref_params = make_params(at::kFloat);
   train::NamedTensors params = make_params(at::kFloat);
   train::AdamW reference(ref_params, optim_options());
@@ -326,7 +328,7 @@ TEST(OptimizerOffload, SameParametersAndStateAsAdamWBitForBit) {
   }
   at::set_num_threads(1);
   for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_TRUE(params[i].second.equal(ref_params[i].second)) << params[i].first;
+    EXPECT_TRUE(params[i].second.allclose(ref_params[i].second, 1e-6, 1e-7)) << params[i].first;
   }
   train::NamedTensors state = offloaded.state_tensors();
   train::NamedTensors ref_state = reference.state_tensors();
@@ -482,7 +484,10 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
 // Optimizer offload folds clipping into the host update (AdamW::step's grad_scale) instead of
 // scaling the gradients in place: with clipping active on every step, the run's weights must equal
 // the on-device optimizer's bit for bit (fp32; the same norm, the same rounding of g * coef).
-TEST(TrainingRun, OffloadedOptimizerClipsExactlyAsOnDevice) {
+// Clipping folded into the host pass clips as on the device: the first step's loss and norm are
+// equal bit for bit; the later steps and the final weights differ only by the host pass's exact
+// sqrt (a few ulp per step, see OptimizerOffload.SameStateAsAdamW...): rtol 1e-5.
+TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
   const fs::path dir = fs::temp_directory_path() / "ulysses-offload-test-clip";
   if (!testing::in_rank_child()) {
     ulysses::remove_tree(dir);
@@ -512,16 +517,22 @@ TEST(TrainingRun, OffloadedOptimizerClipsExactlyAsOnDevice) {
   auto host = read_lines((dir / "host" / "metrics.jsonl").string());
   ASSERT_EQ(device.size(), 3u);
   ASSERT_EQ(host.size(), 3u);
+  EXPECT_EQ(host[0]["grad_norm"].get<double>(), device[0]["grad_norm"].get<double>());
+  EXPECT_EQ(host[0]["loss"].get<double>(), device[0]["loss"].get<double>());
   for (size_t s = 0; s < 3; ++s) {
     EXPECT_GT(device[s]["grad_norm"].get<double>(), 0.05) << "clipping must be active, step " << s;
-    EXPECT_EQ(host[s]["grad_norm"].get<double>(), device[s]["grad_norm"].get<double>()) << s;
-    EXPECT_EQ(host[s]["loss"].get<double>(), device[s]["loss"].get<double>()) << s;
+    const double norm = device[s]["grad_norm"].get<double>();
+    const double loss = device[s]["loss"].get<double>();
+    EXPECT_NEAR(host[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << s;
+    EXPECT_NEAR(host[s]["loss"].get<double>(), loss, 1e-5 * loss) << s;
   }
   auto on_host =
       model::load_safetensors((dir / "host" / "ckpt" / "step-3" / "model.safetensors").string());
   auto on_device =
       model::load_safetensors((dir / "device" / "ckpt" / "step-3" / "model.safetensors").string());
-  for (const auto& [name, t] : on_device) EXPECT_TRUE(on_host.at(name).equal(t)) << name;
+  for (const auto& [name, t] : on_device) {
+    EXPECT_TRUE(on_host.at(name).allclose(t, 1e-5, 1e-6)) << name;
+  }
   ulysses::remove_tree(dir);
 }
 
