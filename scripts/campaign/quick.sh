@@ -162,7 +162,8 @@ stage_unit() {
 }
 
 stage_smoke() {
-  # The runs in order of what they check, each started only while 10 s of the stage are left.
+  # The runs that matter on a GPU (gpu-smoke.sh's order), each started only while 10 s of the
+  # stage are left.
   x env "${smoke_env[@]}" SMOKE_DEADLINE=$(($(date +%s) + stage_s - 10)) \
     SMOKE_ONLY=bf16_auto,bf16_alst,bf16_flash,bf16_efficient,bf16_cudnn,bf16_packed_16k,bf16_packed_16k_per_document,gloo_2ranks_sp2,fp32_auto \
     "$root/scripts/gpu-smoke.sh" "$build" "$dir"

@@ -389,7 +389,11 @@ TEST(MixedPrecision, Bf16ParametersUpdateThroughFp32MasterWeights) {
       const std::string& name = params[i].first;
       const at::Tensor& master = state.at(name + ".master");
       EXPECT_EQ(master.scalar_type(), at::kFloat);
-      EXPECT_TRUE(master.equal(ref_params[i].second)) << name;
+      if (placement == train::OptimizerPlacement::kDevice) {
+        EXPECT_TRUE(master.equal(ref_params[i].second)) << name;
+      } else {  // the host pass's exact sqrt against ATen's (see SameStateAsAdamW...): a few ulp
+        EXPECT_TRUE(master.allclose(ref_params[i].second, 1e-6, 1e-7)) << name;
+      }
       EXPECT_TRUE(params[i].second.equal(master.to(at::kBFloat16))) << name;
       EXPECT_EQ(state.at(name + ".exp_avg").scalar_type(), at::kFloat);
     }
