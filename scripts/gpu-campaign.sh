@@ -39,6 +39,8 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 campaign=$root/scripts/campaign
+# shellcheck source=campaign/common.sh
+source "$campaign/common.sh"
 STAGES=(build smoke compare-throughput compare-maxlen-ours compare-maxlen-theirs sweep plan-fit
         alst-run profile findings)
 declare -A RESULT=(
@@ -107,7 +109,7 @@ bin=$build/bin
 # Settings: the GPU campaign's shapes, or the dry run's tiny ones.
 if [ "$dry" = 1 ]; then
   device=cpu dtype=fp32 hardware=cpu-local model=tiny
-  compare_model='{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 4096, "tie_word_embeddings": false}'
+  compare_model=$DRY_COMPARE_MODEL
   compare_lengths=128,256 compare_reps=2 maxlen_start=256 maxlen_ours=8192 maxlen_theirs=8192
   # No time budget: the searches end by their resolution, however busy the machine is.
   maxlen_extra=(--limit-gib 0.1 --granule 128 --probe-timeout 300)
@@ -116,8 +118,7 @@ if [ "$dry" = 1 ]; then
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)
 else
   device=cuda dtype=bf16 model=llama-3.2-1b
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n1)
-  case $gpu in *H200*) hardware=h200 ;; *) hardware=h100-sxm ;; esac
+  detect_gpu
   compare_model=$model
   compare_lengths=8192,32768 compare_reps=2 maxlen_start=16384 maxlen_ours=262144
   maxlen_theirs=262144 maxlen_extra=(--granule 4096 --budget-s 300 --probe-timeout 240)
@@ -136,14 +137,6 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # Helpers for stages (run inside a stage: $dir is OUT/<stage>, cwd is the project root).
 
-x() {  # x CMD...: log the command into the stage's commands file, run it, log its exit status
-  printf '$ %s\n' "$(printf '%q ' "$@")" >> "$dir/commands"
-  "$@"
-  local rc=$?
-  printf '  exit %s\n' "$rc" >> "$dir/commands"
-  return $rc
-}
-skip_stage() { echo "$*" > "$dir/skip-reason"; exit 77; }
 
 # alst_config VARIANT FILE STEPS OUTDIR: the ALST run config (both: activation + optimizer
 # offload; activations: activation offload only).

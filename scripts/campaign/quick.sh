@@ -39,6 +39,8 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 campaign=$root/scripts/campaign
+# shellcheck source=common.sh
+source "$campaign/common.sh"
 STAGES=(build unit smoke compare sweep maxlen deepspeed)
 MARKER=.ulysses-quick
 
@@ -87,7 +89,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/ulysses-quick.XXXXXX") || exit 2
 
 if [ "$dry" = 1 ]; then
   mode=dry-run device=cpu dtype=fp32 hardware=cpu-local model=tiny gpu=""
-  compare_model='{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 4096, "tie_word_embeddings": false}'
+  compare_model=$DRY_COMPARE_MODEL
   compare_lengths=128,256 maxlen=(--start 512 --max-length 2048 --limit-gib 0.1 --granule 256)
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)
   export OMP_NUM_THREADS=1
@@ -95,8 +97,7 @@ if [ "$dry" = 1 ]; then
   MIN=(      1     1    5     20      20    20     20)
 else
   mode=gpu device=cuda dtype=bf16 model=llama-3.2-1b
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n1)
-  case $gpu in *H200*) hardware=h200 ;; *) hardware=h100-sxm ;; esac
+  detect_gpu
   compare_model=$model compare_lengths=8192,32768
   maxlen=(--start 32768 --max-length 524288 --granule 8192)
   smoke_env=(SMOKE_STEPS=5)
@@ -114,14 +115,6 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # Stages (run inside a stage: $dir is WORK/<stage>, $stage_s its seconds, cwd the project root).
 
-x() {  # x CMD...: log the command into the stage's commands file, run it, log its exit status
-  printf '$ %s\n' "$(printf '%q ' "$@")" >> "$dir/commands"
-  "$@"
-  local rc=$?
-  printf '  exit %s\n' "$rc" >> "$dir/commands"
-  return $rc
-}
-skip_stage() { echo "$*" > "$dir/skip-reason"; exit 77; }
 has_deepspeed() { [ "$dry" = 0 ] && "$python" -c 'import deepspeed' > /dev/null 2>&1; }
 
 stage_build() {

@@ -26,6 +26,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import summary as campaign_summary  # noqa: E402  (the long campaign's summary: its readers)
+from summary import read  # noqa: E402
 STAGES = ["build", "unit", "smoke", "compare", "sweep", "maxlen", "deepspeed"]
 OUT_FILES = ["summary.md", "smoke.tsv", "compare.md", "sweep-trials.txt",
              "recommended.yaml", "plan-fit.txt", "campaign.tgz"]
@@ -41,18 +44,11 @@ PAIRS = [("ours-plain", "hf-nockpt", "untiled, no checkpointing"),
          ("ours-alst", "ds-zero3", "ALST vs DeepSpeed ZeRO-3 + optimizer offload")]
 
 
-def read(path, default=""):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return default
-
-
 def status(work, stage):
-    text = read(os.path.join(work, stage, "status"))
-    s = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    return s if s else {"status": "not run", "reason": "the campaign stopped before it"}
+    s = campaign_summary.status(work, stage)
+    if s["status"] == "not run":
+        s["reason"] = "the campaign stopped before it"
+    return s
 
 
 def records(work, stage):
