@@ -8,7 +8,7 @@ dry-run: the tiny preset on CPU in fp32 under a 0.1 GiB limit, 256 to 4096 token
   sweep_experiment.py --mode gpu --hardware h100-sxm --model llama-3.2-1b --out X.yaml SOURCE.yaml
 
 With --quick the source (experiments/gpu-quick.yaml) keeps its space and lengths on a GPU; its
-dry run is the same space on CPU at 256 and 4096 tokens, a small model with a 16K vocabulary under a
+dry run is the same space on CPU at 256 and 2048 tokens, a small model with a 16K vocabulary under a
 0.42 GiB limit, where the untiled loss runs out of memory at 2048 as the 1B model's does at 64K.
 """
 import argparse
@@ -53,7 +53,6 @@ def main():
     else:
         e["description"] = f"dry run of the campaign's sweep: {args.source}'s space on CPU"
         dry_run_on_cpu(e)
-        e["model"] = args.model
         e["space"]["sequence.length"] = {"search": "max", "from": 256, "to": 4096, "step": 256,
                                          "curve": 2}
         # Bounded by trials, not by the clock: on a busy machine a wall-clock budget would stop
@@ -64,8 +63,7 @@ def main():
 
 
 def dry_run_on_cpu(e):
-    """The experiment `e` on the tiny preset on CPU in fp32 under a 0.1 GiB limit."""
-    e["model"] = "tiny"
+    """The experiment `e` on CPU in fp32 under a 0.1 GiB limit."""
     e["memory_limit_gib"] = 0.1
     e["headroom"] = 0.1
     base = e.setdefault("base", {})
