@@ -1,6 +1,7 @@
 // The optimizer-offload step (AdamW kHost) at 1B-parameter scale: the pre-fused path (blocking
 // gradient copy into a host buffer, 64K-element chunks of ATen ops, copy back) against the fused
-// pass (optim/cpu_adam.h) as AdamW::step runs it, for fp32 and bf16 host parameters.
+// pass (optim/cpu_adam.h) as AdamW::step runs it, for fp32 and bf16 host parameters; and the
+// gradient norm for clipping, ATen's per-tensor norm against the host pass's.
 // Run: build/bin/optim_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // Figures and method: reports/optimizer-offload/README.md. "GB/s" counts the state an update
 // must touch, 28 bytes per parameter in both cases (see the README), over wall time.
@@ -14,6 +15,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw_aten.h"
 #include "optim/cpu_adam.h"
+#include "optim/grad_clip.h"
 
 namespace ulysses::train {
 namespace {
@@ -88,6 +90,41 @@ void BM_OffloadStepFused(benchmark::State& state) {
   state.SetLabel(fused_adamw_isa());
   set_counters(state, total);
 }
+
+// The gradient norm for clipping over fp32 host gradients (512M in two tensors), read once (4
+// bytes per parameter in "GB/s"). Args: threads. Aten: gradient_norm (grad_clip.h), ATen's norm
+// per tensor on at::set_num_threads(threads) intra-op threads, what optimizer offload took before;
+// Host: host_gradient_norm (cpu_adam.h), the offloaded optimizer's norm now.
+std::vector<at::Tensor> norm_grads() {
+  std::vector<at::Tensor> grads;
+  for (int i = 0; i < 2; ++i) grads.push_back(at::full({kBufferElements}, 1e-3, at::kFloat));
+  return grads;
+}
+
+void set_norm_counters(benchmark::State& state) {
+  state.counters["GB/s"] = benchmark::Counter(4.0 * 2.0 * static_cast<double>(kBufferElements) / 1e9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_GradientNormAten(benchmark::State& state) {
+  const std::vector<at::Tensor> grads = norm_grads();
+  const int threads = at::get_num_threads();
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  for (auto _ : state) benchmark::DoNotOptimize(gradient_norm(grads));
+  at::set_num_threads(threads);
+  set_norm_counters(state);
+}
+
+void BM_GradientNormHost(benchmark::State& state) {
+  const std::vector<at::Tensor> grads = norm_grads();
+  for (auto _ : state) benchmark::DoNotOptimize(host_gradient_norm(grads, state.range(0)));
+  set_norm_counters(state);
+}
+
+BENCHMARK(BM_GradientNormAten)->Arg(1)->Arg(2)->Iterations(3)->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_GradientNormHost)->Arg(1)->Arg(2)->Iterations(3)->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Millions of parameters: the largest that fit in this machine's 24 GiB shared with others
 // (before: 24 B/param fp32, 20 B/param bf16; after: 16 B/param), see the README.

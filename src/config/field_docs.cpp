@@ -135,6 +135,10 @@ const std::map<std::string, std::string>& meanings() {
       {"optim.max_consecutive_skips",
        "A step whose grad_norm is not finite skips its update; this many such steps in a row "
        "stop the run (diverged). 0 = never stop."},
+      {"optim.host_threads",
+       "Threads of the host AdamW update and gradient norm with memory.offload_optimizer. 0 = "
+       "auto: on a GPU the CPUs the process may run on divided among its node's ranks "
+       "(LOCAL_WORLD_SIZE), on the CPU the intra-op threads. summary.json records the count."},
       {"train.steps", "Optimizer steps to run (0 = none; evaluation still runs when set)."},
       {"train.seed", "Seed of the trainer's random state (saved in checkpoints)."},
       {"train.device", "cpu or cuda (cuda:LOCAL_RANK)."},

@@ -106,6 +106,10 @@ struct OptimOptions {
   // Steps whose grad_norm is not finite skip the update; this many in a row stop the run
   // (diverged). 0 = never stop.
   int64_t max_consecutive_skips = 5;
+  // Threads of the host AdamW pass and gradient norm under memory.offload_optimizer. 0 = auto:
+  // on a GPU the CPUs this process may run on divided among its node's ranks (LOCAL_WORLD_SIZE),
+  // on the CPU the intra-op threads (the host is the device there).
+  int64_t host_threads = 0;
 };
 
 // ZeRO over the world group (all dp x sp ranks): 0 = every rank holds full optimizer state;

@@ -17,6 +17,7 @@
 #include "common/pinned_host.h"
 #include "optim/adamw_aten.h"
 #include "optim/cpu_adam.h"
+#include "profile/phase_timer.h"
 
 namespace ulysses::train {
 namespace {
@@ -155,6 +156,8 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
   at::NoGradGuard no_grad;
   std::vector<Slot*> on_host;            // kHost: slots with a gradient this step
   std::vector<at::Tensor> host_sources;  // their gradients
+  std::vector<FusedAdamWEntry> fused;    // kDevice on CUDA: updated by one multi-tensor call
+  std::vector<Slot*> fused_slots;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const at::Tensor& grad = grads[i];
@@ -163,8 +166,22 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
       if (grad.is_cuda()) start_host_copy(slot, grad);  // the others start meanwhile
       on_host.push_back(&slot);
       host_sources.push_back(grad);
+      continue;
+    }
+    at::Tensor& weights = slot.master.defined() ? slot.master : slot.param;
+    if (grad_scale == 1.0 && weights.is_cuda() &&
+        fused_adamw_applies(weights, grad, slot.exp_avg, slot.exp_avg_sq)) {
+      slot.step += 1;
+      fused.push_back({weights, grad, slot.exp_avg, slot.exp_avg_sq, slot.step});
+      fused_slots.push_back(&slot);
     } else {
       update_slot(slot, grad, lr, grad_scale);
+    }
+  }
+  if (!fused.empty()) {
+    adamw_fused_update_many(fused, lr, options_);
+    for (Slot* slot : fused_slots) {
+      if (slot->master.defined()) slot->param.copy_(slot->master);
     }
   }
   if (!on_host.empty()) {
@@ -215,35 +232,169 @@ void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr, double gr
 
 void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
                            double lr, double grad_scale) {
-  for (const c10::Stream& stream : copy_streams_) {
-    stream.synchronize();  // every staged gradient is on the host
+  if (!copy_streams_.empty()) {
+    profile::ScopedPhase part("optimizer_download", profile::Category::kOptimizer);
+    for (const c10::Stream& stream : copy_streams_) {
+      stream.synchronize();  // every staged gradient is on the host
+    }
   }
   std::vector<FusedAdamWBuffer> buffers;
   buffers.reserve(slots.size());
+  std::vector<Slot*> direct;            // slots the pass writes, or copied from their master
+  std::vector<Slot*> staged;            // slots whose converted weights go through staging
+  std::vector<at::Tensor> staged_grads;
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& slot = *slots[i];
     slot.step += 1;
+    const at::Tensor& grad = grads[i].is_cuda() ? slot.host_grad : grads[i];
+    const bool own_master = slot.master.is_same(slot.param);
+    const bool pass_writes = slot.param.device().is_cpu() && slot.param.is_contiguous() &&
+                             !stage_host_parameters_;
+    const bool same_dtype = slot.param.scalar_type() == slot.master.scalar_type();
+    if (!own_master && !pass_writes && !(same_dtype && slot.param.is_contiguous())) {
+      staged.push_back(&slot);
+      staged_grads.push_back(grad.contiguous());
+      continue;
+    }
+    direct.push_back(&slot);
     FusedAdamWBuffer buffer;
     buffer.master = slot.master;
     buffer.exp_avg = slot.exp_avg;
     buffer.exp_avg_sq = slot.exp_avg_sq;
-    buffer.grad = grads[i].is_cuda() ? slot.host_grad : grads[i].contiguous();
-    const bool own_master = slot.master.is_same(slot.param);
-    if (!own_master && slot.param.device().is_cpu() && slot.param.is_contiguous()) {
+    buffer.grad = grad.contiguous();
+    if (!own_master && pass_writes) {
       buffer.param_out = slot.param;  // written by the pass itself
     }
     buffer.step = slot.step;
     buffers.push_back(std::move(buffer));
   }
-  fused_adamw_cpu(buffers, lr, options_, grad_scale);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    Slot& slot = *slots[i];
-    slot.staged = at::Tensor();
-    if (slot.master.is_same(slot.param) || buffers[i].param_out.defined()) continue;
-    // CUDA: host -> device from pinned memory, queued on the current stream; the next step's
-    // copies out wait for it (start_host_copy), so the next host update never races it.
-    slot.param.copy_(slot.master, /*non_blocking=*/slot.param.is_cuda());
+  {
+    profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
+    fused_adamw_cpu(buffers, lr, options_, grad_scale);
   }
+  {
+    profile::ScopedPhase part("optimizer_upload", profile::Category::kOptimizer);
+    for (size_t i = 0; i < direct.size(); ++i) {
+      Slot& slot = *direct[i];
+      if (slot.master.is_same(slot.param) || buffers[i].param_out.defined()) continue;
+      // Same dtype: host -> device from pinned memory, queued on the current stream; the next
+      // step's copies out wait for it (start_host_copy), so the next host update never races it.
+      slot.param.copy_(slot.master, /*non_blocking=*/slot.param.is_cuda());
+    }
+  }
+  if (!staged.empty()) update_through_staging(staged, staged_grads, lr, grad_scale);
+  for (Slot* slot : slots) slot->staged = at::Tensor();
+}
+
+void AdamW::set_upload_staging_bytes(int64_t bytes, bool stage_host_parameters) {
+  TORCH_CHECK(bytes >= 64, "AdamW: upload staging buffers of ", bytes, " bytes (64 at least)");
+  for (size_t k = 0; k < 2; ++k) {
+    wait_staging(k);
+    staging_[k] = at::Tensor();
+  }
+  staging_bytes_ = bytes;
+  stage_host_parameters_ = stage_host_parameters;
+}
+
+AdamW::~AdamW() {
+  try {
+    for (size_t k = 0; k < 2; ++k) wait_staging(k);  // nothing copies out of freed memory
+  } catch (...) {
+  }
+}
+
+void AdamW::wait_staging(size_t k) {
+  for (c10::Event& copy : staging_copies_[k]) copy.synchronize();
+  staging_copies_[k].clear();
+}
+
+void AdamW::update_through_staging(const std::vector<Slot*>& staged,
+                                   const std::vector<at::Tensor>& grads, double lr,
+                                   double grad_scale) {
+  // A piece: elements [offset, offset + length) of one slot, whose converted weights the pass
+  // writes at `byte` in the current staging buffer.
+  struct Piece {
+    Slot* slot;
+    int64_t offset, length, byte;
+    const at::Tensor* grad;
+  };
+  constexpr int64_t kAlign = 64;  // each piece starts on a cache line
+  for (size_t k = 0; k < 2; ++k) wait_staging(k);  // the last step's copies (long done)
+  size_t current = 0;             // the staging buffer being filled
+  int64_t used = 0;               // its bytes taken
+  std::vector<Piece> batch;
+  const auto flush = [&] {
+    if (batch.empty()) return;
+    std::vector<FusedAdamWBuffer> buffers;
+    buffers.reserve(batch.size());
+    for (const Piece& p : batch) {
+      const auto range = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, p.offset, p.length); };
+      FusedAdamWBuffer b;
+      b.master = range(p.slot->master);
+      b.exp_avg = range(p.slot->exp_avg);
+      b.exp_avg_sq = range(p.slot->exp_avg_sq);
+      b.grad = range(*p.grad);
+      const int64_t bytes = p.length * static_cast<int64_t>(p.slot->param.element_size());
+      b.param_out = staging_[current].narrow(0, p.byte, bytes).view(p.slot->param.scalar_type());
+      b.step = p.slot->step;
+      buffers.push_back(std::move(b));
+    }
+    {
+      profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
+      fused_adamw_cpu(buffers, lr, options_, grad_scale);
+    }
+    profile::ScopedPhase part("optimizer_upload", profile::Category::kOptimizer);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      at::Tensor& param = batch[i].slot->param;
+      if (param.is_contiguous()) {
+        param.view({-1}).narrow(0, batch[i].offset, batch[i].length)
+            .copy_(buffers[i].param_out, /*non_blocking=*/param.is_cuda());
+      } else {  // whole (see below): a strided copy of the parameter's shape
+        param.copy_(buffers[i].param_out.view(param.sizes()), /*non_blocking=*/param.is_cuda());
+      }
+      if (param.is_cuda()) {
+        const c10::impl::VirtualGuardImpl impl(param.device().type());
+        c10::Event copied(param.device().type());
+        copied.record(impl.getStream(param.device()));
+        staging_copies_[current].push_back(std::move(copied));
+      }
+    }
+    batch.clear();
+    current ^= 1;  // fill the other buffer while this one's copies run
+    wait_staging(current);
+    used = 0;
+  };
+  for (size_t s = 0; s < staged.size(); ++s) {
+    Slot* slot = staged[s];
+    const int64_t numel = slot->param.numel();
+    const int64_t element = static_cast<int64_t>(slot->param.element_size());
+    // A non-contiguous parameter is written whole; one larger than a buffer, from its master.
+    if (!slot->param.is_contiguous() && numel * element > staging_bytes_) {
+      profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
+      fused_adamw_cpu({FusedAdamWBuffer{slot->master, slot->exp_avg, slot->exp_avg_sq,
+                                        grads[s], at::Tensor(), slot->step}},
+                      lr, options_, grad_scale);
+      profile::ScopedPhase upload("optimizer_upload", profile::Category::kOptimizer);
+      slot->param.copy_(slot->master);
+      continue;
+    }
+    for (int64_t offset = 0; offset < numel;) {
+      const int64_t room = (staging_bytes_ - used) / element;
+      const int64_t left = numel - offset;
+      if (room <= 0 || (!slot->param.is_contiguous() && room < left)) {
+        flush();
+        continue;
+      }
+      if (!staging_[current].defined()) {
+        staging_[current] = zeros_on_host({staging_bytes_}, at::kByte, slot->param.is_cuda());
+      }
+      const int64_t length = std::min(room, left);
+      batch.push_back({slot, offset, length, used, &grads[s]});
+      used = std::min(staging_bytes_, (used + length * element + kAlign - 1) / kAlign * kAlign);
+      offset += length;
+    }
+  }
+  flush();
 }
 
 void AdamW::reload_parameters() {

@@ -2,6 +2,7 @@
 // over a list of named parameters, with its state exposed as named tensors for checkpoints.
 #pragma once
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
 #include <cstdint>
@@ -28,7 +29,10 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 //
 // Precision and placement: fp32/fp64 parameters on kDevice are updated in place in
 // their dtype. bf16/fp16 parameters get an fp32 master copy and fp32 moments: the update runs on
-// the master (the gradient converted to fp32), then the master is copied into the parameter.
+// the master (the gradient converted to fp32), then the master is copied into the parameter. On
+// CUDA, every parameter whose gradient has its master's dtype is updated by one multi-tensor
+// fused call per dtype (adamw_fused_update_many, torch.optim.AdamW(fused=True)'s kernel); the
+// others, and every CPU parameter, by the ATen ops.
 // kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in
 // host memory for every parameter and updates them with one fused, multi-threaded CPU pass
 // (optim/cpu_adam.h: kDevice's op order with a correctly rounded sqrt; the moments equal kDevice's
@@ -41,9 +45,14 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 //     gradient's dtype, into page-locked staging buffers on a side stream (after the work queued
 //     on the current stream), all started by step() before it waits for the side stream once and
 //     updates.
-// Afterwards the master goes back into the parameter: host parameters are written by the same
-// pass (an fp32/fp64 contiguous host parameter is its own master: no copy at all); CUDA
-// parameters get a non_blocking copy from the pinned master on the current stream.
+// Afterwards the master goes back into the parameter: contiguous host parameters are written by
+// the same pass (an fp32/fp64 one is its own master: no copy at all); device parameters of the
+// master's dtype get a non_blocking copy from the pinned master on the current stream. Parameters
+// of another dtype (bf16/fp16 on a GPU) or not contiguous get their converted weights from the
+// pass itself, written into one of two page-locked staging buffers (upload_staging_bytes() each)
+// and copied from there without blocking, so that the host updates the next piece of the model
+// while the previous one travels, and no fp32 weight crosses the bus. A parameter larger than a
+// staging buffer goes in pieces.
 //
 // Not thread-safe. The optimizer holds references to the parameter tensors (shared storage): the
 // caller's module sees every update.
@@ -118,6 +127,18 @@ class AdamW {
   const config::OptimOptions& options() const { return options_; }
   OptimizerPlacement placement() const { return placement_; }
 
+  // kHost: bytes of each of the two staging buffers the converted weights pass through (above);
+  // 64 MiB unless set. Smaller values cut the model into more pieces. stage_host_parameters: send
+  // contiguous host parameters of another dtype through them too instead of letting the pass
+  // write them (the device path's pieces and copies, run on a CPU: tests).
+  // REQUIRES: bytes >= 64 (TORCH_CHECK). Allocation happens at the next step that needs them.
+  void set_upload_staging_bytes(int64_t bytes, bool stage_host_parameters = false);
+  int64_t upload_staging_bytes() const { return staging_bytes_; }
+
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
+
  private:
   // Invariants: exp_avg and exp_avg_sq have the shape, dtype and device of the tensor the update
   // runs on: master when defined, else param. master is contiguous; for kHost it is defined, on the
@@ -143,11 +164,22 @@ class AdamW {
   void update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
                       double lr, double grad_scale);
 
+  // kHost: the pass over the slots whose parameter it cannot write itself and that need a
+  // conversion (see above), through the staging buffers; grads[i] is staged[i]'s gradient.
+  void update_through_staging(const std::vector<Slot*>& staged,
+                              const std::vector<at::Tensor>& grads, double lr, double grad_scale);
+  // Waits until no copy out of staging buffer k is in flight.
+  void wait_staging(size_t k);
+
   std::vector<Slot> slots_;
   config::OptimOptions options_;
   OptimizerPlacement placement_;
   int64_t step_count_ = 0;
   std::vector<c10::Stream> copy_streams_;  // kHost: one side stream per CUDA device in use
+  int64_t staging_bytes_ = int64_t{64} << 20;
+  bool stage_host_parameters_ = false;
+  at::Tensor staging_[2];                     // [staging_bytes_] uint8, page-locked when for CUDA
+  std::vector<c10::Event> staging_copies_[2];  // copies out of staging_[k] still in flight
 };
 
 }  // namespace ulysses::train

@@ -78,6 +78,45 @@ void adamw_fused_update(at::Tensor weights, const at::Tensor& grad, at::Tensor e
                     /*maximize=*/false);
 }
 
+void adamw_fused_update_many(const std::vector<FusedAdamWEntry>& entries, double lr,
+                             const config::OptimOptions& o) {
+  // Groups in order of first appearance: (device, dtype) -> entries.
+  std::vector<std::vector<const FusedAdamWEntry*>> groups;
+  for (const FusedAdamWEntry& e : entries) {
+    TORCH_CHECK(fused_adamw_applies(e.weights, e.grad, e.exp_avg, e.exp_avg_sq),
+                "adamw_fused_update_many: tensors of different dtypes, devices or not contiguous");
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+      return g.front()->weights.device() == e.weights.device() &&
+             g.front()->weights.scalar_type() == e.weights.scalar_type();
+    });
+    if (group == groups.end()) {
+      groups.emplace_back();
+      group = groups.end() - 1;
+    }
+    group->push_back(&e);
+  }
+  for (const auto& group : groups) {
+    const c10::Device device = group.front()->weights.device();
+    // The kernel reads each (already incremented) step from a float tensor on the device: one
+    // host tensor of them all, one copy, a view per parameter.
+    at::Tensor host_steps = at::empty({static_cast<int64_t>(group.size())}, at::kFloat);
+    std::vector<at::Tensor> weights, grads, exp_avgs, exp_avg_sqs;
+    for (size_t i = 0; i < group.size(); ++i) {
+      host_steps[static_cast<int64_t>(i)] = static_cast<double>(group[i]->step);
+      weights.push_back(group[i]->weights);
+      grads.push_back(group[i]->grad);
+      exp_avgs.push_back(group[i]->exp_avg);
+      exp_avg_sqs.push_back(group[i]->exp_avg_sq);
+    }
+    const at::Tensor steps = host_steps.to(device);  // [n]
+    std::vector<at::Tensor> step_views;
+    for (size_t i = 0; i < group.size(); ++i) step_views.push_back(steps[static_cast<int64_t>(i)]);
+    at::_fused_adamw_(weights, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_views,
+                      lr, o.betas[0], o.betas[1], o.weight_decay, o.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  }
+}
+
 void adamw_aten_chunked_update(const std::vector<AtenHostBuffer>& buffers, double lr,
                                const config::OptimOptions& options) {
   struct Chunk {

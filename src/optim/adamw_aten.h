@@ -35,6 +35,17 @@ void adamw_aten_update_in_pieces(at::Tensor weights, const at::Tensor& grad, at:
 void adamw_fused_update(at::Tensor weights, const at::Tensor& grad, at::Tensor exp_avg,
                         at::Tensor exp_avg_sq, double lr, int64_t step,
                         const config::OptimOptions& options);
+// One parameter of adamw_fused_update_many.
+struct FusedAdamWEntry {
+  at::Tensor weights, grad, exp_avg, exp_avg_sq;  // as adamw_fused_update's
+  int64_t step = 1;                               // this parameter's update count, this one included
+};
+// adamw_fused_update on every entry, with one kernel call per (device, dtype) group instead of
+// one per parameter (ATen's multi-tensor launches: a few per group instead of one or two per
+// parameter, and the steps copied to the device at once). The same results bit for bit: the
+// kernel is elementwise. REQUIRES: every entry fused_adamw_applies (TORCH_CHECK).
+void adamw_fused_update_many(const std::vector<FusedAdamWEntry>& entries, double lr,
+                             const config::OptimOptions& options);
 // The fused kernel's conditions: one device, one floating dtype (fp32, fp64, bf16, fp16) for all
 // four, all contiguous.
 bool fused_adamw_applies(const at::Tensor& weights, const at::Tensor& grad,

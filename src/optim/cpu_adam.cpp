@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -220,6 +222,72 @@ LoopFn loop_for(const FusedAdamWBuffer& b) {
   }
 }
 
+// Runs fn(begin, end) over [0, count) in `threads` contiguous shares, the first on the calling
+// thread. Plain threads, not at::parallel_for: in a LibTorch built with OpenMP that is an inline
+// `omp parallel` loop, which runs on one thread in a file compiled without -fopenmp (as this one
+// is: the process's one OpenMP runtime is LibTorch's own libgomp).
+template <typename Fn>
+void run_on_threads(int64_t count, int64_t threads, const Fn& fn) {
+  threads = std::clamp<int64_t>(threads, 1, std::max<int64_t>(count, 1));
+  const int64_t share = (count + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  workers.reserve(static_cast<size_t>(threads - 1));
+  for (int64_t t = 1; t < threads; ++t) {
+    workers.emplace_back([&fn, t, share, count] { fn(t * share, std::min(count, (t + 1) * share)); });
+  }
+  fn(0, std::min(count, share));
+  for (std::thread& w : workers) w.join();
+}
+
+// The fused pass's thread count: options.host_threads, or at::get_num_threads() when it is 0.
+int64_t host_threads(const config::OptimOptions& options) {
+  return options.host_threads > 0 ? options.host_threads : at::get_num_threads();
+}
+
+// Sum of x^2 over elements [offset, offset + n) of g, in fp64 (four running sums, then paired).
+template <typename G>
+double sum_of_squares(const G* g, int64_t n) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const double x0 = static_cast<double>(static_cast<float>(g[i]));
+    const double x1 = static_cast<double>(static_cast<float>(g[i + 1]));
+    const double x2 = static_cast<double>(static_cast<float>(g[i + 2]));
+    const double x3 = static_cast<double>(static_cast<float>(g[i + 3]));
+    s0 += x0 * x0;
+    s1 += x1 * x1;
+    s2 += x2 * x2;
+    s3 += x3 * x3;
+  }
+  for (; i < n; ++i) {
+    const double x = static_cast<double>(static_cast<float>(g[i]));
+    s0 += x * x;
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+
+double sum_of_squares(const at::Tensor& g, int64_t offset, int64_t n) {
+  switch (g.scalar_type()) {
+    case at::kDouble: {
+      const double* d = g.data_ptr<double>() + offset;
+      double s0 = 0.0, s1 = 0.0;
+      int64_t i = 0;
+      for (; i + 2 <= n; i += 2) {
+        s0 += d[i] * d[i];
+        s1 += d[i + 1] * d[i + 1];
+      }
+      if (i < n) s0 += d[i] * d[i];
+      return s0 + s1;
+    }
+    case at::kBFloat16:
+      return sum_of_squares(g.data_ptr<c10::BFloat16>() + offset, n);
+    case at::kHalf:
+      return sum_of_squares(g.data_ptr<c10::Half>() + offset, n);
+    default:
+      return sum_of_squares(g.data_ptr<float>() + offset, n);
+  }
+}
+
 }  // namespace
 
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
@@ -259,21 +327,47 @@ void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
       p.loop(b, coeffs, c.offset, c.length);
     }
   };
-  // at::get_num_threads() threads, each over a contiguous share of the chunks. Plain threads, not
-  // at::parallel_for: in a LibTorch built with OpenMP that is an inline `omp parallel` loop, which
-  // runs on one thread in a file compiled without -fopenmp (as this one is: the process's one
-  // OpenMP runtime is LibTorch's own libgomp).
-  const int64_t count = static_cast<int64_t>(chunks.size());
-  const int64_t threads =
-      std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(count, 1));
-  const int64_t share = (count + threads - 1) / threads;
-  std::vector<std::thread> workers;
-  workers.reserve(static_cast<size_t>(threads - 1));
-  for (int64_t t = 1; t < threads; ++t) {
-    workers.emplace_back(run, t * share, std::min(count, (t + 1) * share));
+  run_on_threads(static_cast<int64_t>(chunks.size()), host_threads(options), run);
+}
+
+double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads) {
+  struct Chunk {
+    const at::Tensor* grad;
+    int64_t offset, length;
+  };
+  std::vector<Chunk> chunks;
+  for (const at::Tensor& g : grads) {
+    if (!g.defined()) continue;
+    TORCH_CHECK(g.device().is_cpu() && g.is_contiguous(),
+                "host_gradient_norm: gradients must be contiguous CPU tensors");
+    const at::ScalarType dtype = g.scalar_type();
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+                    dtype == at::kHalf,
+                "host_gradient_norm: gradient dtype ", dtype, "; fp32, fp64, bf16 or fp16 required");
+    for (int64_t offset = 0; offset < g.numel(); offset += kChunk) {
+      chunks.push_back({&g, offset, std::min(kChunk, g.numel() - offset)});
+    }
   }
-  run(0, std::min(count, share));
-  for (std::thread& w : workers) w.join();
+  std::vector<double> partial(chunks.size(), 0.0);  // per chunk: its sum of squares
+  run_on_threads(static_cast<int64_t>(chunks.size()), threads > 0 ? threads : at::get_num_threads(),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t i = begin; i < end; ++i) {
+                     const Chunk& c = chunks[static_cast<size_t>(i)];
+                     partial[static_cast<size_t>(i)] = sum_of_squares(*c.grad, c.offset, c.length);
+                   }
+                 });
+  double total = 0.0;
+  for (double p : partial) total += p;  // in chunk order: the same sum on any thread count
+  return std::sqrt(total);
+}
+
+int64_t available_host_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int64_t cpus = 0;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
+  if (cpus <= 0) cpus = static_cast<int64_t>(std::thread::hardware_concurrency());
+  return std::max<int64_t>(cpus, 1);
 }
 
 const char* fused_adamw_isa() {

@@ -40,12 +40,24 @@ struct FusedAdamWBuffer {
 // differ in the last bits of w (about 1 ulp per step where it does); what this pass computes is
 // the formula's correctly rounded evaluation, one pass over memory (read w, m, v, g; write w, m,
 // v), as fast as the memory allows. The buffers are cut into 64K-element chunks, spread over
-// at::get_num_threads() threads. The inner loop is compiled for AVX-512, AVX2+FMA and the baseline
+// options.host_threads threads (at::get_num_threads() when it is 0). The inner loop is compiled for AVX-512, AVX2+FMA and the baseline
 // ISA and picked at run time (same results).
 // REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0; grad_scale finite
 // and > 0.
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
                      const config::OptimOptions& options, double grad_scale = 1.0);
+
+// The L2 norm of every element of `grads` (undefined entries skipped): sqrt of the sum of x^2,
+// each x converted to fp64 (exactly), summed in fp64 per 64K-element chunk over `threads` threads
+// (at::get_num_threads() when 0), the chunks' sums added in order, so the result does not depend
+// on the thread count. It differs from clip_gradients' norm (fp32 per-tensor norms, grad_clip.h)
+// only in rounding, being the more accurate of the two.
+// REQUIRES (TORCH_CHECK): each defined grad contiguous on the CPU, fp32, fp64, bf16 or fp16.
+double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads = 0);
+
+// The CPUs this process may run on (its affinity mask; the hardware's count if that is unknown),
+// at least 1.
+int64_t available_host_cpus();
 
 // The instruction set the inner loop runs with on this machine: "avx512", "avx2" or "baseline".
 const char* fused_adamw_isa();

@@ -15,15 +15,24 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
 
 double gradient_norm(const std::vector<at::Tensor>& gradients) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> norms;  // each [] fp64, the L2 norm of one grad
+  // Per-tensor norms accumulated in fp32 (fp64 for fp64 gradients), by one multi-tensor call per
+  // accumulation dtype (on CUDA a few launches for all parameters, not one per parameter); their
+  // L2 norm in fp64, read with one host sync.
+  std::vector<at::Tensor> by_dtype[2];  // [0]: accumulated in fp32, [1]: in fp64
   for (const at::Tensor& grad : gradients) {
     if (!grad.defined()) continue;
     TORCH_CHECK(grad.layout() == at::kStrided, "clip_grad_norm: sparse gradients unsupported");
-    const at::ScalarType accumulate = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    norms.push_back(at::norm(grad, 2, accumulate).to(at::kDouble));
+    by_dtype[grad.scalar_type() == at::kDouble ? 1 : 0].push_back(grad);
+  }
+  std::vector<at::Tensor> norms;  // [n] fp64 per accumulation dtype
+  for (int d = 0; d < 2; ++d) {
+    if (by_dtype[d].empty()) continue;
+    norms.push_back(
+        at::stack(at::_foreach_norm(by_dtype[d], 2, d == 1 ? at::kDouble : at::kFloat))
+            .to(at::kDouble));
   }
   if (norms.empty()) return 0.0;
-  return at::stack(norms).norm(2).item<double>();
+  return at::cat(norms).norm(2).item<double>();
 }
 
 double clip_coefficient(double norm, double max_norm) {
@@ -37,9 +46,11 @@ double clip_gradients(const std::vector<at::Tensor>& gradients, double max_norm)
   const double coef = clip_coefficient(total_norm, max_norm);
   if (coef < 1.0) {
     at::NoGradGuard no_grad;
+    std::vector<at::Tensor> defined;
     for (const at::Tensor& grad : gradients) {
-      if (grad.defined()) grad.mul_(coef);
+      if (grad.defined()) defined.push_back(grad);
     }
+    at::_foreach_mul_(defined, coef);  // grad.mul_(coef) for each, in a few launches on CUDA
   }
   return total_norm;
 }

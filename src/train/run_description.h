@@ -23,6 +23,7 @@ struct ResolvedRun {
   int64_t parameters = 0;     // model parameters (elements)
   std::string device;         // "cpu", "cuda:0"
   std::string attention;      // the attention core's name
+  int64_t host_threads = 0;   // threads of the host optimizer pass (optimizer offload), else 0
 };
 
 // "section.key=value" for every key outside model.* whose value equals the options.h default,

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,7 @@
 #include "sp/tiled_mlp.h"
 #include "sp/ulysses_attention.h"
 #include "optim/adamw.h"
+#include "optim/cpu_adam.h"
 #include "train/checkpoint.h"
 #include "train/evaluator.h"
 #include "zero/gradient_step.h"
@@ -79,6 +81,22 @@ void write_run_yaml(const config::RunConfig& config, const std::string& path) {
   std::error_code ec;
   std::filesystem::rename(path + ".tmp", path, ec);
   if (ec) throw UserError("output.dir: cannot write " + path + " (" + ec.message() + ")");
+}
+
+// optim.host_threads resolved (options.h): as configured, else on the CPU the intra-op threads
+// (the host is the device), on a GPU the CPUs this process may run on shared among the ranks of
+// its node (LOCAL_WORLD_SIZE as torchrun sets it; without it, every rank of the world).
+int64_t resolve_host_threads(const config::OptimOptions& optim, const at::Device& device,
+                             int64_t world_size) {
+  if (optim.host_threads > 0) return optim.host_threads;
+  if (!device.is_cuda()) return at::get_num_threads();
+  int64_t local_ranks = world_size;
+  if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) {
+    char* end = nullptr;
+    const long long value = std::strtoll(local, &end, 10);
+    if (end != local && *end == '\0' && value > 0) local_ranks = value;
+  }
+  return std::max<int64_t>(1, available_host_cpus() / std::max<int64_t>(local_ranks, 1));
 }
 
 }  // namespace
@@ -138,6 +156,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   const OptimizerPlacement placement = config.memory.offload_optimizer
                                            ? OptimizerPlacement::kHost
                                            : OptimizerPlacement::kDevice;
+  config::OptimOptions optim = config.optim;  // host_threads resolved
+  optim.host_threads = resolve_host_threads(config.optim, device, mesh.world().size());
   // zero.stage 1-3 shard AdamW over the world; in a world of 1 every stage is stage 0.
   const int zero_stage = mesh.world().size() > 1 ? static_cast<int>(config.zero.stage) : 0;
   const int64_t bucket_bytes =
@@ -178,12 +198,12 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   std::unique_ptr<AdamW> adamw;        // zero.stage 0
   std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2, 3
   if (zero_stage >= 2) {
-    zero = std::make_unique<ZeroOptimizer>(*partition, config.optim, placement);
+    zero = std::make_unique<ZeroOptimizer>(*partition, optim, placement);
   } else if (zero_stage > 0) {
-    zero = std::make_unique<ZeroOptimizer>(gradients, mesh.world(), config.optim, placement,
+    zero = std::make_unique<ZeroOptimizer>(gradients, mesh.world(), optim, placement,
                                            bucket_bytes);
   } else {
-    adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), config.optim, placement);
+    adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), optim, placement);
   }
   data::DataLoader loader(config.data, config.sequence, config.model.vocab_size, mesh.dp_size(),
                           mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank());
@@ -259,6 +279,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   for (const auto& p : params) run.parameters += p.numel();
   run.device = device.str();
   run.attention = model->attention_core()->name();
+  if (placement == OptimizerPlacement::kHost) run.host_threads = optim.host_threads;
 
   std::unique_ptr<MetricsWriter> metrics;
   const std::string run_yaml = (std::filesystem::path(config.output.dir) / "run.yaml").string();
@@ -323,14 +344,20 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     } else {
       profile::ScopedPhase phase("optimizer");
       if (placement == OptimizerPlacement::kHost) {
-        // Clipping folded into the host update: the gradients (being copied out, or read in
-        // place on the host) are never rewritten.
-        grad_norm = gradient_norm(gradients.grads());
+        // Clipping folded into the host update: the gradients (on the host, read in place) are
+        // never rewritten. Their norm is one pass over them on the host pass's threads.
+        {
+          profile::ScopedPhase part("optimizer_norm", profile::Category::kOptimizer);
+          grad_norm = host_gradient_norm(gradients.grads(), optim.host_threads);
+        }
         skipped = !std::isfinite(grad_norm);
         const double scale = clip_coefficient(grad_norm, config.optim.grad_clip);
         if (!skipped) adamw->step(lr, gradients.grads(), scale);
       } else {
-        grad_norm = clip_gradients(gradients.grads(), config.optim.grad_clip);
+        {
+          profile::ScopedPhase part("optimizer_norm", profile::Category::kOptimizer);
+          grad_norm = clip_gradients(gradients.grads(), config.optim.grad_clip);
+        }
         skipped = !std::isfinite(grad_norm);
         if (!skipped) adamw->step(lr, gradients.grads());
       }

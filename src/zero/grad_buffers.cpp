@@ -208,13 +208,35 @@ void GradientBuffers::settle() {
   if (!on_host_) return;
   move_pending_to_host();
   for (const c10::Stream& stream : side_streams_) stream.synchronize();
+  if (!stale_) return;
+  // What zero() left as it was: the parameters that got no sum since, and each flat's padding.
+  std::vector<int64_t> used(flats_.size(), 0);  // per flat: the end of its last parameter
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads_[i].defined()) continue;
+    if (!host_has_sum_[i]) grads_[i].zero_();
+    int64_t& end = used[static_cast<size_t>(flat_index_[i])];
+    end = std::max(end, flat_offset_[i] + grads_[i].numel());
+  }
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    if (flats_[f].defined() && used[f] < flats_[f].numel()) {
+      flats_[f].narrow(0, used[f], flats_[f].numel() - used[f]).zero_();
+    }
+  }
+  stale_ = false;
 }
 
 void GradientBuffers::zero() {
   settle();
   wait_in_flight();  // none after a step that ended normally
   for (auto& ranges : started_) ranges.clear();
-  for (auto& flat : flats_) flat.zero_();
+  if (on_host_) {
+    // A parameter's first sum of the step replaces its host gradient (move_to_host copies over
+    // it, never adds), so the buffers are not cleared here: settle() zeros what got no sum. On
+    // the host that saves a write of the whole model's fp32 gradients each step.
+    stale_ = true;
+  } else {
+    for (auto& flat : flats_) flat.zero_();
+  }
   std::fill(host_has_sum_.begin(), host_has_sum_.end(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads_[i].defined()) continue;

@@ -69,7 +69,8 @@ class GradientBuffers {
   // copy_to_param_grads() call it first. grads() must not be read on the host before it.
   void settle();
 
-  // Zeros every buffer, and points each fp32/fp64 parameter's .grad() at its view again (in case
+  // Zeros every buffer (on_host: as seen after the next settle(), which clears only what got no
+  // sum in between; the sums replace the rest), and points each fp32/fp64 parameter's .grad() at its view again (in case
   // someone replaced it) and releases any bf16/fp16 .grad() left behind.
   void zero();
 
@@ -133,7 +134,8 @@ class GradientBuffers {
 
   bool on_host_ = false;
   std::vector<at::Tensor> staged_;     // per parameter: [param shape] fp32 sum beside the param
-  std::vector<bool> host_has_sum_;     // per parameter: grads_[i] may be non-zero
+  std::vector<bool> host_has_sum_;     // per parameter: grads_[i] holds this step's sum so far
+  bool stale_ = false;  // on_host: zero() ran, and settle() has not yet zeroed what got no sum
   std::vector<size_t> pending_;        // staged in the open window, moved when it closes
   unsigned long long window_generation_ = 0;  // the window pending_ is registered with
   std::vector<c10::Stream> side_streams_;     // one per device, for the copies

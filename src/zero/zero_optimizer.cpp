@@ -153,6 +153,7 @@ void ZeroOptimizer::reduce_gradients() {
 }
 
 double ZeroOptimizer::clip(double max_norm) {
+  profile::ScopedPhase phase("optimizer_norm", profile::Category::kOptimizer);
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads = shard_grads();
   // Each shard's norm stays where the shard is; one stacked sum of squares and one copy to the

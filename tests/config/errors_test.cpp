@@ -98,6 +98,7 @@ TEST(ConfigErrors, OutOfRangeOrNotAllowed) {
       {"mesh: {sp: 0}\n", {}, "mesh.sp: must be >= 1, got 0"},
       {"mesh: {dp: 0}\n", {}, "mesh.dp: must be >= 1, got 0"},
       {"train: {steps: -1}\n", {}, "train.steps: must be >= 0, got -1"},
+      {"optim: {host_threads: -2}\n", {}, "optim.host_threads: must be >= 0, got -2"},
       {"train: {device: tpu}\n", {}, "train.device: must be one of cpu|cuda, got 'tpu'"},
       {"memory: {precision: fp16}\n", {}, "memory.precision: must be one of fp32|bf16, got 'fp16'"},
       {"memory: {limit_gib: -1}\n", {}, "memory.limit_gib: must be >= 0, got -1.0"},

@@ -194,7 +194,18 @@ TEST(GradientBuffers, OnHostSumsEqualTheDeviceBuffersBitForBit) {
     EXPECT_EQ(host_buffers.grads()[i].scalar_type(), at::kFloat);
     EXPECT_TRUE(at::equal(host_buffers.grads()[i], device_buffers.grads()[i])) << "param " << i;
   }
+  // The next step, in which only `a` gets a gradient: zero() leaves the host buffers as they are
+  // (each first sum of a step replaces what is there), settle() zeros what got no sum.
   host_buffers.zero();
+  device_buffers.zero();
+  const at::Tensor x = at::randn({5, 3});
+  (a * a * x).sum().backward();
+  (a_host * a_host * x).sum().backward();
+  host_buffers.settle();
+  EXPECT_TRUE(at::equal(host_buffers.grads()[0], device_buffers.grads()[0]));
+  EXPECT_EQ(host_buffers.grads()[1].abs().sum().item<float>(), 0.0f) << "no sum: zeroed";
+  host_buffers.zero();
+  host_buffers.settle();  // a step without any gradient
   EXPECT_EQ(host_buffers.grads()[0].abs().sum().item<float>(), 0.0f);
   host_buffers.copy_to_param_grads();  // the parameter's device and dtype
   EXPECT_EQ(a_host.grad().scalar_type(), at::kFloat);

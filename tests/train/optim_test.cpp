@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -473,6 +474,39 @@ TEST(AdamW, FusedKernelMatchesTheAtenOps) {
   EXPECT_LT(((v2 - v).abs().max() / v.abs().max()).item<double>(), 1e-6);
 }
 
+// The multi-tensor form (what AdamW runs on CUDA: one call per device and dtype group) equals
+// the per-parameter fused call bit for bit (an elementwise kernel): fp32 and bf16 groups
+// interleaved, each parameter at its own step, over 3 updates.
+TEST(AdamW, FusedUpdateOfManyEqualsOneCallPerParameter) {
+  const config::OptimOptions options = adamw_options();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  const std::vector<std::pair<int64_t, at::ScalarType>> shapes = {
+      {4097, at::kFloat}, {33, at::kBFloat16}, {1000, at::kFloat}, {7, at::kBFloat16}};
+  std::vector<std::array<at::Tensor, 3>> one, many;  // w, m, v per parameter
+  for (const auto& [n, dtype] : shapes) {
+    const at::Tensor w = at::randn({n}, gen).to(dtype);
+    one.push_back({w.clone(), at::zeros({n}, dtype), at::zeros({n}, dtype)});
+    many.push_back({w.clone(), at::zeros({n}, dtype), at::zeros({n}, dtype)});
+  }
+  const std::vector<int64_t> first_step = {1, 4, 2, 9};
+  for (int64_t k = 0; k < 3; ++k) {
+    std::vector<FusedAdamWEntry> entries;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const at::Tensor grad = at::randn({shapes[i].first}, gen).to(shapes[i].second);
+      const int64_t step = first_step[i] + k;
+      adamw_fused_update(one[i][0], grad, one[i][1], one[i][2], 1e-2, step, options);
+      entries.push_back({many[i][0], grad, many[i][1], many[i][2], step});
+    }
+    adamw_fused_update_many(entries, 1e-2, options);
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (size_t t = 0; t < 3; ++t) EXPECT_TRUE(torch::equal(one[i][t], many[i][t])) << i << " " << t;
+  }
+  const FusedAdamWEntry mixed{at::zeros({4}), at::zeros({4}, at::kDouble), at::zeros({4}),
+                              at::zeros({4}), 1};
+  EXPECT_THROW(adamw_fused_update_many({mixed}, 1e-2, options), c10::Error);
+}
+
 // ---------------------------------------------------------------------------------------------
 // fused_adamw_cpu (the kHost kernel) against the ATen-op update
 
@@ -600,6 +634,59 @@ TEST(FusedAdamW, SameResultOnOneAndTwoThreads) {
   }
   at::set_num_threads(threads);
   EXPECT_TRUE(torch::equal(results[0], results[1]));
+}
+
+// optim.host_threads, when set, is the pass's thread count whatever at::get_num_threads() says;
+// the result is the same on any count (3 threads: shares of unequal chunk counts).
+TEST(FusedAdamW, HostThreadsOptionGivesTheSameResult) {
+  std::vector<at::Tensor> results;
+  for (int64_t t : {int64_t{1}, int64_t{3}}) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+    const int64_t n = 5 * 65536 + 11;
+    FusedAdamWBuffer b{at::randn({n}, gen), at::zeros({n}), at::zeros({n}), at::randn({n}, gen),
+                       at::Tensor(), 1};
+    config::OptimOptions options = adamw_options();
+    options.host_threads = t;
+    fused_adamw_cpu({b, b}, 1e-3, options, 0.5);
+    results.push_back(b.master);
+  }
+  EXPECT_TRUE(torch::equal(results[0], results[1]));
+}
+
+// The host gradient norm (optimizer offload's clipping): each element squared in fp64, the
+// chunks' sums added in order. Against an fp64 reference that uses none of it (ATen's norm of the
+// tensors converted to fp64): rel 1e-12 (fp64 sums of ~400K terms); the same bits on 1, 2 and 3
+// threads; inf and NaN reach the result; undefined entries are skipped.
+TEST(HostGradientNorm, EqualsTheFp64NormOnAnyThreadCount) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  std::vector<at::Tensor> grads = {
+      at::randn({3 * 65536 + 5}, gen),                         // fp32, several chunks
+      at::randn({1000}, gen).to(at::kBFloat16),                // bf16
+      at::Tensor(),                                            // no gradient
+      at::randn({77}, gen).to(at::kHalf),                      // fp16
+      at::randn({2, 65536 + 3}, gen).to(at::kDouble) * 1e-3};  // fp64, 2-D
+  double sum_sq = 0.0;
+  for (const at::Tensor& g : grads) {
+    if (g.defined()) sum_sq += g.to(at::kDouble).norm().pow(2).item<double>();
+  }
+  const double reference = std::sqrt(sum_sq);
+  std::vector<double> norms;
+  for (int64_t threads : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+    norms.push_back(host_gradient_norm(grads, threads));
+    EXPECT_NEAR(norms.back(), reference, 1e-12 * reference) << threads << " threads";
+  }
+  EXPECT_EQ(norms[0], norms[1]);
+  EXPECT_EQ(norms[0], norms[2]);
+  EXPECT_EQ(host_gradient_norm({}, 2), 0.0);
+
+  at::Tensor bad = grads[0].clone();
+  bad[65536 + 17] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isinf(host_gradient_norm({bad}, 2)));
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(host_gradient_norm({bad}, 2)));
+  EXPECT_THROW(host_gradient_norm({at::randn({4, 3}).t()}, 1), c10::Error);  // not contiguous
+  EXPECT_THROW(host_gradient_norm({at::ones({4}, at::kInt)}, 1), c10::Error);
+  EXPECT_GE(available_host_cpus(), 1);
 }
 
 TEST(FusedAdamW, RejectsMismatchedBuffers) {
