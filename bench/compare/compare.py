@@ -27,6 +27,9 @@ MARKER = ".ulysses-bench"  # marks an output directory this harness created
 OURS = {
     "ours-alst": ["memory.tiled_mlp=auto", "memory.tiled_loss=auto", "memory.checkpointing=true",
                   "memory.offload_activations=true", "memory.offload_optimizer=true"],
+    "ours-alst-devgrads": ["memory.tiled_mlp=auto", "memory.tiled_loss=auto",
+                           "memory.checkpointing=true", "memory.offload_activations=true",
+                           "memory.offload_optimizer=true", "memory.offload_gradients=false"],
     "ours-tiled": ["memory.tiled_mlp=auto", "memory.tiled_loss=auto",
                    "memory.checkpointing=true"],
     "ours-plain": [],
@@ -173,9 +176,39 @@ def read_ours(run_dir, rec):
                 "mfu", "attention_kernels", "offload_ms_median"):
         if key in summary:
             rec["ours_" + key] = summary[key]
+    # Where the optimizer's time goes (its parts, median ms) and the host pass's threads.
+    phases = summary.get("phases_ms_median", {})
+    rec["ours_optimizer_parts_ms"] = {k: v for k, v in phases.items() if k.startswith("optimizer")}
+    rec["ours_optimizer_host_threads"] = summary.get("memory", {}).get("optimizer_host_threads", 0)
     rec["peak_allocated_bytes"] = summary.get("max_rank_peak_allocated_bytes")
     rec["peak_reserved_bytes"] = summary.get("max_rank_peak_reserved_bytes")
     rec["outside_allocator_bytes"] = summary.get("max_rank_outside_allocator_bytes")
+
+
+def optimizer_table(runs):
+    """Lines of the offloaded optimizer's parts per (length, configuration), median ms over the
+    runs that finished; none when no run offloaded its optimizer."""
+    parts = ("optimizer", "optimizer_norm", "optimizer_download", "optimizer_host_update",
+             "optimizer_upload")
+    rows = {}
+    for r in runs:
+        got = r.get("ours_optimizer_parts_ms") or {}
+        if r["status"] == "ok" and "optimizer_host_update" in got:
+            rows.setdefault((r["length"], r["config"]), []).append(r)
+    if not rows:
+        return []
+    lines = ["Offloaded optimizer, median ms per step (host threads; the parts of `optimizer`):", "",
+             "| length | configuration | host threads | " + " | ".join(parts) + " |",
+             "|---:|---|---:|" + "---:|" * len(parts)]
+    for (length, config), group in sorted(rows.items()):
+        cells = []
+        for p in parts:
+            values = [r["ours_optimizer_parts_ms"][p] for r in group
+                      if p in r["ours_optimizer_parts_ms"]]
+            cells.append(f"{statistics.median(values):.1f}" if values else "")
+        lines.append(f"| {length} | {config} | {group[0]['ours_optimizer_host_threads']} | "
+                     + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def read_theirs(out_json, rec):
@@ -379,6 +412,7 @@ def table(records):
                          f"{med('tokens_per_s'):.0f} | {med('step_ms'):.1f} | "
                          f"{med('tflops'):.3g} | {mfu} | {gib(peak):.2f} | {ok[0]['loss'][0]:.6f} |")
         lines.append("")
+        lines += optimizer_table(runs)
     found = [r for r in records if r.get("kind") == "maxlen"]
     if found:
         lines += ["| configuration | longest that trains | shortest that failed | probes | "

@@ -112,6 +112,11 @@ const std::map<std::string, std::string>& meanings() {
        "Keep the checkpointed hidden states in host memory (needs checkpointing)."},
       {"memory.offload_optimizer", "fp32 master weights and AdamW states in host memory; the "
                                    "update runs on the CPU."},
+      {"memory.offload_gradients",
+       "With offload_optimizer at zero.stage 0 on a GPU: true keeps the fp32 gradient sums in host "
+       "memory (copied out during backward; 16 B per parameter on the host, none on the device), "
+       "false on the device (4 B per parameter there; the host update streams them in pieces: 12 "
+       "B per parameter on the host). Same results either way. No effect otherwise."},
       {"memory.precision", "fp32 or bf16 (bf16 needs train.device cuda)."},
       {"memory.limit_gib",
        "Per-rank memory cap in GiB (on CPU: the process address space); exceeding it exits 12. "

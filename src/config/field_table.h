@@ -65,6 +65,7 @@ void for_each_field(C& c, Visit&& visit) {
   visit("memory", "checkpointing", c.memory.checkpointing);
   visit("memory", "offload_activations", c.memory.offload_activations);
   visit("memory", "offload_optimizer", c.memory.offload_optimizer);
+  visit("memory", "offload_gradients", c.memory.offload_gradients);
   visit("memory", "precision", c.memory.precision);
   visit("memory", "limit_gib", c.memory.limit_gib);
   visit("attention", "backend", c.attention.backend);

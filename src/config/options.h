@@ -84,6 +84,9 @@ struct MemoryOptions {
   bool checkpointing = false;
   bool offload_activations = false;
   bool offload_optimizer = false;
+  // With offload_optimizer at zero.stage 0: the fp32 gradient sums in host memory (true) or on
+  // the device (false: the host update streams them in pieces).
+  bool offload_gradients = true;
   std::string precision = "fp32";  // fp32 | bf16
   double limit_gib = 0.0;          // per-rank cap; 0 = none
 };

@@ -163,7 +163,6 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
     const at::Tensor& grad = grads[i];
     if (!grad.defined()) continue;
     if (placement_ == OptimizerPlacement::kHost) {
-      if (grad.is_cuda()) start_host_copy(slot, grad);  // the others start meanwhile
       on_host.push_back(&slot);
       host_sources.push_back(grad);
       continue;
@@ -190,28 +189,6 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
   ++step_count_;
 }
 
-void AdamW::start_host_copy(Slot& slot, const at::Tensor& grad) {
-  if (!slot.host_grad.defined() || slot.host_grad.scalar_type() != grad.scalar_type()) {
-    slot.host_grad = host_buffer(slot.param, grad.scalar_type(), /*pinned=*/true);
-  }
-  const c10::Device device = grad.device();
-  const c10::impl::VirtualGuardImpl impl(device.type());
-  auto stream = std::find_if(copy_streams_.begin(), copy_streams_.end(),
-                             [&](const c10::Stream& s) { return s.device() == device; });
-  if (stream == copy_streams_.end()) {
-    copy_streams_.push_back(impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false));
-    stream = copy_streams_.end() - 1;
-  }
-  // The side stream waits for what the current stream has queued (the kernels producing grad,
-  // and the previous step's copies out of the masters), then copies without blocking the host.
-  c10::Event produced(device.type());
-  produced.record(impl.getStream(device));
-  stream->wait(produced);
-  const c10::StreamGuard on_side_stream(*stream);
-  slot.host_grad.copy_(grad, /*non_blocking=*/true);
-  slot.staged = grad;  // keeps the source alive until step() has waited for the copy
-}
-
 void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr, double grad_scale) {
   slot.step += 1;
   const at::ScalarType update_dtype =
@@ -232,28 +209,17 @@ void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr, double gr
 
 void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
                            double lr, double grad_scale) {
-  if (!copy_streams_.empty()) {
-    profile::ScopedPhase part("optimizer_download", profile::Category::kOptimizer);
-    for (const c10::Stream& stream : copy_streams_) {
-      stream.synchronize();  // every staged gradient is on the host
-    }
-  }
-  std::vector<FusedAdamWBuffer> buffers;
+  std::vector<FusedAdamWBuffer> buffers;  // the slots updated whole, in one pass
   buffers.reserve(slots.size());
-  std::vector<Slot*> direct;            // slots the pass writes, or copied from their master
-  std::vector<Slot*> staged;            // slots whose converted weights go through staging
-  std::vector<at::Tensor> staged_grads;
+  std::vector<Slot*> direct;
+  std::vector<Slot*> streamed;  // the slots that go through the staging buffers
+  std::vector<at::Tensor> streamed_grads;
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& slot = *slots[i];
     slot.step += 1;
-    const at::Tensor& grad = grads[i].is_cuda() ? slot.host_grad : grads[i];
-    const bool own_master = slot.master.is_same(slot.param);
-    const bool pass_writes = slot.param.device().is_cpu() && slot.param.is_contiguous() &&
-                             !stage_host_parameters_;
-    const bool same_dtype = slot.param.scalar_type() == slot.master.scalar_type();
-    if (!own_master && !pass_writes && !(same_dtype && slot.param.is_contiguous())) {
-      staged.push_back(&slot);
-      staged_grads.push_back(grad.contiguous());
+    if (grads[i].is_cuda() || stage_host_parameters_ || upload_needs_staging(slot)) {
+      streamed.push_back(&slot);
+      streamed_grads.push_back(grads[i].contiguous());
       continue;
     }
     direct.push_back(&slot);
@@ -261,14 +227,14 @@ void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at
     buffer.master = slot.master;
     buffer.exp_avg = slot.exp_avg;
     buffer.exp_avg_sq = slot.exp_avg_sq;
-    buffer.grad = grad.contiguous();
-    if (!own_master && pass_writes) {
+    buffer.grad = grads[i].contiguous();
+    if (!slot.master.is_same(slot.param) && slot.param.is_cpu() && slot.param.is_contiguous()) {
       buffer.param_out = slot.param;  // written by the pass itself
     }
     buffer.step = slot.step;
     buffers.push_back(std::move(buffer));
   }
-  {
+  if (!buffers.empty()) {
     profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
     fused_adamw_cpu(buffers, lr, options_, grad_scale);
   }
@@ -278,19 +244,25 @@ void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at
       Slot& slot = *direct[i];
       if (slot.master.is_same(slot.param) || buffers[i].param_out.defined()) continue;
       // Same dtype: host -> device from pinned memory, queued on the current stream; the next
-      // step's copies out wait for it (start_host_copy), so the next host update never races it.
+      // step's copies out wait for it (update_streamed), so the next host update never races it.
       slot.param.copy_(slot.master, /*non_blocking=*/slot.param.is_cuda());
     }
   }
-  if (!staged.empty()) update_through_staging(staged, staged_grads, lr, grad_scale);
-  for (Slot* slot : slots) slot->staged = at::Tensor();
+  if (!streamed.empty()) update_streamed(streamed, streamed_grads, lr, grad_scale);
+}
+
+bool AdamW::upload_needs_staging(const Slot& slot) const {
+  if (slot.master.is_same(slot.param)) return false;                     // updated in place
+  if (slot.param.is_cpu() && slot.param.is_contiguous()) return false;  // the pass writes it
+  return slot.param.scalar_type() != slot.master.scalar_type() || !slot.param.is_contiguous();
 }
 
 void AdamW::set_upload_staging_bytes(int64_t bytes, bool stage_host_parameters) {
-  TORCH_CHECK(bytes >= 64, "AdamW: upload staging buffers of ", bytes, " bytes (64 at least)");
+  TORCH_CHECK(bytes >= 64, "AdamW: staging buffers of ", bytes, " bytes (64 at least)");
   for (size_t k = 0; k < 2; ++k) {
     wait_staging(k);
     staging_[k] = at::Tensor();
+    downloads_[k] = at::Tensor();
   }
   staging_bytes_ = bytes;
   stage_host_parameters_ = stage_host_parameters;
@@ -299,6 +271,7 @@ void AdamW::set_upload_staging_bytes(int64_t bytes, bool stage_host_parameters) 
 AdamW::~AdamW() {
   try {
     for (size_t k = 0; k < 2; ++k) wait_staging(k);  // nothing copies out of freed memory
+    for (const c10::Stream& stream : copy_streams_) stream.synchronize();  // nor into it
   } catch (...) {
   }
 }
@@ -308,93 +281,186 @@ void AdamW::wait_staging(size_t k) {
   staging_copies_[k].clear();
 }
 
-void AdamW::update_through_staging(const std::vector<Slot*>& staged,
-                                   const std::vector<at::Tensor>& grads, double lr,
-                                   double grad_scale) {
-  // A piece: elements [offset, offset + length) of one slot, whose converted weights the pass
-  // writes at `byte` in the current staging buffer.
+c10::Stream AdamW::copy_stream(c10::Device device) {
+  auto stream = std::find_if(copy_streams_.begin(), copy_streams_.end(),
+                             [&](const c10::Stream& s) { return s.device() == device; });
+  if (stream != copy_streams_.end()) return *stream;
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  copy_streams_.push_back(impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false));
+  return copy_streams_.back();
+}
+
+void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
+                            double lr, double grad_scale) {
+  // A piece: elements [offset, offset + length) of one slot. Its gradient comes from `down` bytes
+  // into the batch's download buffer (device gradients) or from where it is; its converted
+  // weights go to `up` bytes into the batch's staging buffer (upload_needs_staging) or where the
+  // direct path puts them.
   struct Piece {
     Slot* slot;
-    int64_t offset, length, byte;
     const at::Tensor* grad;
+    int64_t offset, length;
+    int64_t down = -1, up = -1;  // -1: not through that buffer
   };
   constexpr int64_t kAlign = 64;  // each piece starts on a cache line
+  const auto aligned = [&](int64_t bytes) {
+    return std::min(staging_bytes_, (bytes + kAlign - 1) / kAlign * kAlign);
+  };
+  // Batches of pieces that fit one download and one staging buffer each, in slot order.
+  std::vector<std::vector<Piece>> batches(1);
+  int64_t down_used = 0, up_used = 0;
+  std::vector<size_t> whole;  // slots too large for a buffer that cannot go in pieces
+  for (size_t s = 0; s < slots.size(); ++s) {
+    Slot* slot = slots[s];
+    const bool download = grads[s].is_cuda() || stage_host_parameters_;
+    const bool upload = upload_needs_staging(*slot) ||
+                        (stage_host_parameters_ && !slot->master.is_same(slot->param));
+    const int64_t numel = slot->param.numel();
+    const int64_t grad_size = static_cast<int64_t>(grads[s].element_size());
+    const int64_t param_size = static_cast<int64_t>(slot->param.element_size());
+    const bool pieces_ok = slot->param.is_contiguous();  // else the parameter goes whole
+    if (!pieces_ok && numel * std::max(grad_size, param_size) > staging_bytes_) {
+      whole.push_back(s);
+      continue;
+    }
+    for (int64_t offset = 0; offset < numel;) {
+      const int64_t left = numel - offset;
+      int64_t room = left;
+      if (download) room = std::min(room, (staging_bytes_ - down_used) / grad_size);
+      if (upload) room = std::min(room, (staging_bytes_ - up_used) / param_size);
+      if (room <= 0 || (!pieces_ok && room < left)) {
+        batches.emplace_back();
+        down_used = up_used = 0;
+        continue;
+      }
+      Piece piece{slot, &grads[s], offset, room};
+      if (download) {
+        piece.down = down_used;
+        down_used = aligned(down_used + room * grad_size);
+      }
+      if (upload) {
+        piece.up = up_used;
+        up_used = aligned(up_used + room * param_size);
+      }
+      batches.back().push_back(piece);
+      offset += room;
+    }
+  }
+  const auto range = [](const at::Tensor& t, const Piece& p) {
+    return t.reshape({-1}).narrow(0, p.offset, p.length);  // a view: t is contiguous
+  };
+  const auto bytes_as = [](const at::Tensor& buffer, int64_t byte, int64_t n, at::ScalarType dtype) {
+    return buffer.narrow(0, byte, n * static_cast<int64_t>(c10::elementSize(dtype))).view(dtype);
+  };
+  // Device gradients are copied on a side stream that first waits for what the current stream
+  // has queued (the kernels producing them, and the last step's copies out of these buffers).
+  for (const at::Tensor& g : grads) {
+    if (!g.is_cuda()) continue;
+    const c10::impl::VirtualGuardImpl impl(g.device().type());
+    c10::Event produced(g.device().type());
+    produced.record(impl.getStream(g.device()));
+    copy_stream(g.device()).wait(produced);
+  }
+  std::vector<c10::Event> downloaded[2];  // per download buffer: its copies in flight
+  const auto start_downloads = [&](size_t b) {
+    const size_t k = b % 2;
+    for (const Piece& p : batches[b]) {
+      if (p.down < 0) continue;
+      const at::Tensor& g = *p.grad;
+      if (!downloads_[k].defined()) {
+        downloads_[k] = zeros_on_host({staging_bytes_}, at::kByte, /*pinned=*/g.is_cuda());
+      }
+      at::Tensor into = bytes_as(downloads_[k], p.down, p.length, g.scalar_type());
+      if (!g.is_cuda()) {
+        into.copy_(range(g, p));
+        continue;
+      }
+      const c10::Stream side = copy_stream(g.device());
+      {
+        const c10::StreamGuard on_side(side);
+        into.copy_(range(g, p), /*non_blocking=*/true);
+      }
+      c10::Event copied(g.device().type());
+      copied.record(side);
+      downloaded[k].push_back(std::move(copied));
+    }
+  };
   for (size_t k = 0; k < 2; ++k) wait_staging(k);  // the last step's copies (long done)
-  size_t current = 0;             // the staging buffer being filled
-  int64_t used = 0;               // its bytes taken
-  std::vector<Piece> batch;
-  const auto flush = [&] {
-    if (batch.empty()) return;
+  if (!batches.front().empty()) start_downloads(0);
+  for (size_t b = 0; b < batches.size(); ++b) {
+    if (batches[b].empty()) continue;
+    const size_t k = b % 2;
+    if (b + 1 < batches.size()) start_downloads(b + 1);  // while this batch updates
+    {
+      profile::ScopedPhase part("optimizer_download", profile::Category::kOptimizer);
+      for (c10::Event& copied : downloaded[k]) copied.synchronize();
+      downloaded[k].clear();
+      wait_staging(k);  // the copies out of this staging buffer two batches ago
+    }
     std::vector<FusedAdamWBuffer> buffers;
-    buffers.reserve(batch.size());
-    for (const Piece& p : batch) {
-      const auto range = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, p.offset, p.length); };
-      FusedAdamWBuffer b;
-      b.master = range(p.slot->master);
-      b.exp_avg = range(p.slot->exp_avg);
-      b.exp_avg_sq = range(p.slot->exp_avg_sq);
-      b.grad = range(*p.grad);
-      const int64_t bytes = p.length * static_cast<int64_t>(p.slot->param.element_size());
-      b.param_out = staging_[current].narrow(0, p.byte, bytes).view(p.slot->param.scalar_type());
-      b.step = p.slot->step;
-      buffers.push_back(std::move(b));
+    buffers.reserve(batches[b].size());
+    for (const Piece& p : batches[b]) {
+      Slot& slot = *p.slot;
+      FusedAdamWBuffer u;
+      u.master = range(slot.master, p);
+      u.exp_avg = range(slot.exp_avg, p);
+      u.exp_avg_sq = range(slot.exp_avg_sq, p);
+      u.grad = p.down >= 0 ? bytes_as(downloads_[k], p.down, p.length, p.grad->scalar_type())
+                           : range(*p.grad, p);
+      if (p.up >= 0) {
+        if (!staging_[k].defined()) {
+          staging_[k] = zeros_on_host({staging_bytes_}, at::kByte, slot.param.is_cuda());
+        }
+        u.param_out = bytes_as(staging_[k], p.up, p.length, slot.param.scalar_type());
+      } else if (!slot.master.is_same(slot.param) && slot.param.is_cpu() &&
+                 slot.param.is_contiguous()) {
+        u.param_out = range(slot.param, p);
+      }
+      u.step = slot.step;
+      buffers.push_back(std::move(u));
     }
     {
       profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
       fused_adamw_cpu(buffers, lr, options_, grad_scale);
     }
     profile::ScopedPhase part("optimizer_upload", profile::Category::kOptimizer);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      at::Tensor& param = batch[i].slot->param;
+    for (size_t i = 0; i < batches[b].size(); ++i) {
+      const Piece& p = batches[b][i];
+      at::Tensor& param = p.slot->param;
+      at::Tensor from;  // what goes into the parameter's range, or undefined
+      if (p.up >= 0) {
+        from = buffers[i].param_out;
+      } else if (!p.slot->master.is_same(param) && !buffers[i].param_out.defined()) {
+        from = range(p.slot->master, p);  // the same dtype, from pinned memory
+      }
+      if (!from.defined()) continue;
       if (param.is_contiguous()) {
-        param.view({-1}).narrow(0, batch[i].offset, batch[i].length)
-            .copy_(buffers[i].param_out, /*non_blocking=*/param.is_cuda());
-      } else {  // whole (see below): a strided copy of the parameter's shape
-        param.copy_(buffers[i].param_out.view(param.sizes()), /*non_blocking=*/param.is_cuda());
+        range(param, p).copy_(from, /*non_blocking=*/param.is_cuda());
+      } else {  // whole (see above): a strided copy of the parameter's shape
+        param.copy_(from.view(param.sizes()), /*non_blocking=*/param.is_cuda());
       }
       if (param.is_cuda()) {
         const c10::impl::VirtualGuardImpl impl(param.device().type());
         c10::Event copied(param.device().type());
         copied.record(impl.getStream(param.device()));
-        staging_copies_[current].push_back(std::move(copied));
+        staging_copies_[k].push_back(std::move(copied));
       }
-    }
-    batch.clear();
-    current ^= 1;  // fill the other buffer while this one's copies run
-    wait_staging(current);
-    used = 0;
-  };
-  for (size_t s = 0; s < staged.size(); ++s) {
-    Slot* slot = staged[s];
-    const int64_t numel = slot->param.numel();
-    const int64_t element = static_cast<int64_t>(slot->param.element_size());
-    // A non-contiguous parameter is written whole; one larger than a buffer, from its master.
-    if (!slot->param.is_contiguous() && numel * element > staging_bytes_) {
-      profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
-      fused_adamw_cpu({FusedAdamWBuffer{slot->master, slot->exp_avg, slot->exp_avg_sq,
-                                        grads[s], at::Tensor(), slot->step}},
-                      lr, options_, grad_scale);
-      profile::ScopedPhase upload("optimizer_upload", profile::Category::kOptimizer);
-      slot->param.copy_(slot->master);
-      continue;
-    }
-    for (int64_t offset = 0; offset < numel;) {
-      const int64_t room = (staging_bytes_ - used) / element;
-      const int64_t left = numel - offset;
-      if (room <= 0 || (!slot->param.is_contiguous() && room < left)) {
-        flush();
-        continue;
-      }
-      if (!staging_[current].defined()) {
-        staging_[current] = zeros_on_host({staging_bytes_}, at::kByte, slot->param.is_cuda());
-      }
-      const int64_t length = std::min(room, left);
-      batch.push_back({slot, offset, length, used, &grads[s]});
-      used = std::min(staging_bytes_, (used + length * element + kAlign - 1) / kAlign * kAlign);
-      offset += length;
     }
   }
-  flush();
+  // Non-contiguous parameters larger than a buffer: their gradient whole on the host, the pass
+  // over the master, then a strided copy (none in the models this stack builds).
+  for (size_t s : whole) {
+    Slot* slot = slots[s];
+    const at::Tensor grad = grads[s].to(at::kCPU);
+    {
+      profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
+      fused_adamw_cpu({FusedAdamWBuffer{slot->master, slot->exp_avg, slot->exp_avg_sq, grad,
+                                        at::Tensor(), slot->step}},
+                      lr, options_, grad_scale);
+    }
+    profile::ScopedPhase upload("optimizer_upload", profile::Category::kOptimizer);
+    slot->param.copy_(slot->master);
+  }
 }
 
 void AdamW::reload_parameters() {

@@ -41,10 +41,10 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 //   - host gradients (of host parameters, or of CUDA parameters accumulated on the host during
 //     backward: GradientBuffers on_host, what the trainer does): read where they are, no copy
 //     (bf16/fp16 converted inline);
-//   - CUDA gradients (ZeRO's gradient shards of host masters): non_blocking copies, in the
-//     gradient's dtype, into page-locked staging buffers on a side stream (after the work queued
-//     on the current stream), all started by step() before it waits for the side stream once and
-//     updates.
+//   - CUDA gradients (ZeRO's gradient shards of host masters): in pieces, in the gradient's
+//     dtype, through two page-locked download buffers (upload_staging_bytes() each), copied on a
+//     side stream (after the work queued on the current stream) while the host updates the
+//     previous piece: no host copy of every gradient at once.
 // Afterwards the master goes back into the parameter: contiguous host parameters are written by
 // the same pass (an fp32/fp64 one is its own master: no copy at all); device parameters of the
 // master's dtype get a non_blocking copy from the pinned master on the current stream. Parameters
@@ -147,9 +147,6 @@ class AdamW {
     std::string name;
     at::Tensor param;       // [any shape], the module's parameter, updated in place
     at::Tensor master;      // [param shape] fp32/fp64 master weights, or undefined (update param)
-    at::Tensor host_grad;   // [param shape] pinned staging for a CUDA gradient, in its dtype
-                            // (kHost only; allocated on first use)
-    at::Tensor staged;      // the CUDA gradient whose copy into host_grad is in flight, or undefined
     at::Tensor exp_avg;     // [param shape] first moment m
     at::Tensor exp_avg_sq;  // [param shape] second moment v
     int64_t step = 0;       // updates applied to this parameter (bias-correction exponent)
@@ -157,19 +154,23 @@ class AdamW {
 
   void check_grad(const Slot& slot, const at::Tensor& grad) const;
   void update_slot(Slot& slot, const at::Tensor& grad, double lr, double grad_scale);
-  // kHost: starts the non_blocking copy of a CUDA gradient into slot.host_grad (side stream).
-  void start_host_copy(Slot& slot, const at::Tensor& grad);
-  // kHost: waits for the staged copies, one fused pass over every slot's host buffers, then
-  // copies the masters back. grads[i]: slots[i]'s gradient (CPU) or its staged source (CUDA).
+  // kHost: one fused pass over the slots whose buffers it can read and write whole, then
+  // update_streamed over the others. grads[i]: slots[i]'s gradient (host or device).
   void update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
                       double lr, double grad_scale);
-
-  // kHost: the pass over the slots whose parameter it cannot write itself and that need a
-  // conversion (see above), through the staging buffers; grads[i] is staged[i]'s gradient.
-  void update_through_staging(const std::vector<Slot*>& staged,
-                              const std::vector<at::Tensor>& grads, double lr, double grad_scale);
+  // kHost: the slots whose gradient is on a device, or whose parameter needs converted weights
+  // copied to it (upload_needs_staging), in pieces through two download and two staging buffers:
+  // the download of batch b + 1 and the copies out of batch b - 1 run while the host updates
+  // batch b. grads[i] is slots[i]'s gradient, contiguous.
+  void update_streamed(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
+                       double lr, double grad_scale);
+  // A parameter the pass can neither update in place nor write, of another dtype than its master
+  // or not contiguous (bf16 on a GPU).
+  bool upload_needs_staging(const Slot& slot) const;
   // Waits until no copy out of staging buffer k is in flight.
   void wait_staging(size_t k);
+  // The side stream device gradients are copied to the host on.
+  c10::Stream copy_stream(c10::Device device);
 
   std::vector<Slot> slots_;
   config::OptimOptions options_;
@@ -178,7 +179,8 @@ class AdamW {
   std::vector<c10::Stream> copy_streams_;  // kHost: one side stream per CUDA device in use
   int64_t staging_bytes_ = int64_t{64} << 20;
   bool stage_host_parameters_ = false;
-  at::Tensor staging_[2];                     // [staging_bytes_] uint8, page-locked when for CUDA
+  at::Tensor staging_[2];    // [staging_bytes_] uint8: converted weights on their way to a device
+  at::Tensor downloads_[2];  // [staging_bytes_] uint8: device gradients on their way to the host
   std::vector<c10::Event> staging_copies_[2];  // copies out of staging_[k] still in flight
 };
 

@@ -88,6 +88,7 @@ std::string describe_run(const config::RunConfig& config, const ResolvedRun& run
       << (zero_stage == 3 && !mem.checkpointing && !mem.offload_activations ? " (ZeRO-3)" : "")
       << ", offload_activations " << on_off(mem.offload_activations) << ", offload_optimizer "
       << on_off(mem.offload_optimizer)
+      << (mem.offload_optimizer && !mem.offload_gradients ? " (gradients on the device)" : "")
       << (run.host_threads > 0 ? " (" + std::to_string(run.host_threads) + " host threads)" : "")
       << ", precision " << mem.precision << ", limit "
       << (mem.limit_gib > 0 ? config::format_double(mem.limit_gib) + " GiB" : "none")
@@ -125,6 +126,7 @@ nlohmann::json resolved_run_json(const config::RunConfig& config, const Resolved
             {"zero_stage", effective_zero_stage(config, run)},
             {"offload_activations", mem.offload_activations},
             {"offload_optimizer", mem.offload_optimizer},
+            {"offload_gradients", mem.offload_gradients},
             {"optimizer_host_threads", run.host_threads},
             {"precision", mem.precision},
             {"limit_gib", mem.limit_gib}}},

@@ -177,17 +177,18 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   // padded to a multiple of the world for ZeRO's shards; none under stage 2/3 (the partition
   // holds shard-sized gradients).
   // Under optimizer offload (stage 0) they live on the host, where the update reads them: no
-  // fp32 gradient on the device.
+  // fp32 gradient on the device; with memory.offload_gradients false they stay on the device and
+  // the host update streams them.
+  const bool host_gradients = zero_stage == 0 && placement == OptimizerPlacement::kHost &&
+                              config.memory.offload_gradients;
   GradientBuffers gradients(zero_stage >= 2 ? std::vector<at::Tensor>{} : params,
-                            zero_stage > 0 ? mesh.world().size() : 1,
-                            /*on_host=*/zero_stage == 0 && placement == OptimizerPlacement::kHost);
+                            zero_stage > 0 ? mesh.world().size() : 1, host_gradients);
   // Stages 0 and 1 over several ranks with the gradients on the device: each layer's sum over
   // the world starts as soon as its backward of the step's last micro-batch is done, while the
   // layers below compute (the layer hooks take over build_model's checkpointing runner, recompute
   // and offload included).
   std::shared_ptr<LayerAllReduce> layer_all_reduce;
-  if (zero_stage <= 1 && mesh.world().size() > 1 &&
-      !(zero_stage == 0 && placement == OptimizerPlacement::kHost)) {
+  if (zero_stage <= 1 && mesh.world().size() > 1 && !host_gradients) {
     layer_all_reduce =
         std::make_shared<LayerAllReduce>(model, gradients, mesh.world(), bucket_bytes);
     memory::enable_layer_hooks(model, config.memory.offload_activations,
@@ -344,11 +345,14 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     } else {
       profile::ScopedPhase phase("optimizer");
       if (placement == OptimizerPlacement::kHost) {
-        // Clipping folded into the host update: the gradients (on the host, read in place) are
-        // never rewritten. Their norm is one pass over them on the host pass's threads.
+        // Clipping folded into the host update: the gradients (on the host, read in place, or
+        // on the device, streamed) are never rewritten. The norm of host gradients is one pass
+        // over them on the host pass's threads.
         {
           profile::ScopedPhase part("optimizer_norm", profile::Category::kOptimizer);
-          grad_norm = host_gradient_norm(gradients.grads(), optim.host_threads);
+          grad_norm = host_gradients || device.is_cpu()
+                          ? host_gradient_norm(gradients.grads(), optim.host_threads)
+                          : gradient_norm(gradients.grads());
         }
         skipped = !std::isfinite(grad_norm);
         const double scale = clip_coefficient(grad_norm, config.optim.grad_clip);

@@ -365,12 +365,14 @@ TEST(OptimizerOffload, StateRoundTripsAndMasterFollowsLoadedWeights) {
   }
 }
 
-// Parameters the host pass cannot write itself (bf16 on a GPU, or not contiguous) get their
-// converted weights through two page-locked staging buffers, in pieces, copied out while the pass
-// goes on. Run on the CPU with 256-byte buffers (128 bf16 elements): parameters split into pieces
-// ("a": 3, "c": 8), small ones packed together, a non-contiguous one written whole, and one larger
-// than a buffer from its master. Everything equals the direct pass bit for bit (same elementwise
-// update, same rounding to bf16), over three steps with clipping folded in.
+// Device gradients reach the host pass, and parameters it cannot write itself (bf16 on a GPU, or
+// not contiguous) get their converted weights, in pieces through two download and two staging
+// buffers, copied while the pass goes on. Run on the CPU (host gradients and parameters sent
+// through the buffers as device ones would be) with 256-byte buffers (64 fp32 gradients, 128 bf16
+// weights): parameters split into pieces ("a": 5, "c": 16), small ones packed together, a
+// non-contiguous one written whole, one larger than a buffer from its master, an fp32 one that is
+// its own master (downloads only). Everything equals the direct pass bit for bit (same
+// elementwise update, same rounding to bf16), over three steps with clipping folded in.
 TEST(OptimizerOffload, StagedUploadsEqualTheDirectPassBitForBit) {
   const auto make = [] {
     at::manual_seed(21);
@@ -379,7 +381,8 @@ TEST(OptimizerOffload, StagedUploadsEqualTheDirectPassBitForBit) {
                                {"c", at::randn({1000}).to(at::kBFloat16)},
                                {"d", at::randn({6, 4}).to(at::kBFloat16).t()},
                                {"e", at::randn({20, 10}).to(at::kBFloat16).t()},
-                               {"f", at::randn({9}).to(at::kBFloat16)}};
+                               {"f", at::randn({9}).to(at::kBFloat16)},
+                               {"g", at::randn({500})}};
   };
   train::NamedTensors direct_params = make();
   train::NamedTensors staged_params = make();
@@ -594,6 +597,56 @@ TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
   for (const auto& [name, t] : on_device) {
     EXPECT_TRUE(on_host.at(name).allclose(t, 1e-5, 1e-6)) << name;
   }
+  ulysses::remove_tree(dir);
+}
+
+// memory.offload_gradients: false keeps the gradient sums in the device's buffers (on a CPU the
+// host's own: no hooks, the layer all-reduce during backward) and the offloaded update reads them
+// from there. The sums are the same fp32 additions as on the host (GradientBuffers' on_host
+// tests), so over 3 steps with clipping the losses, norms and weights are equal bit for bit
+// (two ranks: a sum of two is the same in any order).
+TEST(TrainingRun, OffloadedOptimizerWithGradientsOnTheDeviceEqualsOnTheHost) {
+  const fs::path dir = fs::temp_directory_path() / "ulysses-offload-test-grads";
+  if (!testing::in_rank_child()) {
+    ulysses::remove_tree(dir);
+    fs::create_directories(dir);
+  }
+  auto run = [&](const std::string& name, bool host_gradients) {
+    config::RunConfig c = testing::tiny_run_config(4, 2, 1, 2);
+    c.model.init_std = 0.05;
+    c.sequence.micro_batch = 2;
+    c.sequence.grad_accum = 2;
+    c.train.steps = 3;
+    c.optim.lr = 1e-2;
+    c.optim.grad_clip = 0.05;
+    c.profile.warmup_steps = 0;
+    c.memory.offload_optimizer = true;
+    c.memory.offload_gradients = host_gradients;
+    c.output.dir = (dir / name).string();
+    c.checkpoint.dir = (dir / name / "ckpt").string();
+    testing::run_ranks(2, [&](const testing::RankContext& ctx) {
+      auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, 2);
+      EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+    });
+  };
+  run("host", true);
+  run("device", false);
+  if (testing::in_rank_child()) return;
+  auto host = read_lines((dir / "host" / "metrics.jsonl").string());
+  auto device = read_lines((dir / "device" / "metrics.jsonl").string());
+  ASSERT_EQ(host.size(), 3u);
+  ASSERT_EQ(device.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(device[s]["loss"].get<double>(), host[s]["loss"].get<double>()) << s;
+    EXPECT_EQ(device[s]["grad_norm"].get<double>(), host[s]["grad_norm"].get<double>()) << s;
+  }
+  auto on_host =
+      model::load_safetensors((dir / "host" / "ckpt" / "step-3" / "model.safetensors").string());
+  auto on_device =
+      model::load_safetensors((dir / "device" / "ckpt" / "step-3" / "model.safetensors").string());
+  for (const auto& [name, t] : on_host) EXPECT_TRUE(on_device.at(name).equal(t)) << name;
+  std::ifstream summary(dir / "device" / "summary.json");
+  EXPECT_FALSE(nlohmann::json::parse(summary)["memory"]["offload_gradients"].get<bool>());
   ulysses::remove_tree(dir);
 }
 

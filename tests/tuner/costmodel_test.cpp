@@ -3,6 +3,7 @@
 // least-squares calibration recovering known coefficients from synthetic measurements.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -118,10 +119,22 @@ TEST(CostModel, OptimizerAndCheckpointOffloadMoveToTheHostOnCuda) {
   const std::map<std::string, int64_t> m = by_name(p);
   EXPECT_EQ(m.at("weights"), 1704 * 2);
   EXPECT_EQ(m.at("gradients"), 1704 * 4);  // fp32 whatever the weights' dtype
-  // Host: moments 8P + masters 4P + gradient staging 4P + checkpoints L x T x h x 2 B, each
-  // checkpoint (8 x 8 x 2 = 128 B) in a page-locked block of whole 4 KiB pages.
-  EXPECT_EQ(p.host_bytes, 1704 * 16 + 2 * 4096);
+  // Host: moments 8P + masters 4P + the gradients 4P + two 64 MiB buffers the bf16 weights go
+  // back through + checkpoints L x T x h x 2 B, each checkpoint (8 x 8 x 2 = 128 B) in a
+  // page-locked block of whole 4 KiB pages.
+  constexpr int64_t kStagingBuffer = int64_t{64} << 20;
+  EXPECT_EQ(p.host_bytes, 1704 * 16 + 2 * kStagingBuffer + 2 * 4096);
   EXPECT_EQ(m.at("checkpoints (offloaded)"), 2 * 4096);
+  // memory.offload_gradients false: the gradients stay on the device (4P there), the host holds
+  // 12P and two more buffers they stream through.
+  c.memory.offload_gradients = false;
+  const MemoryPrediction device_grads = predict_memory(c, k);
+  EXPECT_EQ(device_grads.host_bytes, 1704 * 12 + 4 * kStagingBuffer + 2 * 4096);
+  const auto gradients = std::find_if(device_grads.terms.begin(), device_grads.terms.end(),
+                                      [](const auto& t) { return t.name == "gradients"; });
+  ASSERT_NE(gradients, device_grads.terms.end());
+  EXPECT_EQ(gradients->bytes, 1704 * 4);
+  EXPECT_EQ(gradients->location, Location::kDevice);
 }
 
 TEST(CostModel, Bf16RmsNormSavesItsInputInBf16) {
@@ -164,9 +177,9 @@ TEST(CostModel, OffloadedCheckpointsTakeWholePagesOfTheirOwnSize) {
   EXPECT_EQ(by_name(p).at("checkpoints (offloaded)"), 2 * 4096);
   EXPECT_EQ(p.host_bytes, 2 * 4096);
   // The optimizer's page-locked buffers keep their own size (common/pinned_host.h): moments 8 P,
-  // masters 4 P and the host gradients 4 P come on top unrounded.
+  // masters 4 P, the host gradients 4 P and the two 64 MiB staging buffers come on top unrounded.
   c.memory.offload_optimizer = true;
-  EXPECT_EQ(predict_memory(c, k).host_bytes, 16 * 1704 + 2 * 4096);
+  EXPECT_EQ(predict_memory(c, k).host_bytes, 16 * 1704 + 2 * (int64_t{64} << 20) + 2 * 4096);
 }
 
 // The device AdamW's temporaries (optim/adamw.cpp): none on CUDA (one fused kernel), elsewhere

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/paths.h"
 #include "config/presets.h"
+#include "tuner/costmodel/memory_model.h"
 #include "tuner/plan/plan_command.h"
 #include "tuner/plan/planner.h"
 #include "tuner/report/plot_script.h"
@@ -44,7 +45,7 @@ PlanRequest llama8b(int64_t devices, const std::vector<FeatureSet>& features) {
 }
 
 void expect_within(double actual, double golden, double rel) {
-  EXPECT_NEAR(actual, golden, rel * golden) << "golden " << golden;
+  EXPECT_NEAR(actual, golden, rel * golden) << "golden " << golden << " actual " << std::fixed << actual;
 }
 
 TEST(Plan, OneH100WithAlstFeaturesGolden) {
@@ -53,10 +54,11 @@ TEST(Plan, OneH100WithAlstFeaturesGolden) {
   ASSERT_EQ(rows.size(), 1u);
   // Optimizer offload keeps the fp32 gradients on the host too (GradientBuffers on_host), so
   // the 224 GiB host of this profile, not the device, is what limits: 16 P = 119.7 GiB of moments,
-  // masters and gradients, and the offloaded checkpoints in page-locked blocks of their own size.
-  // At 427008 tokens a layer's input [T, h] bf16 is 3.26 GiB (32 layers: 104.3 GiB, 223.9 GiB in
-  // all); 1024 tokens more pass 224 GiB.
-  EXPECT_EQ(rows[0].max_seqlen, 427008);
+  // masters and gradients, two 64 MiB page-locked buffers the bf16 weights go back through, and
+  // the offloaded checkpoints in page-locked blocks of their own size. At 425984 tokens a layer's
+  // input [T, h] bf16 is 3.25 GiB (32 layers: 104.0 GiB, 223.9 GiB in all); 1024 tokens more
+  // pass 224 GiB.
+  EXPECT_EQ(rows[0].max_seqlen, 425984);
   EXPECT_EQ(rows[0].max_limit, "host memory");
   r.seqlen = 131072;
   const PlanRow at = make_plan(r).at(0);
@@ -64,18 +66,36 @@ TEST(Plan, OneH100WithAlstFeaturesGolden) {
   // 1.05 x (weights 2 P + one layer's recompute 81928 B x T + residual stream 32772 B x T):
   // bf16 RMSNorms save 2h x 2 + 4 B per token each (input, output and 1/rms).
   expect_within(at.peak_bytes, 32649204940.0, 1e-3);
-  // 16 P + 32 blocks of exactly 1 GiB (131072 x 4096 x 2 B).
-  expect_within(at.host_bytes_per_node, 162843918336.0, 1e-3);
+  // 16 P + 128 MiB of staging + 32 blocks of exactly 1 GiB (131072 x 4096 x 2 B).
+  expect_within(at.host_bytes_per_node, 162978136064.0, 1e-3);
   expect_within(at.step_ms, 55772.98, 1e-3);
   expect_within(at.mfu, 0.351795, 1e-3);
+}
+
+// device-gradients (memory.offload_gradients: false) moves the fp32 gradient buffers from the host
+// to the device: the host holds 4 P less, less the two 64 MiB download buffers the update then
+// streams through; the device peak grows by at least 4 P (the static gradient buffers, with the
+// allocator's overhead factor on top).
+TEST(Plan, DeviceGradientsMoveTheGradientsFromTheHostToTheDevice) {
+  PlanRequest r = llama8b(1, {parse_features("alst"), parse_features("alst,device-gradients")});
+  r.seqlen = 65536;
+  const std::vector<PlanRow> rows = make_plan(r);
+  ASSERT_EQ(rows.size(), 2u);
+  const double p = static_cast<double>(costmodel::parameter_count(r.model));
+  const double host_saved = static_cast<double>(rows[0].host_bytes_per_node - rows[1].host_bytes_per_node);
+  expect_within(host_saved, 4.0 * p - 2.0 * 64 * 1024 * 1024, 1e-6);
+  const double device_added = static_cast<double>(rows[1].peak_bytes - rows[0].peak_bytes);
+  EXPECT_GE(device_added, 4.0 * p);
+  EXPECT_LT(device_added, 4.0 * 1.1 * p);
+  EXPECT_THROW(parse_features("alst,device-gradient"), UserError);
 }
 
 TEST(Plan, EightH100EveryMeshGolden) {
   const std::vector<PlanRow> rows = make_plan(llama8b(8, {parse_features("alst")}));
   ASSERT_EQ(rows.size(), 4u);  // sp 1, 2, 4, 8
   // Host-limited at 558080 local tokens per rank: the 2 TB host holds 8 ranks' offloaded states
-  // and fp32 gradients (16 P each) and their checkpoints, 32 page-locked blocks per rank of
-  // 558080 x 4096 x 2 B = 4.26 GiB: 8 x (16 P + 136.3 GiB) = 2047.3 GiB.
+  // and fp32 gradients (16 P each), 128 MiB of staging each, and their checkpoints, 32 page-locked
+  // blocks per rank of about 558080 x 4096 x 2 B = 4.26 GiB: 8 x (16 P + 136.3 GiB) = 2047 GiB.
   const int64_t golden[] = {558080, 1116160, 2232320, 4464640};
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(rows[i].sp, int64_t{1} << i);
@@ -83,7 +103,7 @@ TEST(Plan, EightH100EveryMeshGolden) {
     EXPECT_EQ(rows[i].max_limit, "host memory");
     expect_within(rows[i].host_bytes_per_node, 2198252027904.0, 1e-3);
   }
-  expect_within(rows[3].step_ms, 5933049.06, 1e-3);
+  expect_within(rows[3].step_ms, 5911417.34, 1e-3);
 }
 
 // ZeRO-3 over one 8x H100 node with ALST's features (reports/plan-vs-alst/): bf16 weights and
@@ -98,9 +118,9 @@ TEST(Plan, EightH100AlstWithZero3Golden) {
   EXPECT_EQ(sp8.sp, 8);
   EXPECT_NEAR(sp8.max_seqlen, 4816896, 8 * 1024);
   EXPECT_EQ(sp8.max_limit, "device memory");
-  // 8 x (2 P of optimizer state and gradient staging + 32 page-locked blocks of 4816896 / 8 x
-  // 4096 x 2 B = 4.59 GiB).
-  expect_within(sp8.host_bytes_per_node, 1391204564992.0, 1e-3);
+  // 8 x (1.5 P of optimizer state, two 64 MiB buffers the gradient shards stream through, and 32
+  // page-locked blocks of 4816896 / 8 x 4096 x 2 B = 4.59 GiB).
+  expect_within(sp8.host_bytes_per_node, 1360157261824.0, 1e-3);
   expect_within(sp8.step_ms, 6900587.16, 1e-3);
   // The same request with --zero 3 instead of the feature, and zero3 parsed into the set.
   PlanRequest r = llama8b(8, {parse_features("alst")});

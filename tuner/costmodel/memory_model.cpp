@@ -153,7 +153,7 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
                      "P x " + n(weight_bytes) + " B" + per(z.weights)});
   // Gradients accumulate in fp32 buffers whatever the weights' dtype (zero/grad_buffers.h); under
   // optimizer offload at stage 0 those buffers are in host memory (GradientBuffers on_host).
-  if (!(c.memory.offload_optimizer && z.stage == 0 && !on_cpu)) {
+  if (!(c.memory.offload_optimizer && c.memory.offload_gradients && z.stage == 0 && !on_cpu)) {
     e.terms.push_back({"gradients", 4 * p / z.gradients,
                        "P x 4 B (fp32 accumulation)" + per(z.gradients)});
   }
@@ -260,10 +260,12 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         Lifetime::kStatic);
   }
   // Gradients: fp32 flat buffers for every parameter dtype (zero/grad_buffers.h). Under optimizer
-  // offload at stage 0 they are in host memory (GradientBuffers on_host: each contribution is
-  // copied out during backward and summed on the CPU, where the host AdamW reads it); the device
-  // then holds only autograd's one contribution at a time, counted with the layer's backward.
-  const bool grads_on_host = opt_loc == Location::kHost && z.stage == 0;
+  // offload at stage 0 (and memory.offload_gradients) they are in host memory (GradientBuffers
+  // on_host: each contribution is copied out during backward and summed on the CPU, where the
+  // host AdamW reads it); the device then holds only autograd's one contribution at a time,
+  // counted with the layer's backward.
+  const bool grads_on_host =
+      opt_loc == Location::kHost && z.stage == 0 && c.memory.offload_gradients;
   add("gradients", static_cast<double>(k.gradient_bytes) * p / z.gradients,
       "P x " + n(k.gradient_bytes) + " B" +
           (k.gradient_bytes == 4 ? " (fp32 flat buffers)" : " (what-if)") + per(z.gradients) +
@@ -280,16 +282,22 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   }
   // AdamW: two fp32 moments; an fp32 master unless the parameter is its own (fp32 on the
   // optimizer's device at stage 0 or 3; ZeRO 1-2 keep a flat fp32 master shard). Offloaded
-  // (CUDA): on the host, with an fp32 staging copy of the gradient.
+  // (CUDA): on the host, with page-locked staging buffers (optim/adamw.h).
   const double ps = static_cast<double>(p) / z.optimizer;
   add("adam moments", 8.0 * ps, "P x 2 x 4 B" + per(z.optimizer), Lifetime::kStatic, opt_loc);
   if (separate_masters(bf16, opt_loc == Location::kHost, z.stage)) {
     add("fp32 master weights", 4.0 * ps, "P x 4 B" + per(z.optimizer), Lifetime::kStatic,
         opt_loc);
   }
-  if (opt_loc == Location::kHost && !grads_on_host) {
-    add("host gradient staging", 4.0 * ps, "P x 4 B (pinned, fp32)" + per(z.optimizer),
-        Lifetime::kStatic, Location::kHost);
+  if (opt_loc == Location::kHost) {
+    // 64 MiB each: two download buffers when the gradients are on the device, two for the
+    // converted weights of bf16 parameters going back to it (stage 0).
+    const int buffers = (grads_on_host ? 0 : 2) + (bf16 && z.stage == 0 ? 2 : 0);
+    if (buffers > 0) {
+      add("host update staging", buffers * 64.0 * 1024 * 1024,
+          n(buffers) + " x 64 MiB (pinned; the host update's pieces)", Lifetime::kStatic,
+          Location::kHost);
+    }
   }
 
   // --- activations saved for backward ---

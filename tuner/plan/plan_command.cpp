@@ -310,7 +310,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
                                                 "(the default without --seqlen)");
   cmd->add_option("--features", o->features,
                   "memory features of one row set, comma-separated: tiled-mlp, tiled-loss, "
-                  "checkpoint, offload-checkpoints, offload-optimizer, alst, none; repeatable "
+                  "checkpoint, offload-checkpoints, offload-optimizer, device-gradients (the "
+                  "gradients stay on the device under optimizer offload), alst, none; repeatable "
                   "(default: base, tiled, tiled+ckpt, tiled+ckpt-offload, alst)");
   cmd->add_option("--micro-batch", o->micro_batch, "sequences per rank and micro-step")
       ->capture_default_str();

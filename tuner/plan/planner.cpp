@@ -66,14 +66,16 @@ FeatureSet parse_features(const std::string& text) {
       f.checkpointing = f.offload_checkpoints = true;
     } else if (item == "offload-optimizer") {
       f.offload_optimizer = true;
+    } else if (item == "device-gradients") {
+      f.device_gradients = true;
     } else if (item == "alst") {
-      f = {text, true, true, true, true, true, f.zero_stage};
+      f = {text, true, true, true, true, true, f.zero_stage, f.device_gradients};
     } else if (item.size() == 5 && item.starts_with("zero") && item[4] >= '0' && item[4] <= '3') {
       f.zero_stage = item[4] - '0';
     } else if (item != "none" && item != "ulysses" && item != "bf16" && !item.empty()) {
       throw UserError("--features: unknown feature '" + item +
                       "' (tiled-mlp, tiled-loss, checkpoint, offload-checkpoints, "
-                      "offload-optimizer, zero0-zero3, alst, none)");
+                      "offload-optimizer, device-gradients, zero0-zero3, alst, none)");
     }
   }
   return f;
@@ -100,6 +102,7 @@ config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet&
   c.memory.checkpointing = f.checkpointing;
   c.memory.offload_activations = f.offload_checkpoints;
   c.memory.offload_optimizer = f.offload_optimizer;
+  c.memory.offload_gradients = !f.device_gradients;
   c.attention.backend = "auto";
   config::validate(c, static_cast<int>(r.world));
   c.zero.stage = f.zero_stage >= 0 ? f.zero_stage : r.zero_stage;

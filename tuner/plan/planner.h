@@ -21,13 +21,15 @@ struct FeatureSet {
   bool tiled_mlp = false, tiled_loss = false, checkpointing = false;
   bool offload_checkpoints = false, offload_optimizer = false;
   int64_t zero_stage = -1;  // 0-3 ("zero3" in the text), -1 = the request's zero_stage
+  bool device_gradients = false;  // with offload_optimizer: memory.offload_gradients false
 };
 
 // The default sets, from none to all of ALST's: base, tiled, tiled+ckpt, tiled+ckpt-offload, alst.
 std::vector<FeatureSet> default_feature_sets();
 
-// Parses "tiled-mlp,tiled-loss,checkpoint,offload-checkpoints,offload-optimizer,zero<N>" (any
-// subset, "alst" = the five memory features, "none" = none, or a default set's name; zero0-zero3
+// Parses "tiled-mlp,tiled-loss,checkpoint,offload-checkpoints,offload-optimizer,
+// device-gradients,zero<N>" (any subset, "alst" = the five memory features; device-gradients keeps
+// the fp32 gradients on the device under optimizer offload, "none" = none, or a default set's name; zero0-zero3
 // pick the ZeRO stage; "ulysses" and "bf16" are accepted and change nothing: SP is always on, the
 // precision is --precision). Throws UserError("--features: unknown feature 'x'").
 FeatureSet parse_features(const std::string& text);
