@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <string_view>
 
@@ -418,6 +419,29 @@ TEST(TiledLossEdge, Bf16MatchesPlainWithinBf16Rounding) {
   EXPECT_EQ(got_hidden.scalar_type(), at::kBFloat16);
   EXPECT_LT(relative_error(got_hidden, want_hidden), kBf16RelTol);
   EXPECT_LT(relative_error(take_grad(weight), want_weight), kBf16RelTol);
+}
+
+// Logits spread over hundreds of nats, so that many labels' softmax probabilities underflow in
+// fp32 (below 1e-38): the losses and gradients still equal the fp64 reference (loss rel 1e-5,
+// gradients rel 1e-4), since the loss is logsumexp - logit, never -log(probability).
+TEST(TiledLossEdge, LossesOfHundredsOfNatsMatchTheFp64Reference) {
+  at::Tensor hidden = (randn({2, 9, 8}, 71) * 10.0).requires_grad_(true);  // [bs, T, h]
+  at::Tensor weight = (randn({13, 8}, 72) * 4.0).requires_grad_(true);     // [V, h]
+  const at::Tensor labels = loss_labels(2, 9, 13, 73);                     // [bs, T]
+  const at::Tensor hidden64 = hidden.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor weight64 = weight.detach().to(at::kDouble).requires_grad_(true);
+  model::LossSum want = model::lm_loss_sum(hidden64, weight64, labels);  // the fp64 reference
+  want.sum.backward();
+  const at::Tensor logits = at::linear(hidden64, weight64).detach();  // [bs, T, V]
+  const at::Tensor gap = logits.amax(-1) - logits.gather(-1, labels.clamp_min(0).unsqueeze(-1))
+                                              .squeeze(-1);  // [bs, T] loss >= gap
+  ASSERT_GT(gap.max().item<double>(), 200.0) << "the case must have labels far below the max";
+  model::LossSum got = sp::tiled_lm_loss_sum(hidden, weight, labels, 3);
+  got.sum.backward();
+  EXPECT_TRUE(std::isfinite(got.sum.item<double>()));
+  EXPECT_LT(relative_error(got.sum, want.sum), kLossRelTol);
+  EXPECT_LT(relative_error(take_grad(hidden), hidden64.grad()), kGradRelTol) << "hidden";
+  EXPECT_LT(relative_error(take_grad(weight), weight64.grad()), kGradRelTol) << "weight";
 }
 
 // The LM-head weight gradient of a bf16 model is summed over the tiles in fp32: with 64 tiles it
