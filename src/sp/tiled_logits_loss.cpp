@@ -27,16 +27,18 @@ struct LossGradients {
 // that are defined. Per tile of n = bs*T_i rows, with the GEMMs in the operands' dtype:
 //   logits = hidden_tile @ W^T [n, V], written in the loss dtype (wide_matmul.h: by the GEMM
 //            itself on CUDA, else converted once);
-//   row max and its index (one read), p = softmax(logits) (one fused pass, a new [n, V]), after
-//            which the logits are freed; logsumexp = max - log p[argmax] (p[argmax] = 1 / sum of
-//            exp(logit - max) >= 1/V, so it never underflows); the tile's loss sum from [n] values;
+//   the row max (one read), p = softmax(logits) (one fused pass, a new [n, V]), after which the
+//            logits are freed, and p's row max (one read), which is p at the logits' argmax,
+//            1 / sum of exp(logit - max) >= 1/V: it never underflows, and logsumexp =
+//            max - log max(p); the tile's loss sum from [n] values;
 //   d(sum CE)/d logits = p - one_hot(label), the -1 scattered into p in place; the rows of
 //            ignored labels are not masked in [n, V] but in [n, h]: grad_hidden's rows are zeroed
 //            and the hidden rows that multiply p into grad_weight are zeroed;
 //   grad_hidden tile = d logits @ W [n, h], grad_weight += d logits^T @ masked hidden [V, h] as one
 //            GEMM that accumulates into the sum (wide_matmul.h).
-// Full passes over [n, V] beside the GEMMs: the max, the softmax and, for bf16/fp16 operands, the
-// conversion of p to the operands' dtype.
+// Full passes over [n, V] beside the GEMMs: the two maxima, the softmax and, for bf16/fp16
+// operands, the conversion of p to the operands' dtype. (A max with its index instead of the
+// second maximum costs more than the softmax on a CPU.)
 at::Tensor tiled_loss_and_gradients(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
                                     const at::Tensor& labels, int64_t tiles, LossGradients& grads) {
   const at::ScalarType operands =
@@ -53,11 +55,11 @@ at::Tensor tiled_loss_and_gradients(const at::Tensor& hidden, const at::Tensor& 
     at::Tensor valid = tile_labels.ne(model::kIgnoreLabel);                             // [n]
     at::Tensor targets = tile_labels.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [n, 1]
     at::Tensor logits = matmul_as(tile_hidden, weight.t(), loss_dtype);  // [n, V] loss dtype
-    auto [row_max, argmax] = at::max(logits, 1, /*keepdim=*/true);      // [n, 1] each
+    at::Tensor row_max = logits.amax(1, /*keepdim=*/true);               // [n, 1]
     at::Tensor label_logits = logits.gather(1, targets);                 // [n, 1]
     at::Tensor probs = at::_softmax(logits, 1, /*half_to_float=*/false);  // [n, V] loss dtype
     logits.reset();
-    at::Tensor log_norm = row_max - probs.gather(1, argmax).log_();       // [n, 1] logsumexp
+    at::Tensor log_norm = row_max - probs.amax(1, /*keepdim=*/true).log_();  // [n, 1] logsumexp
     at::Tensor mask = valid.to(loss_dtype).unsqueeze(1);                 // [n, 1]
     at::Tensor tile_loss = ((log_norm - label_logits) * mask).sum();     // []
     loss_sum = loss_sum.defined() ? loss_sum.add_(tile_loss) : tile_loss;
