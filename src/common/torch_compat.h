@@ -17,6 +17,9 @@ static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERS
 // at::scaled_dot_product_attention takes enable_gqa (k/v with fewer heads than q) from 2.5 on;
 // before, k/v are expanded to hq heads.
 #define ULYSSES_HAS_SDPA_GQA (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5)
+// mm / addmm take out_dtype from 2.8 on: on CUDA, fp16/bf16 operands with an fp32 result
+// accumulated and written in fp32 by the GEMM.
+#define ULYSSES_HAS_GEMM_OUT_DTYPE (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 8)
 
 // NCCL process groups: a CUDA build of LibTorch with c10d's NCCL backend compiled in.
 #if defined(ULYSSES_WITH_CUDA) && defined(USE_C10D_NCCL)

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "model/graph_only_forward.h"
 #include "profile/phase_timer.h"
 
 namespace ulysses::memory {
@@ -69,6 +70,7 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       {
         profile::ScopedPhase phase("recompute");
         at::AutoGradMode grad_on(true);
+        model::GraphOnlyForward graph_only;  // `out` is backpropagated through, never read
         out = call->layer->forward(leaf, call->cos, call->sin, call->attention);
       }
       ++owner.recomputed_;

@@ -3,6 +3,8 @@
 // and keeps only its input hidden state [bs, T, h] (on the device, or offloaded to host memory);
 // backward recomputes the layer with grad enabled and backpropagates through it (reentrant style:
 // a nested backward accumulates the layer's parameter gradients and yields the input gradient).
+// The recompute is a model::GraphOnlyForward: its output is never read, so TiledMLP builds its
+// graph there without running its tiles, which run once, in its own backward.
 //
 // Works with any attention core, Ulysses included: every SP rank recomputes its layers in the same
 // (reverse) order, so the recompute's all-to-alls pair up across ranks as in the forward. The

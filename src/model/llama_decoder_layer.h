@@ -14,7 +14,10 @@
 namespace ulysses::model {
 
 // Runs the MLP of a layer; the default calls mlp.forward. TiledMLP (src/sp/tiled_mlp.h) installs
-// one that runs it over sequence tiles. x [bs, T, h] -> [bs, T, h].
+// one that runs it over sequence tiles. x [bs, T, h] -> [bs, T, h]. The layer uses the result only
+// in its last residual add, whose backward reads no values: inside a model::GraphOnlyForward a
+// runner may return a tensor of the right shape whose graph gives the right gradients but whose
+// values were not computed.
 using MlpRunner = std::function<at::Tensor(LlamaMLPImpl& mlp, const at::Tensor& x)>;
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {

@@ -157,7 +157,13 @@ RotaryEmbedding::RotaryEmbedding(const ModelOptions& o) {
 RotaryCosSin RotaryEmbedding::forward(const at::Tensor& position_ids) const {
   TORCH_CHECK(position_ids.dim() == 2, "RotaryEmbedding: position_ids must be [bs, T], got ",
               position_ids.sizes());
-  at::Tensor inv_freq = inv_freq_.to(position_ids.device());                // [hd/2]
+  const at::Device device = position_ids.device();
+  if (device != inv_freq_.device() &&
+      (!device_inv_freq_.defined() || device_inv_freq_.device() != device)) {
+    device_inv_freq_ = inv_freq_.to(device);  // once per device
+  }
+  const at::Tensor& inv_freq =
+      device == inv_freq_.device() ? inv_freq_ : device_inv_freq_;  // [hd/2]
   at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [bs, T, hd/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);                             // [bs, T, hd]
   if (attention_scaling_ == 1.0) return {emb.cos(), emb.sin()};  // HF's `* 1.0` is exact

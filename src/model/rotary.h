@@ -42,10 +42,14 @@ class RotaryEmbedding {
 
   // cos/sin of position * inv_freq, duplicated over the two halves, times attention_scaling(), in
   // fp32 on position_ids' device. position_ids [bs, T] int64 -> {cos [bs, T, hd], sin [bs, T, hd]}.
+  // On a device other than the CPU, the first call copies inv_freq there (a blocking copy) and
+  // keeps that copy; later calls on that device copy nothing, so a step does not wait for the
+  // device here. Not thread-safe (one forward at a time per model).
   RotaryCosSin forward(const at::Tensor& position_ids) const;
 
  private:
   at::Tensor inv_freq_;  // [hd/2] fp32, CPU
+  mutable at::Tensor device_inv_freq_;  // [hd/2] fp32, inv_freq_ on the last non-CPU device used
   double attention_scaling_ = 1.0;
 };
 

@@ -1,6 +1,6 @@
 // sequence_tiled_compute (ALST's SequenceTiledCompute): runs a function over tiles of
 // the sequence dim so that only one tile's activations exist at a time, in forward and backward.
-// TiledMLP (tiled_mlp.h) is built on it.
+// TiledMLP (tiled_mlp.h) follows the same scheme with a hand-written tile backward.
 #pragma once
 #include <ATen/ATen.h>
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "sp/sequence_tiled_compute.h"
+#include "sp/wide_matmul.h"
 
 namespace ulysses::sp {
 namespace {
@@ -22,56 +23,60 @@ struct LossGradients {
   at::Tensor weight;  // [V, h] fp32 (fp64), undefined when not needed
 };
 
-// Rows of the weight gradient one tile adds at a time when the operands are narrower than the
-// sum: the product of a row block is made in the operands' dtype (a temporary of at most this many
-// rows) and added to the fp32 sum.
-constexpr int64_t kWeightGradRowBlock = 8192;
-
 // Loss sum of all tiles (scalar, loss dtype: fp32, fp64 for fp64); fills `grads` for the parts
-// that are defined. Per tile the GEMMs run in the operand dtype and only the tile's logits are
-// upcast (model::lm_head_logits); each tile's weight-gradient product (accumulated in fp32 inside
-// the GEMM) is rounded once to the operand dtype and added to the fp32 sum.
+// that are defined. Per tile of n = bs*T_i rows, with the GEMMs in the operands' dtype:
+//   logits = hidden_tile @ W^T [n, V], written in the loss dtype (wide_matmul.h: by the GEMM
+//            itself on CUDA, else converted once);
+//   the row max (one read), p = softmax(logits) (one fused pass, a new [n, V]), after which the
+//            logits are freed, and p's row max (one read), which is p at the logits' argmax,
+//            1 / sum of exp(logit - max) >= 1/V: it never underflows, and logsumexp =
+//            max - log max(p); the tile's loss sum from [n] values;
+//   d(sum CE)/d logits = p - one_hot(label), the -1 scattered into p in place; the rows of
+//            ignored labels are not masked in [n, V] but in [n, h]: grad_hidden's rows are zeroed
+//            and the hidden rows that multiply p into grad_weight are zeroed;
+//   grad_hidden tile = d logits @ W [n, h], grad_weight += d logits^T @ masked hidden [V, h] as one
+//            GEMM that accumulates into the sum (wide_matmul.h).
+// Full passes over [n, V] beside the GEMMs: the two maxima, the softmax and, for bf16/fp16
+// operands, the conversion of p to the operands' dtype. (A max with its index instead of the
+// second maximum costs more than the softmax on a CPU.)
 at::Tensor tiled_loss_and_gradients(const at::Tensor& hidden, const at::Tensor& lm_head_weight,
                                     const at::Tensor& labels, int64_t tiles, LossGradients& grads) {
   const at::ScalarType operands =
       at::promote_types(hidden.scalar_type(), lm_head_weight.scalar_type());
+  const at::ScalarType loss_dtype = at::promote_types(operands, at::kFloat);
   const int64_t batch = hidden.size(0), hidden_size = hidden.size(2);
   at::Tensor weight = lm_head_weight.to(operands);  // [V, h], no copy when the dtypes agree
   at::Tensor loss_sum;                              // [] loss dtype
   for (const SequenceTile& tile : sequence_tiles(hidden.size(1), tiles)) {
     at::Tensor tile_hidden = hidden.narrow(1, tile.start, tile.length)
                                  .reshape({-1, hidden_size})
-                                 .to(operands);  // [bs*T_i, h]
-    at::Tensor tile_labels = labels.narrow(1, tile.start, tile.length).reshape({-1});  // [bs*T_i]
-    at::Tensor logits = model::lm_head_logits(tile_hidden, weight);  // [bs*T_i, V] loss dtype
-    at::Tensor log_norm;                                             // [bs*T_i, 1]
-    at::Tensor tile_loss = model::token_cross_entropy(logits, tile_labels, &log_norm).sum();  // []
+                                 .to(operands);  // [n, h]
+    at::Tensor tile_labels = labels.narrow(1, tile.start, tile.length).reshape({-1});  // [n]
+    at::Tensor valid = tile_labels.ne(model::kIgnoreLabel);                             // [n]
+    at::Tensor targets = tile_labels.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [n, 1]
+    at::Tensor logits = matmul_as(tile_hidden, weight.t(), loss_dtype);  // [n, V] loss dtype
+    at::Tensor row_max = logits.amax(1, /*keepdim=*/true);               // [n, 1]
+    at::Tensor label_logits = logits.gather(1, targets);                 // [n, 1]
+    at::Tensor probs = at::_softmax(logits, 1, /*half_to_float=*/false);  // [n, V] loss dtype
+    logits.reset();
+    at::Tensor log_norm = row_max - probs.amax(1, /*keepdim=*/true).log_();  // [n, 1] logsumexp
+    at::Tensor mask = valid.to(loss_dtype).unsqueeze(1);                 // [n, 1]
+    at::Tensor tile_loss = ((log_norm - label_logits) * mask).sum();     // []
     loss_sum = loss_sum.defined() ? loss_sum.add_(tile_loss) : tile_loss;
 
     if (!grads.hidden.defined() && !grads.weight.defined()) continue;
-    // d(sum CE)/d logits = (softmax - one_hot(label)) on valid rows, 0 on ignored ones; in place.
-    at::Tensor valid = tile_labels.ne(model::kIgnoreLabel);                             // [bs*T_i]
-    at::Tensor targets = tile_labels.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [bs*T_i, 1]
-    at::Tensor mask = valid.to(logits.scalar_type()).unsqueeze(1);                      // [bs*T_i, 1]
-    at::Tensor grad_logits = logits.sub_(log_norm).exp_();  // softmax
-    grad_logits.scatter_add_(1, targets, mask.neg());  // - one_hot on valid rows
-    grad_logits.mul_(mask);                            // ignored rows contribute nothing
-    grad_logits = grad_logits.to(operands);            // [bs*T_i, V] operand dtype
+    // d(sum CE)/d logits on valid rows; ignored rows are masked on the [n, h] side below.
+    probs.scatter_add_(1, targets, at::full({probs.size(0), 1}, -1.0, probs.options()));
+    at::Tensor grad_logits = probs.to(operands);  // [n, V] operand dtype; no copy when equal
+    probs.reset();
+    at::Tensor row_mask = mask.to(operands);  // [n, 1]
     if (grads.hidden.defined()) {
+      at::Tensor grad_tile = at::mm(grad_logits, weight).mul_(row_mask);  // [n, h]
       grads.hidden.narrow(1, tile.start, tile.length)
-          .copy_(at::mm(grad_logits, weight).view({batch, tile.length, hidden_size}));
+          .copy_(grad_tile.view({batch, tile.length, hidden_size}));
     }
     if (grads.weight.defined()) {
-      if (grads.weight.scalar_type() == operands) {
-        grads.weight.addmm_(grad_logits.t(), tile_hidden);  // [V, h]
-      } else {
-        const int64_t vocab = grads.weight.size(0);
-        for (int64_t row = 0; row < vocab; row += kWeightGradRowBlock) {
-          const int64_t rows = std::min(kWeightGradRowBlock, vocab - row);
-          grads.weight.narrow(0, row, rows)
-              .add_(at::mm(grad_logits.narrow(1, row, rows).t(), tile_hidden));  // [rows, h]
-        }
-      }
+      add_matmul_(grads.weight, grad_logits.t(), tile_hidden * row_mask);  // [V, h]
     }
   }
   return loss_sum;

@@ -18,13 +18,16 @@ inline constexpr int64_t kAutoLossTileBytes = int64_t{1} << 30;  // 1 GiB
 // cross-entropy summed over labels != -100 (0 when there are none), in fp32 (fp64 for fp64
 // operands), and count the number of those labels. Tiles are sequence_tiles(T, tiles) of dim 1.
 //   hidden [bs, T, h], lm_head_weight [V, h], labels [bs, T] int64 (-100 or in [0, V))
-// Forward computes per tile the logits [bs*T_i, V] (GEMM in the model's dtype, upcast to fp32
-// for the softmax: model::lm_head_logits), the loss, and the gradients of the loss sum w.r.t. the
-// hidden tile and the weight (as if the incoming gradient were 1), with GEMMs in the model's
-// dtype; it keeps grad_hidden [bs, T, h] in the model's dtype (bf16 for a bf16 model) and
-// grad_weight [V, h], summed over the tiles, in fp32 (for a bf16 model twice the bytes of the
-// weight; each tile's product rounded once, never a bf16 running sum), and backward returns them
-// times the actual incoming gradient, in the hidden's and the weight's dtype. Gradients are
+// Forward computes per tile the logits [bs*T_i, V] (GEMM in the model's dtype, result in fp32
+// for the softmax), the loss, and the gradients of the loss sum w.r.t. the hidden tile and the
+// weight (as if the incoming gradient were 1), with GEMMs in the model's dtype; the logit
+// gradient is the softmax, written once and corrected in place, and is freed with the tile, so
+// backward recomputes nothing. It keeps grad_hidden [bs, T, h] in the model's dtype (bf16 for a
+// bf16 model) and grad_weight [V, h], summed over the tiles by the GEMMs (sp/wide_matmul.h), in
+// fp32 (for a bf16 model twice the bytes of the weight; never a bf16 running sum), and backward
+// returns them times the actual incoming gradient, in the hidden's and the weight's dtype.
+// Working memory per tile: the fp32 logits and their softmax ([bs*T_i, V] each, the logits freed
+// once the softmax exists), plus a bf16 copy of the softmax for a bf16 model. Gradients are
 // computed only when grad mode is on and hidden / the weight require grad. A tied weight (the
 // embedding's) receives this gradient on top of the embedding's, through the graph. No device
 // sync.

@@ -1,5 +1,5 @@
-// TiledMLP: each layer's SwiGLU MLP run over sequence tiles through
-// sequence_tiled_compute, so its [bs, T, ffn] intermediates exist for one tile at a time in
+// TiledMLP: each layer's SwiGLU MLP run over sequence tiles (sequence_tiled_compute's scheme with
+// a hand-written tile backward), so its [bs, T, ffn] intermediates exist for one tile at a time in
 // forward and in backward. Installed in a model with LlamaForCausalLM::set_mlp_runner.
 #pragma once
 #include <ATen/ATen.h>
@@ -13,10 +13,18 @@
 namespace ulysses::sp {
 
 // mlp(x) computed over sequence_tiles(T, tiles) of x's dim 1; equal to mlp.forward(x) up to fp
-// rounding. x [bs, T, h] -> [bs, T, h]. In backward x gets its gradient through the graph and the
-// MLP weights get theirs accumulated into .grad by the tile recompute (sequence_tiled_compute.h).
-// The returned graph keeps `mlp` alive. REQUIRES: tiles >= 1; mlp is owned by a shared_ptr (as
-// every module inside a ModuleHolder is); x has T >= 1.
+// rounding. x [bs, T, h] -> [bs, T, h].
+// Forward runs each tile under no-grad and keeps only x. Backward recomputes each tile's
+// activations once and computes its gradients by hand (no nested autograd): x's gradient tile by
+// tile, and each weight's gradient as one sum over the tiles, accumulated by the GEMMs themselves
+// (sp/wide_matmul.h): in the weight's dtype, or in fp32 for bf16/fp16 weights with more than one
+// tile, handed to autograd once per call (one contribution per weight, not one per tile; autograd
+// rounds an fp32 sum to the weight's dtype on its way to .grad). The gradients flow through the
+// graph as any op's: torch::autograd::grad() gets them too. The weights are read when backward
+// runs (a ZeRO gather before the recompute is seen).
+// Inside a model::GraphOnlyForward with grad mode on (a checkpointed layer's recompute) the tiles
+// do not run: the result is zeros of x's shape with the graph above, since nobody reads it.
+// REQUIRES: tiles >= 1; the projections have no bias; x has T >= 1 and the weights' dtype.
 at::Tensor tiled_mlp(model::LlamaMLPImpl& mlp, const at::Tensor& x, int64_t tiles);
 
 // A runner for LlamaForCausalLM::set_mlp_runner that calls tiled_mlp(mlp, x, tiles).

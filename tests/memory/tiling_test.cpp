@@ -1,13 +1,21 @@
 // Sequence tiling: sequence_tiled_compute, TiledMLP and TiledLogitsLoss equal the plain
 // computation (outputs, input and parameter gradients), alone and through
-// train::compute_gradients on 1 and 2 real Gloo ranks (loss rel 1e-5, every gradient rel 1e-4).
+// train::compute_gradients on 1 and 2 real Gloo ranks (loss rel 1e-5, every gradient rel 1e-4);
+// a TiledMLP tile runs its forward twice per step, also under activation checkpointing.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <string_view>
 
 #include "../train/train_test_util.h"
 #include "comm/mesh.h"
 #include "data/data_loader.h"
+#include "memory/activation_checkpoint.h"
 #include "model/lm_loss.h"
 #include "sp/sequence_tiled_compute.h"
 #include "sp/tiled_logits_loss.h"
@@ -227,6 +235,98 @@ INSTANTIATE_TEST_SUITE_P(TilesAndBatch, TiledMlp,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// bf16 weights: the tiles' weight gradients are summed in fp32 and rounded to bf16 once (by
+// autograd, on their way to .grad), so the tiled gradients are bf16 and as close to the untiled
+// bf16 ones as bf16 rounding allows.
+TEST(TiledMlpBf16, MatchesPlainMlpWithinBf16Rounding) {
+  constexpr double kBf16RelTol = 2e-2;  // both paths compute in bf16 with fp32 GEMM accumulation
+  model::LlamaForCausalLM model(small_model(false));
+  model->to(at::kBFloat16);
+  model::LlamaMLP mlp = model->model->layer(0)->mlp;
+  at::Tensor x = randn({2, 33, 16}, 23).to(at::kBFloat16).requires_grad_(true);  // [bs, T, h]
+  const at::Tensor upstream = randn({2, 33, 16}, 24).to(at::kBFloat16);           // [bs, T, h]
+  at::Tensor want = mlp->forward(x);
+  want.backward(upstream);
+  std::vector<at::Tensor> want_grads{take_grad(x)};
+  for (auto& p : mlp->parameters()) want_grads.push_back(take_grad(p));
+
+  at::Tensor got = sp::tiled_mlp(*mlp, x, 5);
+  got.backward(upstream);
+  EXPECT_EQ(got.scalar_type(), at::kBFloat16);
+  EXPECT_LT(relative_error(got, want), kBf16RelTol);
+  EXPECT_LT(relative_error(take_grad(x), want_grads[0]), kBf16RelTol) << "x";
+  size_t i = 1;
+  for (auto& item : mlp->named_parameters()) {
+    ASSERT_EQ(item.value().grad().scalar_type(), at::kBFloat16) << item.key();
+    EXPECT_LT(relative_error(take_grad(item.value()), want_grads[i++]), kBf16RelTol) << item.key();
+  }
+}
+
+// Counts the calls of aten::silu, which every SwiGLU MLP forward makes once (a tile's as well as
+// the whole sequence's), on every thread while it lives (a RecordFunction callback).
+class SiluCounter {
+ public:
+  SiluCounter() {
+    calls_.store(0);
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_start).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~SiluCounter() { at::removeCallback(handle_); }
+  SiluCounter(const SiluCounter&) = delete;
+  SiluCounter& operator=(const SiluCounter&) = delete;
+  int64_t calls() const { return calls_.load(); }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    if (std::string_view(fn.name()) == "aten::silu") ++calls_;
+    return nullptr;
+  }
+  static inline std::atomic<int64_t> calls_{0};
+  at::CallbackHandle handle_;
+};
+
+struct MlpForwardCase {
+  int64_t tiles;  // 1: the plain MLP
+  bool checkpointing;
+};
+void PrintTo(const MlpForwardCase& c, std::ostream* os) {
+  *os << "tiles " << c.tiles << (c.checkpointing ? " checkpointing" : "");
+}
+
+class MlpForwardCount : public ::testing::TestWithParam<MlpForwardCase> {};
+
+// Each MLP tile runs its forward twice per step, with or without activation checkpointing: once in
+// the forward pass and once in backward to rebuild its activations. The checkpointed layer's
+// recompute runs only for its graph (model/graph_only_forward.h), so the tiles do not run a third
+// time there. The plain MLP runs once in the forward pass and, checkpointed, once more in the
+// recompute.
+TEST_P(MlpForwardCount, EachTileRunsTwicePerStep) {
+  const MlpForwardCase c = GetParam();
+  model::LlamaForCausalLM model(small_model(false));  // one layer
+  if (c.tiles > 1) model->set_mlp_runner(sp::tiled_mlp_runner(c.tiles));
+  if (c.checkpointing) memory::enable_activation_checkpointing(model, /*offload=*/false);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(25);
+  const at::Tensor ids = at::randint(37, {2, 12}, gen, at::kLong);         // [bs, T]
+  const at::Tensor positions = at::arange(12, at::kLong).repeat({2, 1});  // [bs, T]
+  SiluCounter silu;
+  at::Tensor hidden = model->forward_hidden(ids, positions, {});  // [bs, T, h]
+  const int64_t in_forward = silu.calls();
+  hidden.square().sum().backward();
+  const int64_t in_backward = silu.calls() - in_forward;
+  EXPECT_EQ(in_forward, c.tiles);
+  EXPECT_EQ(in_backward, c.tiles > 1 || c.checkpointing ? c.tiles : 0);
+  for (auto& p : model->model->layer(0)->parameters()) EXPECT_TRUE(p.grad().defined());
+}
+
+INSTANTIATE_TEST_SUITE_P(TilesAndCheckpointing, MlpForwardCount,
+                         ::testing::Values(MlpForwardCase{1, false}, MlpForwardCase{1, true},
+                                           MlpForwardCase{3, false}, MlpForwardCase{3, true},
+                                           MlpForwardCase{4, true}),
+                         [](const auto& info) {
+                           return "tiles" + std::to_string(info.param.tiles) +
+                                  (info.param.checkpointing ? "_checkpointing" : "");
+                         });
+
 // ---------------------------------------------------------------- TiledLogitsLoss
 
 // Labels [bs, T] in [0, V) with scattered -100s and positions 4..7 all ignored, so that with 3
@@ -319,6 +419,29 @@ TEST(TiledLossEdge, Bf16MatchesPlainWithinBf16Rounding) {
   EXPECT_EQ(got_hidden.scalar_type(), at::kBFloat16);
   EXPECT_LT(relative_error(got_hidden, want_hidden), kBf16RelTol);
   EXPECT_LT(relative_error(take_grad(weight), want_weight), kBf16RelTol);
+}
+
+// Logits spread over hundreds of nats, so that many labels' softmax probabilities underflow in
+// fp32 (below 1e-38): the losses and gradients still equal the fp64 reference (loss rel 1e-5,
+// gradients rel 1e-4), since the loss is logsumexp - logit, never -log(probability).
+TEST(TiledLossEdge, LossesOfHundredsOfNatsMatchTheFp64Reference) {
+  at::Tensor hidden = (randn({2, 9, 8}, 71) * 10.0).requires_grad_(true);  // [bs, T, h]
+  at::Tensor weight = (randn({13, 8}, 72) * 4.0).requires_grad_(true);     // [V, h]
+  const at::Tensor labels = loss_labels(2, 9, 13, 73);                     // [bs, T]
+  const at::Tensor hidden64 = hidden.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor weight64 = weight.detach().to(at::kDouble).requires_grad_(true);
+  model::LossSum want = model::lm_loss_sum(hidden64, weight64, labels);  // the fp64 reference
+  want.sum.backward();
+  const at::Tensor logits = at::linear(hidden64, weight64).detach();  // [bs, T, V]
+  const at::Tensor gap = logits.amax(-1) - logits.gather(-1, labels.clamp_min(0).unsqueeze(-1))
+                                              .squeeze(-1);  // [bs, T] loss >= gap
+  ASSERT_GT(gap.max().item<double>(), 200.0) << "the case must have labels far below the max";
+  model::LossSum got = sp::tiled_lm_loss_sum(hidden, weight, labels, 3);
+  got.sum.backward();
+  EXPECT_TRUE(std::isfinite(got.sum.item<double>()));
+  EXPECT_LT(relative_error(got.sum, want.sum), kLossRelTol);
+  EXPECT_LT(relative_error(take_grad(hidden), hidden64.grad()), kGradRelTol) << "hidden";
+  EXPECT_LT(relative_error(take_grad(weight), weight64.grad()), kGradRelTol) << "weight";
 }
 
 // The LM-head weight gradient of a bf16 model is summed over the tiles in fp32: with 64 tiles it

@@ -30,6 +30,21 @@ TEST(Rotary, InvFreqIsThetaPower) {
   }
 }
 
+// On a GPU the tables are computed from a device copy of inv_freq kept from the first call: every
+// call equals the CPU tables (rel 1e-6: the device's cos/sin round differently).
+TEST(Rotary, CosSinOnCudaEqualCpuOnEveryCall) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  RotaryEmbedding rope(rope_options(8, 10000.0));
+  const at::Tensor pos = at::arange(64, at::kLong).view({2, 32});  // [bs, T]
+  const RotaryCosSin want = rope.forward(pos);
+  for (int call = 0; call < 2; ++call) {
+    const RotaryCosSin got = rope.forward(pos.to(at::kCUDA));
+    ASSERT_TRUE(got.cos.is_cuda());
+    EXPECT_TRUE(at::allclose(got.cos.cpu(), want.cos, 1e-6, 1e-6)) << "call " << call;
+    EXPECT_TRUE(at::allclose(got.sin.cpu(), want.sin, 1e-6, 1e-6)) << "call " << call;
+  }
+}
+
 TEST(Rotary, CosSinMatchPerElementFormulaAtGlobalPositions) {
   const int64_t hd = 8;
   RotaryEmbedding rope(rope_options(hd, 10000.0));
