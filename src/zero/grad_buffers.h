@@ -51,11 +51,12 @@ class GradientBuffers {
   // ever occupies device memory (DeepSpeed's ZeRO-Offload keeps its fp32 gradients on the host
   // too). A parameter's contributions are summed in fp32 beside the parameter, starting from its
   // host sum so far, and the sum goes back to the host buffer: at once, or, for contributions that
-  // arrive while an sp::ContributionWindow is open (the tiles of a tiled MLP), once when the window
-  // closes, so a tiled layer's weights leave the device once per micro-batch and not once per tile.
-  // On a GPU both copies are non_blocking on a side stream, so backward does not wait for them
-  // (settle() does). Device memory: the fp32 sums of the parameters of one open window (one tiled
-  // MLP's weights) plus those in flight. The sums are the same, bit for bit, as on the device: the
+  // arrive while an sp::ContributionWindow is open (the tiles of a sequence-tiled computation,
+  // sp/sequence_tiled_compute.h; the tiled MLP sums its tiles itself and contributes once), once
+  // when the window closes, so tiled weights leave the device once per micro-batch and not once
+  // per tile. On a GPU both copies are non_blocking on a side stream, so backward does not wait
+  // for them (settle() does). Device memory: the fp32 sums of the parameters of one open window
+  // plus those in flight. The sums are the same, bit for bit, as on the device: the
   // same fp32 additions in the same order.
   explicit GradientBuffers(std::vector<at::Tensor> params, int64_t shards = 1,
                            bool on_host = false);
