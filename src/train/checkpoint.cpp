@@ -384,9 +384,9 @@ std::vector<at::Tensor> parameter_descriptions(model::LlamaForCausalLM& model,
   std::vector<at::Tensor> out;
   if (partition != nullptr && partition->stage() == 3 && partition->all_released()) {
     for (size_t i = 0; i < partition->params().size(); ++i) {
-      out.push_back(at::empty(partition->shape(i), at::TensorOptions(at::kMeta)
-                                                       .dtype(partition->weight_dtype(i))
-                                                       .requires_grad(true)));
+      at::Tensor described = at::empty(
+          partition->shape(i), at::TensorOptions(at::kMeta).dtype(partition->weight_dtype(i)));
+      out.push_back(described.set_requires_grad(true));
     }
     return out;
   }
