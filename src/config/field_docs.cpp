@@ -66,8 +66,8 @@ const std::map<std::string, std::string>& meanings() {
        "sequence.length is refused (sliding-window attention is not implemented)."},
       {"model.tie_embeddings", "The LM head shares the token embedding's weight."},
       {"model.init_seed",
-       "Seed of the random weight init (identical on every rank; on CUDA the weights are drawn on "
-       "the device, so a CUDA run starts from other values than a CPU run)."},
+       "Seed of the random weight init (identical on every rank, mesh and ZeRO stage; on CUDA the "
+       "weights are drawn on the device, so a CUDA run starts from other values than a CPU run)."},
       {"model.init_std", "Standard deviation of the normal init of every weight matrix."},
       {"model.max_position_embeddings",
        "Written to a checkpoint's HF config.json (and read from one); training uses it only with "

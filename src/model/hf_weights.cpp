@@ -151,6 +151,51 @@ void load_hf_weights(LlamaForCausalLM& model, const std::string& dir) {
   }
 }
 
+HfWeightIndex::HfWeightIndex(
+    const std::string& dir, const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
+    bool tied) {
+  std::map<std::string, std::vector<int64_t>> expected(params.begin(), params.end());
+  for (const std::string& file : weight_files(dir)) {
+    for (SafetensorsTensor& tensor : read_safetensors_tensors(file)) {
+      if (ignored(tensor.name, tied)) continue;
+      auto param = expected.find(tensor.name);
+      if (param == expected.end()) {
+        throw UserError(file + ": tensor '" + tensor.name + "' is not a parameter of this model " +
+                        "(check model.num_layers / tie_embeddings)");
+      }
+      if (tensors_.count(tensor.name)) {
+        throw UserError(file + ": tensor '" + tensor.name + "' appears in more than one file");
+      }
+      if (tensor.shape != param->second) {
+        throw UserError(file + ": tensor '" + tensor.name + "' has shape " +
+                        shape_string(tensor.shape) + ", the model expects " +
+                        shape_string(param->second));
+      }
+      const std::string name = tensor.name;
+      tensors_.emplace(name, Located{file, std::move(tensor)});
+    }
+  }
+  for (const auto& [name, shape] : params) {
+    if (!tensors_.count(name)) {
+      throw UserError(dir + ": tensor '" + name + "' is missing from the weight files");
+    }
+  }
+}
+
+void HfWeightIndex::read(const std::string& name, int64_t begin, at::Tensor out) const {
+  constexpr int64_t kReadBytes = int64_t{4} << 20;
+  const Located& located = tensors_.at(name);
+  const auto element = static_cast<int64_t>(c10::elementSize(located.tensor.dtype));
+  const int64_t step = std::max<int64_t>(kReadBytes / element, 1);
+  at::NoGradGuard no_grad;
+  for (int64_t done = 0; done < out.numel(); done += step) {
+    const int64_t count = std::min(step, out.numel() - done);
+    at::Tensor stored = at::empty({count}, at::TensorOptions().dtype(located.tensor.dtype));
+    read_safetensors_range(located.file, located.tensor, begin + done, stored);
+    out.narrow(0, done, count).copy_(stored);
+  }
+}
+
 std::vector<std::pair<std::string, at::Tensor>> hf_state(LlamaForCausalLM& model) {
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (auto& item : model->named_parameters(/*recurse=*/true)) {

@@ -3,11 +3,13 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "model/llama.h"
+#include "model/safetensors.h"
 
 namespace ulysses::model {
 
@@ -20,6 +22,31 @@ namespace ulysses::model {
 // tensor is missing, has the wrong shape, appears twice, or is not a parameter of the model (e.g.
 // more layers than model.num_layers), and for corrupt files.
 void load_hf_weights(LlamaForCausalLM& model, const std::string& dir);
+
+// An HF model directory's tensors (the files load_hf_weights reads), for reading element ranges
+// of them: ZeRO-3's sharded load, where a rank reads the bytes of its shards and nothing else.
+// Construction reads the headers only. Immutable after construction; read() may be called from
+// any thread.
+class HfWeightIndex {
+ public:
+  // `params`: the model's parameters (HF name, shape) as named_parameters() lists them; `tied`:
+  // model.tie_embeddings. Throws UserError as load_hf_weights does (no weight file, a tensor
+  // missing, of the wrong shape, in two files or not a parameter of the model, corrupt headers).
+  HfWeightIndex(const std::string& dir,
+                const std::vector<std::pair<std::string, std::vector<int64_t>>>& params, bool tied);
+
+  // Writes elements [begin, begin + out.numel()) of tensor `name` (flattened) into `out` ([n],
+  // any device and floating dtype; converted from the stored dtype), reading at most a few MiB
+  // at a time. Throws UserError when the file cannot be read.
+  void read(const std::string& name, int64_t begin, at::Tensor out) const;
+
+ private:
+  struct Located {
+    std::string file;
+    SafetensorsTensor tensor;
+  };
+  std::map<std::string, Located> tensors_;
+};
 
 // The checks of load_hf_weights that need no tensor data, for a run's inputs before any rank
 // starts: a directory with PyTorch .bin weights and no safetensors is refused naming them; every

@@ -1,10 +1,12 @@
 // Llama-family decoder and its deterministic init (see llama.h).
 #include "model/llama.h"
 
-#include <ATen/CPUGeneratorImpl.h>
+#include <optional>
 
 #include "common/error.h"
+#include "model/plain_layers.h"
 #include "model/sdpa_attention.h"
+#include "model/weight_init.h"
 
 namespace ulysses::model {
 namespace {
@@ -74,6 +76,8 @@ at::Tensor LlamaModelImpl::forward_layers(const at::Tensor& embedded,
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const config::ModelOptions& options, WeightInit init)
     : options_(checked_options(options)) {
+  std::optional<ShapesOnlyScope> shapes_only;
+  if (init == WeightInit::kShapesOnly) shapes_only.emplace();
   model = register_module("model", LlamaModel(options_));
   if (!options_.tie_embeddings) {
     lm_head = register_module("lm_head", Linear(options_.hidden_size, options_.vocab_size));
@@ -107,19 +111,13 @@ std::shared_ptr<AttentionCore> LlamaForCausalLMImpl::attention_core() const {
 }
 
 void init_llama_weights(torch::nn::Module& module, uint64_t seed, double std) {
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   torch::NoGradGuard no_grad;
+  size_t index = 0;
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
     at::Tensor& p = item.value();
-    TORCH_CHECK(p.device().is_cpu() && p.scalar_type() == at::kFloat,
+    TORCH_CHECK(p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous(),
                 "init_llama_weights: ", item.key(), " must be CPU fp32 (init before .to())");
-    if (p.dim() == 2) {
-      p.normal_(0.0, std, generator);
-    } else if (is_bias(item.key())) {
-      p.zero_();
-    } else {
-      p.fill_(1.0);
-    }
+    init_weight_range(index++, item.key(), p.sizes(), seed, std, 0, p.view({-1}));
   }
 }
 

@@ -64,8 +64,10 @@ TORCH_MODULE(LlamaModel);
 // When a model's weights get their values: at construction (on CPU in fp32, from
 // init_llama_weights), or later by materialize_weights (materialize.h), which puts them straight
 // where they will live. A deferred model's weights are uninitialized host memory that nothing has
-// touched, so that it takes no resident memory before materialize_weights replaces it.
-enum class WeightInit { kAtConstruction, kDeferred };
+// touched, so that it takes no resident memory before materialize_weights replaces it. A
+// shapes-only model's weights are placeholders (plain_layers.h ShapesOnlyScope) that take no
+// memory at all: ZeRO-3's sharded build (zero_partition.h) gives each rank its shards only.
+enum class WeightInit { kAtConstruction, kDeferred, kShapesOnly };
 
 // HF LlamaForCausalLM: `model` and, unless tie_embeddings, `lm_head`. The LM head and loss are
 // applied by the caller (lm_loss.h) from forward_hidden() and lm_head_weight(), so that they can be
@@ -107,11 +109,11 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaForCausalLM);
 
-// Deterministic init: walks module.named_parameters() in order and, with one local CPU generator
-// seeded with `seed`, fills every 2-D parameter (Linear/Embedding weight) with N(0, std) drawn in
-// fp32, every bias with 0 and every other 1-D parameter (norm weight) with 1, as transformers
-// initializes them. Same seed and shapes -> bit-identical weights on every rank and mesh.
-// REQUIRES: parameters on CPU, fp32.
+// Deterministic init: walks module.named_parameters() in order and fills every 2-D parameter
+// (Linear/Embedding weight) with N(0, std) drawn in fp32, every bias with 0 and every other 1-D
+// parameter (norm weight) with 1, as transformers initializes them, by init_weight_range
+// (weight_init.h): same seed and shapes -> bit-identical weights on every rank and mesh, and equal
+// to the shards a ZeRO-3 rank draws on its own. REQUIRES: parameters on CPU, fp32.
 void init_llama_weights(torch::nn::Module& module, uint64_t seed, double std);
 
 // Whether a parameter name ends in ".bias" (q/k/v projections of Qwen2).

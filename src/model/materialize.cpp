@@ -2,10 +2,7 @@
 #include "model/materialize.h"
 
 #include "model/hf_weights.h"
-
-#ifdef ULYSSES_WITH_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
+#include "model/weight_init.h"
 
 namespace ulysses::model {
 namespace {
@@ -15,22 +12,16 @@ namespace {
 // the values come from a checkpoint. The host tensors they replace were never touched.
 void allocate_on_cuda(LlamaForCausalLM& model, const at::Device& device, at::ScalarType dtype,
                       bool draw) {
-  at::Generator generator = at::cuda::detail::createCUDAGenerator(device.index());
-  generator.set_current_seed(model->options().init_seed);
-  const double std = model->options().init_std;
   torch::NoGradGuard no_grad;
+  size_t index = 0;
   for (auto& item : model->named_parameters(/*recurse=*/true)) {
     at::Tensor& p = item.value();
     at::Tensor on_device = at::empty(p.sizes(), at::TensorOptions(dtype).device(device));
     if (draw) {
-      if (p.dim() == 2) {
-        on_device.normal_(0.0, std, generator);
-      } else if (is_bias(item.key())) {
-        on_device.zero_();
-      } else {
-        on_device.fill_(1.0);
-      }
+      init_weight_range(index, item.key(), p.sizes(), model->options().init_seed,
+                        model->options().init_std, 0, on_device.view({-1}));
     }
+    ++index;
     p.set_data(on_device);
   }
 }

@@ -15,11 +15,12 @@ namespace ulysses::model {
 //     by file and copied straight into the weights; nothing is drawn;
 //   - on CPU: init_llama_weights in fp32, then cast: bit-identical to a model initialised at
 //     construction;
-//   - on CUDA: each weight is allocated on the device in `dtype` and drawn there, N(0, init_std)
-//     for matrices and 1 for norm weights, from the device's generator seeded with
-//     model.init_seed, in parameter order: the same on every rank and in every run on the same
-//     kind of device, but not the CPU's values. Nothing of size of the model touches host
-//     memory, and drawing takes milliseconds where the CPU takes about a minute for 8B weights.
+//   - on CUDA: each weight is allocated on the device in `dtype` and drawn there by
+//     init_weight_range (weight_init.h) from the device's generators: the same on every rank and
+//     in every run on the same kind of device, but not the CPU's values. Nothing of size of the
+//     model touches host memory, and drawing takes milliseconds where the CPU takes about a
+//     minute for 8B weights.
+// A ZeRO-3 run does not call this: each rank draws or loads its shards only (zero_partition.h).
 void materialize_weights(LlamaForCausalLM& model, const at::Device& device, at::ScalarType dtype,
                          const std::string& load_dir);
 

@@ -3,6 +3,8 @@
 
 #include <torch/autograd.h>
 
+#include "model/plain_layers.h"
+
 namespace ulysses::model {
 namespace {
 
@@ -62,7 +64,9 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
 RMSNormImpl::RMSNormImpl(int64_t hidden_size, double eps_value) : eps(eps_value) {
   TORCH_CHECK(hidden_size > 0 && eps_value > 0, "RMSNorm: hidden_size and eps must be positive");
-  weight = register_parameter("weight", torch::ones({hidden_size}));
+  at::Tensor ones = new_parameter({hidden_size});
+  if (!ShapesOnlyScope::active()) ones.fill_(1.0);
+  weight = register_parameter("weight", ones);
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {

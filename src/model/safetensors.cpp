@@ -1,6 +1,11 @@
 // safetensors reader and writer (see safetensors.h).
 #include "model/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <c10/util/accumulate.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -135,42 +140,61 @@ std::ifstream open_for_read(const std::string& path) {
   return in;
 }
 
+// The 8-byte length and the JSON header for `tensors` (data in that order), padded to a multiple
+// of 8 bytes; each tensor's file_offset set to where its data will begin.
+std::string encode_header(const std::string& path, std::vector<SafetensorsTensor>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const SafetensorsTensor& tensor : tensors) {
+    TORCH_CHECK(tensor.name != "__metadata__" && names.insert(tensor.name).second,
+                "save_safetensors: duplicate or reserved tensor name '", tensor.name, "'");
+    const char* dtype = nullptr;
+    for (const auto& d : kDtypes) {
+      if (tensor.dtype == d.type) dtype = d.name;
+    }
+    if (dtype == nullptr) {
+      throw UserError(path + ": tensor '" + tensor.name + "' has dtype " +
+                      std::string(c10::toString(tensor.dtype)) +
+                      ", which safetensors cannot store");
+    }
+    const uint64_t bytes = static_cast<uint64_t>(c10::multiply_integers(tensor.shape)) *
+                           c10::elementSize(tensor.dtype);
+    header[tensor.name] = {{"dtype", dtype},
+                           {"shape", tensor.shape},
+                           {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(text.size() >> (8 * i));
+  out += text;
+  uint64_t begin = out.size();
+  for (SafetensorsTensor& tensor : tensors) {
+    tensor.file_offset = begin;
+    begin += static_cast<uint64_t>(c10::multiply_integers(tensor.shape)) *
+             c10::elementSize(tensor.dtype);
+  }
+  return out;
+}
+
 }  // namespace
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::set<std::string> names;
-  uint64_t offset = 0;
+  std::vector<SafetensorsTensor> described;
   for (const auto& [name, tensor] : tensors) {
-    TORCH_CHECK(name != "__metadata__" && names.insert(name).second,
-                "save_safetensors: duplicate or reserved tensor name '", name, "'");
-    const char* dtype = nullptr;
-    for (const auto& d : kDtypes) {
-      if (tensor.scalar_type() == d.type) dtype = d.name;
-    }
-    if (dtype == nullptr) {
-      throw UserError(path + ": tensor '" + name + "' has dtype " +
-                      std::string(c10::toString(tensor.scalar_type())) +
-                      ", which safetensors cannot store");
-    }
-    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
-    header[name] = {{"dtype", dtype},
-                    {"shape", tensor.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    described.push_back({name, tensor.scalar_type(), tensor.sizes().vec(), 0});
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  const std::string header = encode_header(path, described, metadata);
 
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw UserError(path + ": cannot write: " + std::strerror(errno));
-  unsigned char length_bytes[8];
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-  out.write(reinterpret_cast<const char*>(length_bytes), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
   for (const auto& item : tensors) {
     at::Tensor cpu = item.second.detach().to(at::kCPU).contiguous();
     out.write(static_cast<const char*>(cpu.data_ptr()),
@@ -197,6 +221,85 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
   std::ifstream in = open_for_read(path);
   return read_header(path, in).metadata;
+}
+
+std::vector<SafetensorsTensor> read_safetensors_tensors(const std::string& path) {
+  std::ifstream in = open_for_read(path);
+  const Header header = read_header(path, in);
+  std::vector<SafetensorsTensor> out;
+  for (const Entry& e : header.entries) {
+    out.push_back({e.name, e.dtype, e.shape, header.data_start + e.begin});
+  }
+  return out;
+}
+
+void read_safetensors_range(const std::string& path, const SafetensorsTensor& tensor,
+                            int64_t begin, at::Tensor out) {
+  TORCH_CHECK(out.is_cpu() && out.is_contiguous() && out.scalar_type() == tensor.dtype,
+              "read_safetensors_range: out must be a contiguous CPU tensor of ", tensor.name,
+              "'s dtype");
+  TORCH_CHECK(begin >= 0 && begin + out.numel() <= c10::multiply_integers(tensor.shape),
+              "read_safetensors_range: range outside ", tensor.name);
+  std::ifstream in = open_for_read(path);
+  const uint64_t element = c10::elementSize(tensor.dtype);
+  in.seekg(static_cast<std::streamoff>(tensor.file_offset + begin * element));
+  in.read(static_cast<char*>(out.data_ptr()), static_cast<std::streamsize>(out.numel() * element));
+  if (!in) corrupt(path, "cannot read the data of '" + tensor.name + "'");
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path,
+                                     const std::vector<SafetensorsTensor>& tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tensors_(tensors) {
+  const std::string header = encode_header(path, tensors_, metadata);
+  uint64_t size = header.size();
+  if (!tensors_.empty()) {
+    const SafetensorsTensor& last = tensors_.back();
+    size = last.file_offset +
+           static_cast<uint64_t>(c10::multiply_integers(last.shape)) * c10::elementSize(last.dtype);
+  }
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw UserError(path + ": cannot write: " + std::strerror(errno));
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0 ||
+      ::pwrite(fd_, header.data(), header.size(), 0) != static_cast<ssize_t>(header.size())) {
+    const std::string why = std::strerror(errno);
+    ::close(fd_);
+    fd_ = -1;
+    throw UserError(path + ": cannot write: " + why);
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write(size_t index, int64_t begin, const at::Tensor& values) {
+  const SafetensorsTensor& tensor = tensors_.at(index);
+  TORCH_CHECK(fd_ >= 0, "SafetensorsWriter::write after close");
+  TORCH_CHECK(values.is_cpu() && values.is_contiguous() && values.scalar_type() == tensor.dtype,
+              "SafetensorsWriter::write: values must be a contiguous CPU tensor of ", tensor.name,
+              "'s dtype");
+  TORCH_CHECK(begin >= 0 && begin + values.numel() <= c10::multiply_integers(tensor.shape),
+              "SafetensorsWriter::write: range outside ", tensor.name);
+  const uint64_t element = c10::elementSize(tensor.dtype);
+  const char* data = static_cast<const char*>(values.data_ptr());
+  uint64_t left = static_cast<uint64_t>(values.numel()) * element;
+  uint64_t at = tensor.file_offset + static_cast<uint64_t>(begin) * element;
+  while (left > 0) {
+    const ssize_t written = ::pwrite(fd_, data, left, static_cast<off_t>(at));
+    if (written <= 0) throw UserError(path_ + ": cannot write: " + std::strerror(errno));
+    data += written;
+    at += static_cast<uint64_t>(written);
+    left -= static_cast<uint64_t>(written);
+  }
+}
+
+void SafetensorsWriter::close() {
+  if (fd_ < 0) return;
+  const bool synced = ::fsync(fd_) == 0;
+  const bool closed = ::close(fd_) == 0;
+  fd_ = -1;
+  if (!synced || !closed) throw UserError(path_ + ": cannot write: " + std::strerror(errno));
 }
 
 }  // namespace ulysses::model

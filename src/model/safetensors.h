@@ -29,4 +29,49 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path);
 // The "__metadata__" map of `path` (empty when absent). Throws like load_safetensors.
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
 
+// One tensor of a safetensors file: what its header says.
+struct SafetensorsTensor {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  uint64_t file_offset = 0;  // where its bytes begin in the file (set by the reader)
+};
+
+// The tensors of `path` in the header's order; reads the header only. Throws like
+// load_safetensors.
+std::vector<SafetensorsTensor> read_safetensors_tensors(const std::string& path);
+
+// Reads elements [begin, begin + out.numel()) of `tensor` (flattened; listed by
+// read_safetensors_tensors(path)) into `out` ([n], CPU, contiguous, tensor.dtype): only those
+// bytes are read. Throws UserError("<path>: ...") when they cannot be read.
+// REQUIRES: the range lies inside the tensor.
+void read_safetensors_range(const std::string& path, const SafetensorsTensor& tensor,
+                            int64_t begin, at::Tensor out);
+
+// A safetensors file written piece by piece, in any order, so that no tensor needs to exist
+// whole anywhere: the constructor writes the header for `tensors` (name, dtype, shape; their data
+// in this order) and sizes the file, write() fills element ranges. Every element must be written
+// before close(), or the file holds zeros there. Overwrites `path`.
+class SafetensorsWriter {
+ public:
+  // Throws UserError("<path>: ...") when the file cannot be created or a dtype has no safetensors
+  // name. REQUIRES: names unique and not "__metadata__".
+  SafetensorsWriter(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Writes `values` ([n], CPU, contiguous, the tensor's dtype) as elements [begin, begin + n) of
+  // tensor `index` (flattened). Throws UserError when the write fails.
+  void write(size_t index, int64_t begin, const at::Tensor& values);
+  // Flushes the file to stable storage and closes it. Throws UserError when that fails.
+  void close();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::vector<SafetensorsTensor> tensors_;  // file_offset: absolute
+};
+
 }  // namespace ulysses::model

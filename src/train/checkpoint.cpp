@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
@@ -148,16 +149,14 @@ NamedTensors unshard_param_layout(const std::vector<std::map<std::string, at::Te
   return out;
 }
 
+// `params`: the parameters, or descriptions of them (shape and dtype; parameter_descriptions).
 NamedTensors unshard_state(const std::vector<fs::path>& files, model::LlamaForCausalLM& model,
-                           const std::string& saved_layout, const std::string& source) {
+                           const std::vector<at::Tensor>& params, const std::string& saved_layout,
+                           const std::string& source) {
   std::vector<std::map<std::string, at::Tensor>> shards;
   for (const auto& file : files) shards.push_back(model::load_safetensors(file.string()));
-  std::vector<at::Tensor> params;
   std::vector<std::string> names;
-  for (const auto& item : model->named_parameters()) {
-    names.push_back(item.key());
-    params.push_back(item.value());
-  }
+  for (const auto& item : model->named_parameters()) names.push_back(item.key());
   if (saved_layout == "param") return unshard_param_layout(shards, files, names, params, source);
   const FlatLayout layout = plan_flat_layout(params, static_cast<int64_t>(files.size()));
   auto full_flat = [&](size_t f, const std::string& what) {  // [flat_numel[f]]
@@ -343,10 +342,64 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
   return removed;
 }
 
+namespace {
+
+// Collective over `partition`'s world: writes the stage-3 weights to `path` (rank 0) part by
+// part, in HF order (the partition's parameter order), each part all-gathered from the shards.
+void write_sharded_weights(const fs::path& path, ZeroPartition& partition, bool is_rank0) {
+  std::unique_ptr<model::SafetensorsWriter> writer;
+  const size_t count = partition.params().size();
+  if (is_rank0) {
+    std::vector<model::SafetensorsTensor> tensors;
+    for (size_t i = 0; i < count; ++i) {
+      tensors.push_back({partition.names()[i], partition.weight_dtype(i), partition.shape(i), 0});
+    }
+    const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+    writer = std::make_unique<model::SafetensorsWriter>(path.string(), tensors, metadata);
+  }
+  const int64_t world = partition.world().size();
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t shard = partition.shard_numel(i);
+    const int64_t numel = partition.param_numel(i);
+    const int64_t part = partition.gather_part_numel(i);
+    for (int64_t offset = 0; offset < shard; offset += part) {
+      const int64_t n = std::min(part, shard - offset);
+      const at::Tensor gathered = partition.gather_shard_part(i, offset, n).cpu();  // [world, n]
+      if (!writer) continue;
+      for (int64_t r = 0; r < world; ++r) {
+        const int64_t begin = r * shard + offset;
+        const int64_t valid = std::min(n, numel - begin);  // past numel: padding
+        if (valid > 0) writer->write(i, begin, gathered[r].narrow(0, 0, valid).contiguous());
+      }
+    }
+  }
+  if (writer) writer->close();
+}
+
+// The parameters as shape-and-dtype descriptions (meta tensors that require grad, as the
+// parameters do): from `partition` when it holds them (stage 3 with released weights), else the
+// model's own.
+std::vector<at::Tensor> parameter_descriptions(model::LlamaForCausalLM& model,
+                                               const ZeroPartition* partition) {
+  std::vector<at::Tensor> out;
+  if (partition != nullptr && partition->stage() == 3 && partition->all_released()) {
+    for (size_t i = 0; i < partition->params().size(); ++i) {
+      at::Tensor described = at::empty(
+          partition->shape(i), at::TensorOptions(at::kMeta).dtype(partition->weight_dtype(i)));
+      out.push_back(described.set_requires_grad(true));
+    }
+    return out;
+  }
+  for (const auto& p : model->parameters()) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
                      const TrainerState& state, comm::Group& world, const ZeroOptimizer* zero,
-                     bool overwrite) {
+                     bool overwrite, ZeroPartition* sharded_weights) {
   const fs::path final_path(final_dir);
   const fs::path parent = final_path.parent_path();
   const fs::path tmp_path = parent / (std::string(".") + final_path.filename().string() + ".tmp");
@@ -380,12 +433,15 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
   }
   const int64_t optimizer_step =
       optimizer ? optimizer->step_count() : (zero ? zero->step_count() : 0);
-  // Stage 3 holds shards only: every rank gathers the whole model for rank 0 to write it.
-  ZeroPartition* partition = zero != nullptr ? zero->partition() : nullptr;
-  if (partition != nullptr) partition->gather_all();
+  // Stage 3 holds shards only: the weights are streamed part by part, never whole.
+  ZeroPartition* partition = zero != nullptr ? zero->partition() : sharded_weights;
+  const bool streamed = partition != nullptr && partition->stage() == 3;
+  const fs::path weights = tmp_path / "model.safetensors";
+  if (streamed) write_sharded_weights(weights, *partition, is_rank0);
   if (is_rank0) {
-    const fs::path weights = tmp_path / "model.safetensors";
-    model::save_safetensors(weights.string(), to_cpu(model::hf_state(model)), {{"format", "pt"}});
+    if (!streamed) {
+      model::save_safetensors(weights.string(), to_cpu(model::hf_state(model)), {{"format", "pt"}});
+    }
     sync_path(weights);
     nlohmann::json hf_config = config::to_hf_config_json(model_options);
     keep_source_files(model_options, tmp_path, hf_config);
@@ -405,7 +461,6 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
                               {"run_id", state.run_id}};
     write_text(tmp_path / "trainer_state.json", trainer.dump(2) + "\n");
   }
-  if (partition != nullptr) partition->release_all();
   world.barrier();  // every share is on disk
   if (!is_rank0) return;
 
@@ -468,7 +523,21 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
   for (const auto& file : files) {  // all present before anything is loaded
     if (!fs::exists(path / file)) throw UserError((path / file).string() + ": missing");
   }
-  model::load_hf_weights(model, dir);
+  ZeroPartition* partition = zero != nullptr ? zero->partition() : nullptr;
+  if (partition != nullptr && partition->stage() == 3 && partition->all_released()) {
+    // The sharded build: this rank reads its shards' bytes only.
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (size_t i = 0; i < partition->params().size(); ++i) {
+      shapes.emplace_back(partition->names()[i], partition->shape(i));
+    }
+    const model::HfWeightIndex index(dir, shapes, model->options().tie_embeddings);
+    partition->fill_shards([&index](size_t, const std::string& name, at::IntArrayRef,
+                                    int64_t begin, at::Tensor out) {
+      index.read(name, begin, out);
+    });
+  } else {
+    model::load_hf_weights(model, dir);
+  }
   const int64_t optimizer_step = trainer.value("optimizer_step", int64_t{0});
   // Stage 1 wrote the flat layout, stages 2/3 the parameter layout (stage 2 wrote flat before
   // zero_layout was recorded).
@@ -487,7 +556,8 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
     if (saved_stage > 0) {  // shards of another stage or world: per-parameter entries first
       std::vector<fs::path> paths;
       for (const auto& file : files) paths.push_back(path / file);
-      named = unshard_state(paths, model, saved_layout, dir);
+      named = unshard_state(paths, model, parameter_descriptions(model, partition), saved_layout,
+                            dir);
     } else {
       for (const auto& file : files) {
         for (auto& entry : model::load_safetensors((path / file).string())) named.push_back(entry);

@@ -69,22 +69,28 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 // another run (foreign_checkpoint) is replaced only when `overwrite` is true, else UserError. Throws UserError when a
 // file cannot be written, comm::CommError when a peer fails. On return on rank 0 `final_dir`
 // exists and is complete.
-// With `zero` (a ZeRO-1/2 run; `optimizer` is then null) every rank writes all of its own shard's
-// state into optimizer-<r>-of-<W>.safetensors, and trainer_state.json records zero_stage.
+// With `zero` (a ZeRO-1/2/3 run; `optimizer` is then null) every rank writes all of its own
+// shard's state into optimizer-<r>-of-<W>.safetensors, and trainer_state.json records zero_stage.
+// ZeRO-3 (zero's partition, or `sharded_weights` for a weights-only save such as initial/): the
+// weights are streamed, never gathered whole: each parameter is all-gathered one bucket
+// (zero.bucket_mb) at a time and rank 0 writes each part at its place in model.safetensors, so
+// no rank holds more than one bucket of a parameter beyond its own shard.
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,
                      const TrainerState& state, comm::Group& world,
-                     const ZeroOptimizer* zero = nullptr, bool overwrite = false);
+                     const ZeroOptimizer* zero = nullptr, bool overwrite = false,
+                     ZeroPartition* sharded_weights = nullptr);
 
 // Loads weights, optimizer state (when `optimizer` is non-null) and trainer state from `dir`.
 // Throws UserError naming the file when something is missing or does not match the model; in
 // particular when `optimizer` is non-null and a checkpoint past step 0 holds no optimizer state
 // (a weights-only checkpoint: start from it with model.load instead).
-// With `zero` (optimizer null) a checkpoint of a ZeRO-1/2 run on the same world size loads this
-// rank's own optimizer-<r>-of-<W> file (bit-exact resume). Any other combination converts: a
-// zero.stage 0 state is sliced into this rank's shard; ZeRO shards of another world (or into a
-// stage 0 run) are concatenated and cut back into per-parameter entries first (the same values:
-// AdamW is elementwise).
+// With `zero` (optimizer null) a checkpoint of a ZeRO-1/2/3 run on the same world size loads this
+// rank's own optimizer-<r>-of-<W> file (bit-exact resume). A ZeRO-3 partition whose parameters
+// are released (the sharded build) reads only its shards' bytes of model.safetensors. Any other
+// combination converts: a zero.stage 0 state is sliced into this rank's shard; ZeRO shards of
+// another world (or into a stage 0 run) are concatenated and cut back into per-parameter entries
+// first (the same values: AdamW is elementwise).
 TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& model,
                              AdamW* optimizer, ZeroOptimizer* zero = nullptr);
 

@@ -20,6 +20,7 @@
 #include "model/attention_core.h"
 #include "model/hf_weights.h"
 #include "model/materialize.h"
+#include "model/weight_init.h"
 #include "profile/flops.h"
 #include "profile/model_ranges.h"
 #include "profile/phase_timer.h"
@@ -119,10 +120,14 @@ at::Device select_device(const config::RunConfig& config, const comm::DistEnv& e
 }
 
 model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::DeviceMesh& mesh,
-                                    const at::Device& device, int64_t* mlp_tiles) {
-  model::LlamaForCausalLM model(config.model, model::WeightInit::kDeferred);
-  model::materialize_weights(model, device, memory::parameter_dtype(config.memory.precision),
-                             config.model.load);
+                                    const at::Device& device, int64_t* mlp_tiles,
+                                    bool shapes_only) {
+  model::LlamaForCausalLM model(config.model, shapes_only ? model::WeightInit::kShapesOnly
+                                                          : model::WeightInit::kDeferred);
+  if (!shapes_only) {
+    model::materialize_weights(model, device, memory::parameter_dtype(config.memory.precision),
+                               config.model.load);
+  }
   const model::AttentionBackend backend =
       model::resolve_attention_backend(config.attention.backend, device);
   if (mesh.sp_size() > 1) {
@@ -146,11 +151,36 @@ model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::Devic
   return model;
 }
 
+ZeroPartition::ShardFill shard_source(const config::ModelOptions& options,
+                                      model::LlamaForCausalLM& model) {
+  if (options.load.empty()) {
+    const uint64_t seed = model->options().init_seed;
+    const double std = model->options().init_std;
+    return [seed, std](size_t index, const std::string& name, at::IntArrayRef shape,
+                       int64_t begin, at::Tensor out) {
+      model::init_weight_range(index, name, shape, seed, std, begin, out);
+    };
+  }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& item : model->named_parameters()) {
+    shapes.emplace_back(item.key(), item.value().sizes().vec());
+  }
+  auto index = std::make_shared<model::HfWeightIndex>(options.load, shapes,
+                                                      model->options().tie_embeddings);
+  return [index](size_t, const std::string& name, at::IntArrayRef, int64_t begin, at::Tensor out) {
+    index->read(name, begin, out);
+  };
+}
+
 int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                  const at::Device& device) {
   const bool is_rank0 = mesh.rank() == 0;
   ResolvedRun run;
-  model::LlamaForCausalLM model = build_model(config, mesh, device, &run.mlp_tiles);
+  // zero.stage 1-3 shard AdamW over the world; in a world of 1 every stage is stage 0.
+  const int zero_stage = mesh.world().size() > 1 ? static_cast<int>(config.zero.stage) : 0;
+  // Stage 3 never builds the whole model: each rank draws or loads its own shards only.
+  model::LlamaForCausalLM model =
+      build_model(config, mesh, device, &run.mlp_tiles, /*shapes_only=*/zero_stage == 3);
   profile::set_timing_device(device);
   profile::enable_nvtx(config.profile.nvtx);
   const OptimizerPlacement placement = config.memory.offload_optimizer
@@ -158,16 +188,21 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                                            : OptimizerPlacement::kDevice;
   config::OptimOptions optim = config.optim;  // host_threads resolved
   optim.host_threads = resolve_host_threads(config.optim, device, mesh.world().size());
-  // zero.stage 1-3 shard AdamW over the world; in a world of 1 every stage is stage 0.
-  const int zero_stage = mesh.world().size() > 1 ? static_cast<int>(config.zero.stage) : 0;
   const int64_t bucket_bytes =
       std::max<int64_t>(static_cast<int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0), 1);
   // zero.stage 2/3: per-parameter shards of the gradients (and weights: 3); every layer runs
   // through the partition's runner (stage 3 always recomputes in backward, see
   // activation_checkpoint.h), which replaces build_model's checkpointing runner.
   std::shared_ptr<ZeroPartition> partition;
-  if (zero_stage >= 2) {
+  if (zero_stage == 3) {
+    const at::TensorOptions weights =
+        at::TensorOptions(memory::parameter_dtype(config.memory.precision)).device(device);
+    partition = std::make_shared<ZeroPartition>(model, mesh.world(), bucket_bytes, weights,
+                                                shard_source(config.model, model));
+  } else if (zero_stage == 2) {
     partition = std::make_shared<ZeroPartition>(model, mesh.world(), zero_stage, bucket_bytes);
+  }
+  if (zero_stage >= 2) {
     const bool recompute = zero_stage == 3 || config.memory.checkpointing ||
                            config.memory.offload_activations;
     memory::enable_layer_hooks(model, config.memory.offload_activations, recompute, partition);
@@ -262,7 +297,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   if (checkpoints && config.checkpoint.save_initial && state.step == 0) {
     const std::string initial = (std::filesystem::path(config.checkpoint.dir) / "initial").string();
     save_checkpoint(initial, model, config.model, nullptr, state, mesh.world(), nullptr,
-                    config.checkpoint.overwrite);
+                    config.checkpoint.overwrite, partition.get());
     if (is_rank0) say("saved initial weights to " + initial);
   }
 
@@ -277,7 +312,13 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                        : sp::resolve_loss_tiles(config.memory.tiled_loss,
                                                 config.sequence.micro_batch, loader.local_length(),
                                                 config.model.vocab_size);
-  for (const auto& p : params) run.parameters += p.numel();
+  if (partition) {  // stage 3: the parameters hold nothing between uses
+    for (size_t i = 0; i < partition->params().size(); ++i) {
+      run.parameters += partition->param_numel(i);
+    }
+  } else {
+    for (const auto& p : params) run.parameters += p.numel();
+  }
   run.device = device.str();
   run.attention = model->attention_core()->name();
   if (placement == OptimizerPlacement::kHost) run.host_threads = optim.host_threads;

@@ -7,6 +7,7 @@
 #include "comm/mesh.h"
 #include "config/options.h"
 #include "model/llama.h"
+#include "zero/zero_partition.h"
 
 namespace ulysses::train {
 
@@ -18,8 +19,19 @@ at::Device select_device(const config::RunConfig& config, const comm::DistEnv& e
 // model.load, moved to `device`, with Ulysses attention over mesh.sp() when sp > 1 and local
 // attention otherwise. Every rank of the world calls it (memory.tiled_mlp auto is a MAX over
 // ranks). `mlp_tiles`, when given, receives the resolved MLP tile count (1 = plain MLP).
+// `shapes_only` (ZeRO-3): the weights are placeholders that take no memory
+// (WeightInit::kShapesOnly); hand the model to a sharded-build ZeroPartition with
+// shard_source() before anything else touches it.
 model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::DeviceMesh& mesh,
-                                    const at::Device& device, int64_t* mlp_tiles = nullptr);
+                                    const at::Device& device, int64_t* mlp_tiles = nullptr,
+                                    bool shapes_only = false);
+
+// Where a ZeRO-3 rank's shards get their values in the sharded build: model.load's weight files
+// (only the bytes of the rank's shards are read) or the seeded init drawn by range
+// (model::init_weight_range), the values build_model gives the whole model either way.
+// Throws UserError as load_hf_weights does for bad weight files.
+ZeroPartition::ShardFill shard_source(const config::ModelOptions& options,
+                                      model::LlamaForCausalLM& model);
 
 // Runs config.train.steps steps (from a resumed checkpoint when checkpoint.resume is set) and
 // evaluation when configured. Rank 0 echoes the effective config, writes run.yaml (loads back as

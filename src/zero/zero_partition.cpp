@@ -72,12 +72,35 @@ ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world,
     : model_(model), world_(world), stage_(stage), bucket_bytes_(bucket_bytes) {
   TORCH_CHECK(stage == 2 || stage == 3, "ZeroPartition: stage must be 2 or 3, got ", stage);
   TORCH_CHECK(bucket_bytes >= 1, "ZeroPartition: bucket_bytes must be >= 1");
+  add_parameters(std::nullopt);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    weight_shards_.push_back(stage_ == 3 ? param_slice(i) : at::Tensor());
+  }
+}
+
+ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world,
+                             int64_t bucket_bytes, const at::TensorOptions& weight_options,
+                             const ShardFill& fill)
+    : model_(model), world_(world), stage_(3), bucket_bytes_(bucket_bytes) {
+  TORCH_CHECK(bucket_bytes >= 1, "ZeroPartition: bucket_bytes must be >= 1");
+  add_parameters(weight_options.dtype(accumulation_dtype(weight_options.dtype().toScalarType())));
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    weight_shards_.push_back(at::zeros({shard_numel_[i]}, weight_options));  // [S_i]
+    // The placeholder goes: the parameter is released from the start, on the weights' device.
+    params_[i].set_data(at::empty({0}, weight_options));
+    whole_[i] = false;
+  }
+  fill_shards(fill);
+}
+
+void ZeroPartition::add_parameters(const std::optional<at::TensorOptions>& grad_options) {
   at::NoGradGuard no_grad;
   const int64_t w = world_.size();
-  layer_units_.resize(static_cast<size_t>(model->model->num_layers()));
+  layer_units_.resize(static_cast<size_t>(model_->model->num_layers()));
   static const std::regex layer_name("model\\.layers\\.([0-9]+)\\..*");
   bool has_embedding = false;
-  for (const auto& item : model->named_parameters()) {
+  for (const auto& item : model_->named_parameters()) {
     const size_t i = params_.size();
     const at::Tensor& p = item.value();
     TORCH_CHECK(p.requires_grad() && p.is_leaf(), "ZeroPartition: ", item.key(),
@@ -87,8 +110,9 @@ ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world,
     shapes_.push_back(p.sizes().vec());
     shard_numel_.push_back((p.numel() + w - 1) / w);
     whole_.push_back(true);
-    grad_shards_.push_back(at::zeros(
-        {shard_numel_.back()}, p.options().dtype(accumulation_dtype(p.scalar_type()))));
+    const at::TensorOptions grad_where =
+        grad_options ? *grad_options : p.options().dtype(accumulation_dtype(p.scalar_type()));
+    grad_shards_.push_back(at::zeros({shard_numel_.back()}, grad_where));
     pending_.emplace_back();
     std::smatch match;
     if (std::regex_match(item.key(), match, layer_name)) {
@@ -102,12 +126,41 @@ ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world,
     }
   }
   TORCH_CHECK(has_embedding, "ZeroPartition: the model has no model.embed_tokens.weight");
-  if (model->options().tie_embeddings) head_unit_.push_back(embedding_index_);
+  if (model_->options().tie_embeddings) head_unit_.push_back(embedding_index_);
   for (size_t i = 0; i < params_.size(); ++i) {
-    weight_shards_.push_back(stage_ == 3 ? param_slice(i) : at::Tensor());
     torch::autograd::impl::set_post_acc_grad_hooks(params_[i],
                                                    std::make_unique<MoveIntoPending>(this, i));
   }
+}
+
+void ZeroPartition::fill_shards(const ShardFill& fill) {
+  TORCH_CHECK(stage_ == 3, "ZeroPartition::fill_shards: stage 3 only");
+  at::NoGradGuard no_grad;
+  settle_prefetch();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK(!whole_[i], "ZeroPartition::fill_shards: ", names_[i], " is gathered");
+    const int64_t begin = world_.rank() * shard_numel_[i];
+    const int64_t end = std::min(begin + shard_numel_[i], param_numel(i));
+    if (end > begin) {
+      fill(i, names_[i], shapes_[i], begin, weight_shards_[i].narrow(0, 0, end - begin));
+    }
+  }
+}
+
+at::ScalarType ZeroPartition::weight_dtype(size_t i) const {
+  return weight_shards_[i].defined() ? weight_shards_[i].scalar_type() : params_[i].scalar_type();
+}
+
+int64_t ZeroPartition::gather_part_numel(size_t i) const {
+  const int64_t element = static_cast<int64_t>(c10::elementSize(weight_dtype(i)));
+  return std::max<int64_t>(bucket_bytes_ / element / world_.size(), 1);
+}
+
+at::Tensor ZeroPartition::gather_shard_part(size_t i, int64_t offset, int64_t numel) {
+  TORCH_CHECK(stage_ == 3, "ZeroPartition::gather_shard_part: stage 3 only");
+  at::NoGradGuard no_grad;
+  profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
+  return world_.all_gather(weight_shards_[i].narrow(0, offset, numel));  // [world, numel]
 }
 
 ZeroPartition::~ZeroPartition() {
@@ -121,6 +174,10 @@ const std::vector<size_t>& ZeroPartition::unit_params(int64_t unit) const {
 }
 
 int64_t ZeroPartition::param_numel(size_t i) const { return c10::multiply_integers(shapes_[i]); }
+
+bool ZeroPartition::all_released() const {
+  return std::none_of(whole_.begin(), whole_.end(), [](bool whole) { return whole; });
+}
 
 void ZeroPartition::zero_grads() {
   finish_reductions();  // none in a step that ended normally
@@ -147,8 +204,7 @@ void ZeroPartition::reshard_from_params() {
   if (stage_ != 3) return;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    TORCH_CHECK(whole_[i], "ZeroPartition::reshard_from_params: ", names_[i], " is not whole");
-    weight_shards_[i].copy_(param_slice(i));  // in place: the optimizer may alias the shard
+    if (whole_[i]) weight_shards_[i].copy_(param_slice(i));  // in place: the optimizer may alias it
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <climits>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,10 +45,24 @@ class ZeroPartition : public memory::LayerParameterHooks {
  public:
   enum : int64_t { kEmbedding = -1, kHead = -2 };  // unit ids beside the layer indices
 
+  // Writes elements [begin, begin + out.numel()) of parameter `index`'s flattened value (named
+  // `name`, of `shape`) into `out` ([n], the weights' device and dtype): the initial values
+  // (model::init_weight_range) or a checkpoint's (model::HfWeightIndex::read).
+  using ShardFill = std::function<void(size_t index, const std::string& name,
+                                       at::IntArrayRef shape, int64_t begin, at::Tensor out)>;
+
   // REQUIRES: stage 2 or 3; parameters on one device; bucket_bytes >= 1. Computes the shards
   // from the current (whole) parameters and installs the gradient hooks; the weights stay whole
   // until release_all() (load checkpoints first).
   ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world, int stage, int64_t bucket_bytes);
+  // Stage 3 without the whole model (the sharded build): `model` built with
+  // WeightInit::kShapesOnly. Each rank allocates only its weight shards ([S_i], `weight_options`:
+  // the training device and dtype; zero padding) and `fill` writes their elements; the
+  // parameters start released. Nothing of the size of a whole parameter is allocated, so the
+  // values equal the whole model's init whatever the world (fill draws by range).
+  // REQUIRES: bucket_bytes >= 1.
+  ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world, int64_t bucket_bytes,
+                const at::TensorOptions& weight_options, const ShardFill& fill);
   ~ZeroPartition() override;
   ZeroPartition(const ZeroPartition&) = delete;
   ZeroPartition& operator=(const ZeroPartition&) = delete;
@@ -58,6 +73,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
   const std::vector<std::string>& names() const { return names_; }
   int64_t shard_numel(size_t i) const { return shard_numel_[i]; }
   int64_t param_numel(size_t i) const;  // n_i, also while released
+  bool all_released() const;             // no parameter is whole
   const std::vector<at::Tensor>& grad_shards() const { return grad_shards_; }  // [S_i] each
 
   // Zeros the gradient shards (start of a step).
@@ -107,9 +123,22 @@ class ZeroPartition : public memory::LayerParameterHooks {
   // Writes updated shards (masters[i] [S_i], any float dtype) into the weights: stage 3 into the
   // weight shards, stage 2 all-gathered (bucketed) into the whole parameters.
   void set_weights(const std::vector<at::Tensor>& masters);
-  // Recomputes the weight shards from the whole parameters (after loading weights). REQUIRES:
-  // weights whole.
+  // Recomputes the weight shards of the parameters that are whole from their values (after
+  // loading whole weights); a released parameter's shard is its value already.
   void reshard_from_params();
+  // Stage 3: rewrites this rank's weight shards (in place) from `fill` (a sharded load: only this
+  // rank's elements are read). REQUIRES: every parameter released.
+  void fill_shards(const ShardFill& fill);
+
+  // Stage 3, collective: parameter i's shard elements [offset, offset + numel) of every rank,
+  // all-gathered: [world, numel] in the weights' dtype and device; row r holds elements
+  // [r * S_i + offset, ...) of the flattened parameter (past n_i: padding). A streamed save
+  // gathers a parameter part by part, gather_part_numel(i) elements at a time, so that no rank
+  // holds more than one bucket of it.
+  at::Tensor gather_shard_part(size_t i, int64_t offset, int64_t numel);
+  int64_t gather_part_numel(size_t i) const;
+  const std::vector<int64_t>& shape(size_t i) const { return shapes_[i]; }
+  at::ScalarType weight_dtype(size_t i) const;
 
   // Bytes this rank holds for weights (whole parameters or shards) and gradient shards.
   int64_t weight_bytes() const;
@@ -144,6 +173,10 @@ class ZeroPartition : public memory::LayerParameterHooks {
   void settle_prefetch();
   static constexpr int64_t kNoUnit = INT64_MIN;
   at::Tensor param_slice(size_t i) const;  // [S_i] fresh copy of the whole parameter's shard
+  // Records the parameters (names, shapes, units, S_i), allocates the gradient shards
+  // (`grad_options`, or each parameter's device with its accumulation dtype) and installs the
+  // gradient hooks. Shared by both constructors.
+  void add_parameters(const std::optional<at::TensorOptions>& grad_options);
 
   model::LlamaForCausalLM& model_;
   comm::Group& world_;

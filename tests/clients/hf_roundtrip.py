@@ -18,6 +18,9 @@ its step-1 loss and grad_norm must equal transformers' on the same tokens; after
 torch.optim.AdamW step (with clip_grad_norm_) transformers' step-2 loss must equal ulysses-train's
 step-2 loss. (families_test.py holds each family to transformers over 3 steps at sp 1, 2 and 4
 with the memory features.)
+The *_zero3 cases run either direction at zero.stage 3 over several ranks: ulysses-train never
+builds the whole model there (each rank draws, or reads from the safetensors files, only its
+shards) and streams its checkpoints part by part, and the comparisons are the same.
 
 Sample i of a flat file is tokens [i*L, (i+1)*L); labels are the next token within the sample,
 the last position ignored; the loss is the mean cross-entropy over every valid label of the
@@ -83,6 +86,14 @@ CASES = {
     "reverse_qwen2": ("reverse", QWEN2, {}),
     "reverse_qwen3": ("reverse", QWEN3, {"length": 128}),
     "reverse_mistral": ("reverse", MISTRAL, {"length": 128}),
+    # ZeRO-3 over 4 ranks (sp 4): every rank draws only its shards, and the checkpoints are
+    # streamed part by part (a bucket of 16 KiB: the embedding in 16 parts); transformers loads
+    # them as any other.
+    "forward_zero3": ("forward", dict(GQA, tie_embeddings=False),
+                      {"length": 128, "sp": 4, "zero": 3}),
+    # ZeRO-3 over 2 ranks loading transformers' save_pretrained: each rank reads only its shards'
+    # bytes (tied embeddings, q/k/v biases).
+    "reverse_zero3": ("reverse", QWEN2, {"sp": 2, "zero": 3}),
 }
 
 MICRO_BATCH = 2
@@ -99,7 +110,7 @@ def family_of(model_keys):
     return model_keys.get("family", "llama")
 
 
-def write_case_config(path, work, model, length, sp, tokens, eval_tokens):
+def write_case_config(path, work, model, length, sp, tokens, eval_tokens, zero_stage=0):
     sections = {
         "model": model,
         "mesh": {"sp": sp, "dp": 1},
@@ -110,6 +121,8 @@ def write_case_config(path, work, model, length, sp, tokens, eval_tokens):
         "checkpoint": {"dir": os.path.join(work, "ckpt"), "every": 1, "save_initial": True},
         "output": {"dir": os.path.join(work, "out")},
     }
+    if zero_stage:
+        sections["zero"] = {"stage": zero_stage, "bucket_mb": 1.0 / 64}
     if eval_tokens:
         sections["eval"] = {"source": "tokens:" + eval_tokens, "every": 0, "steps": 1}
     return write_run_config(path, sections, "tests/clients/hf_roundtrip.py")
@@ -179,7 +192,8 @@ def forward_case(args, work, model_keys, opts):
     write_tokens(tokens, (STEPS * g + 1) * length, vocab, seed=11)
     write_tokens(eval_tokens, (g + 1) * length, vocab, seed=12)
     config_path = os.path.join(work, "run.yaml")
-    log(write_case_config(config_path, work, model_keys, length, sp, tokens, eval_tokens))
+    log(write_case_config(config_path, work, model_keys, length, sp, tokens, eval_tokens,
+                          opts.get("zero", 0)))
     run_trainer(args.bin, config_path, sp, work)
     steps, evals = read_metrics(os.path.join(work, "out"))
     if sorted(steps) != list(range(1, STEPS + 1)):
@@ -200,7 +214,7 @@ def forward_case(args, work, model_keys, opts):
 
 
 def reverse_case(args, work, model_keys, opts):
-    length = opts.get("length", 64)
+    length, sp = opts.get("length", 64), opts.get("sp", 1)
     family = family_of(model_keys)
     g = MICRO_BATCH
     tokens = os.path.join(work, "train.u16")
@@ -216,8 +230,9 @@ def reverse_case(args, work, model_keys, opts):
         log(f.read())
 
     config_path = os.path.join(work, "run.yaml")
-    log(write_case_config(config_path, work, {"load": hf_dir}, length, 1, tokens, None))
-    run_trainer(args.bin, config_path, 1, work)
+    log(write_case_config(config_path, work, {"load": hf_dir}, length, sp, tokens, None,
+                          opts.get("zero", 0)))
+    run_trainer(args.bin, config_path, sp, work)
     steps, _ = read_metrics(os.path.join(work, "out"))
 
     # transformers' own step: loss, gradients, clip_grad_norm_, torch.optim.AdamW.

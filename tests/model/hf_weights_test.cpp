@@ -1,5 +1,5 @@
 // HF weights: hf_state -> safetensors -> load_hf_weights reproduces the forward exactly, sharded
-// checkpoints with an index, tied embeddings, and clear errors.
+// checkpoints with an index, tied embeddings, and clear errors; HfWeightIndex's range reads.
 #include "model/hf_weights.h"
 
 #include <gtest/gtest.h>
@@ -170,6 +170,73 @@ TEST(HfWeights, ClearErrors) {
     std::filesystem::resize_file(index, kMaxInputFileBytes + 1);  // sparse
     EXPECT_EQ(error_of([&] { load_hf_weights(model, dir.str()); }),
               index + ": 16.0 MiB is over the 16 MiB limit of a JSON file");
+  }
+}
+
+// The parameters' names and shapes, as HfWeightIndex takes them.
+std::vector<std::pair<std::string, std::vector<int64_t>>> shapes_of(LlamaForCausalLM& model) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& item : model->named_parameters()) {
+    out.emplace_back(item.key(), item.value().sizes().vec());
+  }
+  return out;
+}
+
+// HfWeightIndex (ZeRO-3's sharded load) reads any element range of any tensor, from a checkpoint
+// spread over two files with an index, converted to the caller's dtype; its errors are
+// load_hf_weights' errors, word for word.
+TEST(HfWeightIndex, ReadsRangesAndRefusesWhatLoadHfWeightsRefuses) {
+  LlamaForCausalLM model(tiny_options(false, 9));
+  const auto state = hf_state(model);
+  {
+    TempDir dir;
+    const std::vector<std::pair<std::string, at::Tensor>> first(state.begin(), state.begin() + 3);
+    const std::vector<std::pair<std::string, at::Tensor>> second(state.begin() + 3, state.end());
+    save_safetensors(dir.file("a.safetensors"), first);
+    save_safetensors(dir.file("b.safetensors"), second);
+    nlohmann::json map;
+    for (const auto& [name, t] : first) map[name] = "a.safetensors";
+    for (const auto& [name, t] : second) map[name] = "b.safetensors";
+    std::ofstream(dir.file("model.safetensors.index.json")) << nlohmann::json{{"weight_map", map}};
+    const HfWeightIndex index(dir.str(), shapes_of(model), false);
+    for (const auto& [name, t] : state) {
+      const at::Tensor flat = t.reshape({-1});
+      const int64_t begin = flat.numel() / 3, count = flat.numel() / 2;
+      at::Tensor out = at::empty({count});
+      index.read(name, begin, out);
+      EXPECT_TRUE(at::equal(out, flat.narrow(0, begin, count))) << name;
+      at::Tensor half = at::empty({count}, at::kBFloat16);
+      index.read(name, begin, half);
+      EXPECT_TRUE(at::equal(half, flat.narrow(0, begin, count).to(at::kBFloat16))) << name;
+    }
+  }
+  auto both_errors = [&](const std::string& dir) {
+    const std::string whole = error_of([&] { load_hf_weights(model, dir); });
+    const std::string ranges = error_of([&] { HfWeightIndex(dir, shapes_of(model), false); });
+    EXPECT_FALSE(whole.empty());
+    EXPECT_EQ(ranges, whole);
+  };
+  {
+    TempDir dir;  // missing tensor
+    auto missing = state;
+    missing.erase(missing.begin() + 4);
+    save_safetensors(dir.file("model.safetensors"), missing);
+    both_errors(dir.str());
+  }
+  {
+    TempDir dir;  // wrong shape
+    auto wrong = state;
+    wrong[1].second = torch::zeros({3, 16});
+    save_safetensors(dir.file("model.safetensors"), wrong);
+    both_errors(dir.str());
+  }
+  {
+    TempDir dir;  // more layers than the model
+    config::ModelOptions three = tiny_options(false, 9);
+    three.num_layers = 3;
+    LlamaForCausalLM bigger(three);
+    save_safetensors(dir.file("model.safetensors"), hf_state(bigger));
+    both_errors(dir.str());
   }
 }
 

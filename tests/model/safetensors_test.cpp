@@ -1,4 +1,5 @@
-// safetensors: round trip of every dtype, the byte layout, a hand-written file, corrupt files.
+// safetensors: round trip of every dtype, the byte layout, a hand-written file, corrupt files, the
+// piecewise writer and range reads.
 #include "model/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -143,6 +144,42 @@ TEST(Safetensors, CorruptFilesAreUserErrorsNamingTheFile) {
   const std::string bad_shape = R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})";
   EXPECT_NE(load_error(le64(bad_shape.size()) + bad_shape + eight), "");
   EXPECT_EQ(load_error(le64(good_entry.size()) + good_entry + eight), "");  // the control
+}
+
+// SafetensorsWriter, its ranges written in any order, makes the file save_safetensors makes, byte
+// for byte; read_safetensors_range reads back any range of it.
+TEST(Safetensors, WriterInPiecesEqualsTheWholeSaveAndRangesReadBack) {
+  TempDir dir;
+  torch::manual_seed(3);
+  const std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"a", torch::randn({7, 5})}, {"b", torch::randn({11}).to(at::kBFloat16)},
+      {"c", torch::randn({3, 4, 2}).to(at::kDouble)}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  save_safetensors(dir.file("whole.safetensors"), tensors, metadata);
+  std::vector<SafetensorsTensor> described;
+  for (const auto& [name, t] : tensors) {
+    described.push_back({name, t.scalar_type(), t.sizes().vec()});
+  }
+  SafetensorsWriter writer(dir.file("pieces.safetensors"), described, metadata);
+  for (size_t i = tensors.size(); i-- > 0;) {  // last tensor first, each in pieces of 3, backwards
+    const at::Tensor flat = tensors[i].second.reshape({-1});
+    for (int64_t begin = (flat.numel() - 1) / 3 * 3; begin >= 0; begin -= 3) {
+      const int64_t count = std::min<int64_t>(3, flat.numel() - begin);
+      writer.write(i, begin, flat.narrow(0, begin, count).contiguous());
+    }
+  }
+  writer.close();
+  EXPECT_EQ(read_bytes(dir.file("pieces.safetensors")), read_bytes(dir.file("whole.safetensors")));
+  const std::vector<SafetensorsTensor> listed =
+      read_safetensors_tensors(dir.file("pieces.safetensors"));
+  ASSERT_EQ(listed.size(), tensors.size());
+  for (size_t i = 0; i < listed.size(); ++i) {
+    EXPECT_EQ(listed[i].name, tensors[i].first);
+    const at::Tensor flat = tensors[i].second.reshape({-1});
+    at::Tensor out = at::empty({flat.numel() - 2}, flat.options());
+    read_safetensors_range(dir.file("pieces.safetensors"), listed[i], 1, out);
+    EXPECT_TRUE(at::equal(out, flat.narrow(0, 1, flat.numel() - 2))) << listed[i].name;
+  }
 }
 
 TEST(Safetensors, MissingFileIsUserError) {

@@ -133,6 +133,40 @@ TEST(Plan, EightH100AlstWithZero3Golden) {
   EXPECT_THROW(parse_features("zero4"), UserError);
 }
 
+// The largest model a row holds: the most layers of the model's shapes that fit at the row's
+// length (the row of that model fits, the row of one layer more does not); ZeRO-3 holds more than
+// ZeRO-0 on 8 H100s, and more over 32 of them than over 8. (ALST's features: the optimizer
+// states on the host.)
+TEST(Plan, LargestModelEachRowHolds) {
+  auto plan_of = [](int64_t devices, int64_t zero, const config::ModelOptions& model) {
+    PlanRequest r = llama8b(devices, {parse_features("alst")});
+    r.model = model;
+    r.hardware.nodes = devices / 8;
+    r.hardware.devices_per_node = 8;
+    r.zero_stage = zero;
+    r.seqlen = 32768;
+    return make_plan(r);
+  };
+  const config::ModelOptions m = config::load_model_preset("llama-3.1-70b");
+  EXPECT_GT(costmodel::parameter_count(m), 70'000'000'000);
+  const std::vector<PlanRow> zero0 = plan_of(8, 0, m);
+  const std::vector<PlanRow> zero3 = plan_of(8, 3, m);
+  const std::vector<PlanRow> zero3x4 = plan_of(32, 3, m);
+  ASSERT_EQ(zero3.size(), 4u);  // sp 1, 2, 4, 8
+  for (size_t i = 0; i < zero3.size(); ++i) {
+    const PlanRow& row = zero3[i];
+    ASSERT_GT(row.max_layers, 0) << "sp " << row.sp;
+    config::ModelOptions grown = m;
+    grown.num_layers = row.max_layers;
+    EXPECT_EQ(row.max_parameters, costmodel::parameter_count(grown));
+    EXPECT_EQ(plan_of(8, 3, grown).at(i).limit, "fits") << "sp " << row.sp;
+    grown.num_layers = row.max_layers + 1;
+    EXPECT_NE(plan_of(8, 3, grown).at(i).limit, "fits") << "sp " << row.sp;
+    EXPECT_GT(row.max_layers, zero0[i].max_layers) << "sp " << row.sp;
+    EXPECT_GT(zero3x4.at(i).max_layers, row.max_layers) << "sp " << row.sp;
+  }
+}
+
 // Each offloaded checkpoint is a page-locked block of its own size (where PyTorch's pinned
 // allocator would round it up to a power of two): from 131072 tokens (a layer input of
 // 131072 x 4096 x 2 B = 1 GiB) to 196608 (1.5 GiB) the host grows by the 32 x 0.5 GiB copied,

@@ -401,36 +401,46 @@ int run_plan(const PlanOptions& o) {
                              {"step_ms", row.step_ms},
                              {"tokens_per_s_per_device", row.tokens_per_s_per_device},
                              {"mfu", row.mfu}, {"max_seqlen", row.max_seqlen},
-                             {"max_limit", row.max_limit}});
+                             {"max_limit", row.max_limit}, {"max_layers", row.max_layers},
+                             {"max_parameters", row.max_parameters}});
     }
     std::cout << out.dump(2) << "\n";
     return kExitOk;
   }
   report::Table table;
   for (const char* h : {"dp x sp", "features", "seqlen", "peak GiB/rank", "host GiB/node",
-                        "step s", "tok/s/dev", "MFU", "at seqlen", "max seqlen", "limited by"}) {
+                        "step s", "tok/s/dev", "MFU", "at seqlen", "max seqlen", "limited by",
+                        "largest model"}) {
     const std::string name = h;
-    table.add_column(name, name != "features" && name != "at seqlen" && name != "limited by");
+    table.add_column(name, name != "features" && name != "at seqlen" && name != "limited by" &&
+                               name != "largest model");
   }
   for (const PlanRow& row : rows) {
     const std::string mesh = std::to_string(row.dp) + " x " + std::to_string(row.sp);
     if (!row.valid) {
-      table.rows.push_back({mesh, row.features, "-", "-", "-", "-", "-", "-", "-", "-", row.limit});
+      table.rows.push_back(
+          {mesh, row.features, "-", "-", "-", "-", "-", "-", "-", "-", row.limit, "-"});
       continue;
     }
+    const std::string largest =
+        row.max_layers > 0 ? fmt("%.1fB", row.max_parameters / 1e9) + " (" +
+                                 std::to_string(row.max_layers) + " layers)"
+                           : "none";
     table.rows.push_back({mesh, row.features, tokens_text(row.seqlen),
                           fmt("%.1f", row.peak_bytes / kGiB),
                           fmt("%.1f", row.host_bytes_per_node / kGiB),
                           fmt("%.2f", row.step_ms / 1000), fmt("%.0f", row.tokens_per_s_per_device),
                           fmt("%.1f%%", 100 * row.mfu), row.limit,
-                          tokens_text(row.max_seqlen), row.max_limit});
+                          tokens_text(row.max_seqlen), row.max_limit, largest});
   }
   std::cout << "plan: " << o.model << " on " << r.hardware.name << ", world " << r.world << " ("
             << r.hardware.nodes << " x " << r.hardware.devices_per_node << "), "
             << fmt("%.1f GiB usable per device", usable_device_bytes(r.hardware) / kGiB)
             << ", micro-batch " << r.micro_batch << ", "
             << zero_assumed(r, rows, o.what_if_deepspeed) << "\n"
-            << model_line(r.model) << report::render_terminal(table);
+            << model_line(r.model) << report::render_terminal(table)
+            << "largest model: the most layers of this model's shapes each row holds at its "
+               "seqlen, and their parameters\n";
   if (o.components) print_components(r, rows);
   std::cout << "times are uncalibrated estimates unless a fit is given (--db DB after "
                "`plan --fit DB`, or --calibration FILE)\n";

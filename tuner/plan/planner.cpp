@@ -28,6 +28,29 @@ std::string check(const PlanRequest& r, const config::RunConfig& c, PlanRow* row
   return "fits";
 }
 
+// The most layers of r.model's shapes that fit `c` (at its mesh, features and length), by
+// doubling and bisection (memory grows with the layers); 0 when one does not fit.
+int64_t max_layers_that_fit(const PlanRequest& r, config::RunConfig c) {
+  constexpr int64_t kMaxLayers = int64_t{1} << 20;
+  auto fits = [&](int64_t layers) {
+    c.model.num_layers = layers;
+    return check(r, c, nullptr) == "fits";
+  };
+  if (!fits(1)) return 0;
+  int64_t good = 1, bad = 2;
+  while (bad <= kMaxLayers && fits(bad)) good = bad, bad *= 2;
+  if (bad > kMaxLayers) return good;
+  while (bad - good > 1) {
+    const int64_t mid = (good + bad) / 2;
+    if (fits(mid)) {
+      good = mid;
+    } else {
+      bad = mid;
+    }
+  }
+  return good;
+}
+
 void fill_time(const PlanRequest& r, const config::RunConfig& c, PlanRow* row) {
   const costmodel::StepWork w = costmodel::step_work(c);
   const costmodel::TimePrediction t = costmodel::predict_time(w, r.time);
@@ -181,6 +204,12 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
       const config::RunConfig c = row_config(req, sp, f, row.seqlen);
       row.limit = check(req, c, &row);
       fill_time(req, c, &row);
+      row.max_layers = max_layers_that_fit(req, c);
+      if (row.max_layers > 0) {
+        config::ModelOptions largest = r.model;
+        largest.num_layers = row.max_layers;
+        row.max_parameters = costmodel::parameter_count(largest);
+      }
       rows.push_back(row);
     }
   }

@@ -67,6 +67,10 @@ struct PlanRow {
   int64_t max_seqlen = 0;       // longest fitting length (multiple of sp x 1024); 0 = none fits
   std::string max_limit;        // what stops the length from growing (also
                                 // "model.sliding_window W": no longer length is supported)
+  // The largest model this row holds at its seqlen: the model's layers (same shapes) grown or
+  // shrunk to the most that fit, and its parameters then; 0 when not one layer fits.
+  int64_t max_layers = 0;
+  int64_t max_parameters = 0;
 };
 
 // Usable bytes per rank: device memory minus 0.6 GiB for the CUDA context (CUDA), or the whole
