@@ -30,9 +30,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 # fp32 on both sides; the two stacks sum the same products in other orders (SDPA vs our attention,
 # Gloo's all-reduce vs DeepSpeed's bucketed one), which moves the loss by ~1e-7 relative and the
-# gradient norm by ~2e-7 after three updates: the bounds leave a factor of 10-50 above that.
+# untiled gradient norm by ~2e-7 after three updates. Tiled, each stack rounds its own way (ours:
+# a tile's logsumexp from its softmax, a weight's gradient summed over the tiles inside the GEMM;
+# DeepSpeed's: autograd per tile): at sp 2 x dp 1 the step-3 norm of each stack's tiled run is
+# 5-7e-6 from its own untiled run, on opposite sides, so 1.1e-5 apart. The bounds leave a factor of
+# 2 above that for the norm and 10 for the loss.
 LOSS_RTOL = 1e-6
-GRAD_NORM_RTOL = 1e-5
+GRAD_NORM_RTOL = 2e-5
 
 
 def make_model(path):
