@@ -209,46 +209,13 @@ void AdamW::update_slot(Slot& slot, const at::Tensor& grad, double lr, double gr
 
 void AdamW::update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
                            double lr, double grad_scale) {
-  std::vector<FusedAdamWBuffer> buffers;  // the slots updated whole, in one pass
-  buffers.reserve(slots.size());
-  std::vector<Slot*> direct;
-  std::vector<Slot*> streamed;  // the slots that go through the staging buffers
-  std::vector<at::Tensor> streamed_grads;
+  std::vector<at::Tensor> contiguous;
+  contiguous.reserve(grads.size());
   for (size_t i = 0; i < slots.size(); ++i) {
-    Slot& slot = *slots[i];
-    slot.step += 1;
-    if (grads[i].is_cuda() || stage_host_parameters_ || upload_needs_staging(slot)) {
-      streamed.push_back(&slot);
-      streamed_grads.push_back(grads[i].contiguous());
-      continue;
-    }
-    direct.push_back(&slot);
-    FusedAdamWBuffer buffer;
-    buffer.master = slot.master;
-    buffer.exp_avg = slot.exp_avg;
-    buffer.exp_avg_sq = slot.exp_avg_sq;
-    buffer.grad = grads[i].contiguous();
-    if (!slot.master.is_same(slot.param) && slot.param.is_cpu() && slot.param.is_contiguous()) {
-      buffer.param_out = slot.param;  // written by the pass itself
-    }
-    buffer.step = slot.step;
-    buffers.push_back(std::move(buffer));
+    slots[i]->step += 1;
+    contiguous.push_back(grads[i].contiguous());
   }
-  if (!buffers.empty()) {
-    profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
-    fused_adamw_cpu(buffers, lr, options_, grad_scale);
-  }
-  {
-    profile::ScopedPhase part("optimizer_upload", profile::Category::kOptimizer);
-    for (size_t i = 0; i < direct.size(); ++i) {
-      Slot& slot = *direct[i];
-      if (slot.master.is_same(slot.param) || buffers[i].param_out.defined()) continue;
-      // Same dtype: host -> device from pinned memory, queued on the current stream; the next
-      // step's copies out wait for it (update_streamed), so the next host update never races it.
-      slot.param.copy_(slot.master, /*non_blocking=*/slot.param.is_cuda());
-    }
-  }
-  if (!streamed.empty()) update_streamed(streamed, streamed_grads, lr, grad_scale);
+  if (!slots.empty()) update_streamed(slots, contiguous, lr, grad_scale);
 }
 
 bool AdamW::upload_needs_staging(const Slot& slot) const {
@@ -271,7 +238,7 @@ void AdamW::set_upload_staging_bytes(int64_t bytes, bool stage_host_parameters) 
 AdamW::~AdamW() {
   try {
     for (size_t k = 0; k < 2; ++k) wait_staging(k);  // nothing copies out of freed memory
-    for (const c10::Stream& stream : copy_streams_) stream.synchronize();  // nor into it
+    copy_streams_.synchronize();  // nor into it
   } catch (...) {
   }
 }
@@ -279,15 +246,6 @@ AdamW::~AdamW() {
 void AdamW::wait_staging(size_t k) {
   for (c10::Event& copy : staging_copies_[k]) copy.synchronize();
   staging_copies_[k].clear();
-}
-
-c10::Stream AdamW::copy_stream(c10::Device device) {
-  auto stream = std::find_if(copy_streams_.begin(), copy_streams_.end(),
-                             [&](const c10::Stream& s) { return s.device() == device; });
-  if (stream != copy_streams_.end()) return *stream;
-  const c10::impl::VirtualGuardImpl impl(device.type());
-  copy_streams_.push_back(impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false));
-  return copy_streams_.back();
 }
 
 void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
@@ -319,7 +277,8 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
     const int64_t grad_size = static_cast<int64_t>(grads[s].element_size());
     const int64_t param_size = static_cast<int64_t>(slot->param.element_size());
     const bool pieces_ok = slot->param.is_contiguous();  // else the parameter goes whole
-    if (!pieces_ok && numel * std::max(grad_size, param_size) > staging_bytes_) {
+    if (!pieces_ok && (slot->master.is_same(slot->param) ||
+                       numel * std::max(grad_size, param_size) > staging_bytes_)) {
       whole.push_back(s);
       continue;
     }
@@ -359,7 +318,7 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
     const c10::impl::VirtualGuardImpl impl(g.device().type());
     c10::Event produced(g.device().type());
     produced.record(impl.getStream(g.device()));
-    copy_stream(g.device()).wait(produced);
+    copy_streams_.get(g.device()).wait(produced);
   }
   std::vector<c10::Event> downloaded[2];  // per download buffer: its copies in flight
   const auto start_downloads = [&](size_t b) {
@@ -375,7 +334,7 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
         into.copy_(range(g, p));
         continue;
       }
-      const c10::Stream side = copy_stream(g.device());
+      const c10::Stream side = copy_streams_.get(g.device());
       {
         const c10::StreamGuard on_side(side);
         into.copy_(range(g, p), /*non_blocking=*/true);
@@ -447,8 +406,8 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
       }
     }
   }
-  // Non-contiguous parameters larger than a buffer: their gradient whole on the host, the pass
-  // over the master, then a strided copy (none in the models this stack builds).
+  // Non-contiguous parameters larger than a buffer or updated in place: their gradient whole on
+  // the host, the pass over the master, then a strided copy (none in the models this stack builds).
   for (size_t s : whole) {
     Slot* slot = slots[s];
     const at::Tensor grad = grads[s].to(at::kCPU);
@@ -458,6 +417,7 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
                                         at::Tensor(), slot->step}},
                       lr, options_, grad_scale);
     }
+    if (slot->master.is_same(slot->param)) continue;
     profile::ScopedPhase upload("optimizer_upload", profile::Category::kOptimizer);
     slot->param.copy_(slot->master);
   }

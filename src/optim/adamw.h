@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/side_streams.h"
 #include "config/options.h"
 
 namespace ulysses::train {
@@ -154,14 +155,15 @@ class AdamW {
 
   void check_grad(const Slot& slot, const at::Tensor& grad) const;
   void update_slot(Slot& slot, const at::Tensor& grad, double lr, double grad_scale);
-  // kHost: one fused pass over the slots whose buffers it can read and write whole, then
-  // update_streamed over the others. grads[i]: slots[i]'s gradient (host or device).
+  // kHost: counts the step of every slot, then update_streamed. grads[i]: slots[i]'s gradient
+  // (host or device).
   void update_on_host(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
                       double lr, double grad_scale);
-  // kHost: the slots whose gradient is on a device, or whose parameter needs converted weights
-  // copied to it (upload_needs_staging), in pieces through two download and two staging buffers:
-  // the download of batch b + 1 and the copies out of batch b - 1 run while the host updates
-  // batch b. grads[i] is slots[i]'s gradient, contiguous.
+  // kHost: the slots in batches. A slot whose gradient is on a device, or whose parameter needs
+  // converted weights copied to it (upload_needs_staging), goes in pieces through two download
+  // and two staging buffers: the download of batch b + 1 and the copies out of batch b - 1 run
+  // while the host updates batch b. A slot that needs neither is one piece read and written where
+  // it lies. grads[i] is slots[i]'s gradient, contiguous.
   void update_streamed(const std::vector<Slot*>& slots, const std::vector<at::Tensor>& grads,
                        double lr, double grad_scale);
   // A parameter the pass can neither update in place nor write, of another dtype than its master
@@ -169,14 +171,12 @@ class AdamW {
   bool upload_needs_staging(const Slot& slot) const;
   // Waits until no copy out of staging buffer k is in flight.
   void wait_staging(size_t k);
-  // The side stream device gradients are copied to the host on.
-  c10::Stream copy_stream(c10::Device device);
 
   std::vector<Slot> slots_;
   config::OptimOptions options_;
   OptimizerPlacement placement_;
   int64_t step_count_ = 0;
-  std::vector<c10::Stream> copy_streams_;  // kHost: one side stream per CUDA device in use
+  SideStreams copy_streams_;  // kHost: device gradients are copied to the host on these
   int64_t staging_bytes_ = int64_t{64} << 20;
   bool stage_host_parameters_ = false;
   at::Tensor staging_[2];    // [staging_bytes_] uint8: converted weights on their way to a device

@@ -119,7 +119,7 @@ GradientBuffers::~GradientBuffers() {
     if (hooked_[i]) torch::autograd::impl::set_post_acc_grad_hooks(params_[i], nullptr);
   }
   try {
-    for (const c10::Stream& stream : side_streams_) stream.synchronize();  // nothing writes freed memory
+    side_streams_.synchronize();  // nothing writes freed memory
   } catch (...) {
   }
 }
@@ -166,15 +166,6 @@ void GradientBuffers::move_pending_to_host() {
   pending_.clear();
 }
 
-c10::Stream GradientBuffers::side_stream(c10::Device device) {
-  auto stream = std::find_if(side_streams_.begin(), side_streams_.end(),
-                             [&](const c10::Stream& s) { return s.device() == device; });
-  if (stream != side_streams_.end()) return *stream;
-  const c10::impl::VirtualGuardImpl impl(device.type());
-  side_streams_.push_back(impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false));
-  return side_streams_.back();
-}
-
 void GradientBuffers::copy(at::Tensor& dst, const at::Tensor& src) {
   const at::Tensor& on_device = dst.is_cpu() ? src : dst;
   if (on_device.is_cpu()) {
@@ -184,7 +175,7 @@ void GradientBuffers::copy(at::Tensor& dst, const at::Tensor& src) {
   const c10::Device device = on_device.device();
   const c10::impl::VirtualGuardImpl impl(device.type());
   const c10::Stream compute = impl.getStream(device);
-  const c10::Stream side = side_stream(device);
+  const c10::Stream side = side_streams_.get(device);
   // The side stream waits for what the compute stream has queued (the kernels that produced the
   // sum, or the allocation of the tensor it fills), copies without blocking the host, and the
   // compute stream waits for a copy to the device before it adds to it.
@@ -207,7 +198,7 @@ void GradientBuffers::copy(at::Tensor& dst, const at::Tensor& src) {
 void GradientBuffers::settle() {
   if (!on_host_) return;
   move_pending_to_host();
-  for (const c10::Stream& stream : side_streams_) stream.synchronize();
+  side_streams_.synchronize();
   if (!stale_) return;
   // What zero() left as it was: the parameters that got no sum since, and each flat's padding.
   std::vector<int64_t> used(flats_.size(), 0);  // per flat: the end of its last parameter

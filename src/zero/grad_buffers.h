@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/group.h"
+#include "common/side_streams.h"
 
 namespace ulysses::train {
 
@@ -124,7 +125,6 @@ class GradientBuffers {
   void move_to_host(size_t i);  // staged_[i] -> grads_[i] (replaces it), then drops staged_[i]
   void move_pending_to_host();
   void copy(at::Tensor& dst, const at::Tensor& src);  // device <-> host, on the side stream
-  c10::Stream side_stream(c10::Device device);
 
   // all_reduce_start: the sums in flight, and per flat the element ranges [begin, end) started
   // this step (kept sorted), which all_reduce leaves out.
@@ -139,7 +139,7 @@ class GradientBuffers {
   bool stale_ = false;  // on_host: zero() ran, and settle() has not yet zeroed what got no sum
   std::vector<size_t> pending_;        // staged in the open window, moved when it closes
   unsigned long long window_generation_ = 0;  // the window pending_ is registered with
-  std::vector<c10::Stream> side_streams_;     // one per device, for the copies
+  SideStreams side_streams_;           // for the copies
 };
 
 }  // namespace ulysses::train
