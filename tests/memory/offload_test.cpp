@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "support/multi_rank.h"
 #include "optim/adamw.h"
 #include "zero/gradient_step.h"
+#include "train/run_outputs.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 #include "common/remove_tree.h"
@@ -482,36 +485,49 @@ std::vector<nlohmann::json> read_lines(const std::string& path) {
   return out;
 }
 
+// The runs these tests compare: the tiny model on sp 2 (two Gloo ranks), micro batch 2, 3 steps
+// at lr 1e-2 with `adjust` applied, into dir/name (its checkpoints in dir/name/ckpt).
+void train_sp2(const fs::path& dir, const std::string& name,
+               const std::function<void(config::RunConfig&)>& adjust) {
+  config::RunConfig c = testing::tiny_run_config(4, 2, 1, 2);
+  c.sequence.micro_batch = 2;
+  c.train.steps = 3;
+  c.optim.lr = 1e-2;
+  c.profile.warmup_steps = 0;
+  c.output.dir = (dir / name).string();
+  c.checkpoint.dir = (dir / name / "ckpt").string();
+  adjust(c);
+  testing::train_on_ranks(c);
+}
+
+// The step records of dir/name's metrics.jsonl (3 of them) and its step-3 weights.
+struct RunResult {
+  std::vector<nlohmann::json> steps;
+  std::map<std::string, at::Tensor> weights;
+};
+RunResult read_run(const fs::path& dir, const std::string& name) {
+  RunResult r{read_lines((dir / name / "metrics.jsonl").string()),
+              model::load_safetensors((dir / name / "ckpt" / "step-3" / "model.safetensors").string())};
+  EXPECT_EQ(r.steps.size(), 3u) << name;
+  return r;
+}
+
 TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
-  const fs::path dir = fs::temp_directory_path() / "ulysses-offload-test-run";
-  if (!testing::in_rank_child()) {
-    ulysses::remove_tree(dir);
-    fs::create_directories(dir);
-  }
-  auto run = [&](const std::string& name, bool features) {
-    config::RunConfig c = testing::tiny_run_config(4, 2, 1, 2);
-    c.sequence.micro_batch = 2;
-    c.train.steps = 3;
-    c.optim.lr = 1e-2;
-    c.optim.weight_decay = 0.1;
-    c.profile.warmup_steps = 0;
-    c.memory.checkpointing = features;
-    c.memory.offload_activations = features;
-    c.memory.offload_optimizer = features;
-    if (features) c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
-    c.output.dir = (dir / name).string();
-    c.checkpoint.dir = (dir / name / "ckpt").string();
-    testing::run_ranks(2, [&](const testing::RankContext& ctx) {
-      auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, 2);
-      EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+  const fs::path dir = testing::shared_dir("offload-test", "run");
+  for (bool features : {false, true}) {
+    train_sp2(dir, features ? "all" : "plain", [&](config::RunConfig& c) {
+      c.optim.weight_decay = 0.1;
+      c.memory.checkpointing = features;
+      c.memory.offload_activations = features;
+      c.memory.offload_optimizer = features;
+      if (features) c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
     });
-  };
-  run("plain", false);
-  run("all", true);
+  }
   if (testing::in_rank_child()) return;
 
-  auto plain = read_lines((dir / "plain" / "metrics.jsonl").string());
-  auto all = read_lines((dir / "all" / "metrics.jsonl").string());
+  const RunResult plain_run = read_run(dir, "plain"), all_run = read_run(dir, "all");
+  const auto& plain = plain_run.steps;
+  const auto& all = all_run.steps;
   ASSERT_EQ(plain.size(), 3u);
   ASSERT_EQ(all.size(), 3u);
   for (size_t s = 0; s < 3; ++s) {
@@ -533,12 +549,8 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
   };
   EXPECT_GE(summary_of("all")["memory"]["optimizer_host_threads"].get<int64_t>(), 1);
   EXPECT_EQ(summary_of("plain")["memory"]["optimizer_host_threads"].get<int64_t>(), 0);
-  auto weights =
-      model::load_safetensors((dir / "all" / "ckpt" / "step-3" / "model.safetensors").string());
-  auto ref_weights =
-      model::load_safetensors((dir / "plain" / "ckpt" / "step-3" / "model.safetensors").string());
-  for (const auto& [name, t] : ref_weights) {
-    EXPECT_LT(testing::relative_error(weights.at(name), t), kGradRelTol) << name;
+  for (const auto& [name, t] : plain_run.weights) {
+    EXPECT_LT(testing::relative_error(all_run.weights.at(name), t), kGradRelTol) << name;
   }
   ulysses::remove_tree(dir);
 }
@@ -551,33 +563,19 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
 // the host pass's exact sqrt (a few ulp per step, see OptimizerOffload.SameStateAsAdamW...):
 // rtol 1e-5.
 TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
-  const fs::path dir = fs::temp_directory_path() / "ulysses-offload-test-clip";
-  if (!testing::in_rank_child()) {
-    ulysses::remove_tree(dir);
-    fs::create_directories(dir);
-  }
-  auto run = [&](const std::string& name, bool offload) {
-    config::RunConfig c = testing::tiny_run_config(4, 2, 1, 2);
-    c.model.init_std = 0.05;
-    c.sequence.micro_batch = 2;
-    c.train.steps = 3;
-    c.optim.lr = 1e-2;
-    c.optim.weight_decay = 0.1;
-    c.optim.grad_clip = 0.05;
-    c.profile.warmup_steps = 0;
-    c.memory.offload_optimizer = offload;
-    c.output.dir = (dir / name).string();
-    c.checkpoint.dir = (dir / name / "ckpt").string();
-    testing::run_ranks(2, [&](const testing::RankContext& ctx) {
-      auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, 2);
-      EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+  const fs::path dir = testing::shared_dir("offload-test", "clip");
+  for (bool offload : {false, true}) {
+    train_sp2(dir, offload ? "host" : "device", [&](config::RunConfig& c) {
+      c.model.init_std = 0.05;
+      c.optim.weight_decay = 0.1;
+      c.optim.grad_clip = 0.05;
+      c.memory.offload_optimizer = offload;
     });
-  };
-  run("device", false);
-  run("host", true);
+  }
   if (testing::in_rank_child()) return;
-  auto device = read_lines((dir / "device" / "metrics.jsonl").string());
-  auto host = read_lines((dir / "host" / "metrics.jsonl").string());
+  const RunResult device_run = read_run(dir, "device"), host_run = read_run(dir, "host");
+  const auto& device = device_run.steps;
+  const auto& host = host_run.steps;
   ASSERT_EQ(device.size(), 3u);
   ASSERT_EQ(host.size(), 3u);
   EXPECT_NEAR(host[0]["grad_norm"].get<double>(), device[0]["grad_norm"].get<double>(),
@@ -590,12 +588,8 @@ TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
     EXPECT_NEAR(host[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << s;
     EXPECT_NEAR(host[s]["loss"].get<double>(), loss, 1e-5 * loss) << s;
   }
-  auto on_host =
-      model::load_safetensors((dir / "host" / "ckpt" / "step-3" / "model.safetensors").string());
-  auto on_device =
-      model::load_safetensors((dir / "device" / "ckpt" / "step-3" / "model.safetensors").string());
-  for (const auto& [name, t] : on_device) {
-    EXPECT_TRUE(on_host.at(name).allclose(t, 1e-5, 1e-6)) << name;
+  for (const auto& [name, t] : device_run.weights) {
+    EXPECT_TRUE(host_run.weights.at(name).allclose(t, 1e-5, 1e-6)) << name;
   }
   ulysses::remove_tree(dir);
 }
@@ -606,45 +600,29 @@ TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
 // tests), so over 3 steps with clipping the losses, norms and weights are equal bit for bit
 // (two ranks: a sum of two is the same in any order).
 TEST(TrainingRun, OffloadedOptimizerWithGradientsOnTheDeviceEqualsOnTheHost) {
-  const fs::path dir = fs::temp_directory_path() / "ulysses-offload-test-grads";
-  if (!testing::in_rank_child()) {
-    ulysses::remove_tree(dir);
-    fs::create_directories(dir);
-  }
-  auto run = [&](const std::string& name, bool host_gradients) {
-    config::RunConfig c = testing::tiny_run_config(4, 2, 1, 2);
-    c.model.init_std = 0.05;
-    c.sequence.micro_batch = 2;
-    c.sequence.grad_accum = 2;
-    c.train.steps = 3;
-    c.optim.lr = 1e-2;
-    c.optim.grad_clip = 0.05;
-    c.profile.warmup_steps = 0;
-    c.memory.offload_optimizer = true;
-    c.memory.offload_gradients = host_gradients;
-    c.output.dir = (dir / name).string();
-    c.checkpoint.dir = (dir / name / "ckpt").string();
-    testing::run_ranks(2, [&](const testing::RankContext& ctx) {
-      auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, 2);
-      EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+  const fs::path dir = testing::shared_dir("offload-test", "grads");
+  for (bool host_gradients : {true, false}) {
+    train_sp2(dir, host_gradients ? "host" : "device", [&](config::RunConfig& c) {
+      c.model.init_std = 0.05;
+      c.sequence.grad_accum = 2;
+      c.optim.grad_clip = 0.05;
+      c.memory.offload_optimizer = true;
+      c.memory.offload_gradients = host_gradients;
     });
-  };
-  run("host", true);
-  run("device", false);
+  }
   if (testing::in_rank_child()) return;
-  auto host = read_lines((dir / "host" / "metrics.jsonl").string());
-  auto device = read_lines((dir / "device" / "metrics.jsonl").string());
+  const RunResult host_run = read_run(dir, "host"), device_run = read_run(dir, "device");
+  const auto& host = host_run.steps;
+  const auto& device = device_run.steps;
   ASSERT_EQ(host.size(), 3u);
   ASSERT_EQ(device.size(), 3u);
   for (size_t s = 0; s < 3; ++s) {
     EXPECT_EQ(device[s]["loss"].get<double>(), host[s]["loss"].get<double>()) << s;
     EXPECT_EQ(device[s]["grad_norm"].get<double>(), host[s]["grad_norm"].get<double>()) << s;
   }
-  auto on_host =
-      model::load_safetensors((dir / "host" / "ckpt" / "step-3" / "model.safetensors").string());
-  auto on_device =
-      model::load_safetensors((dir / "device" / "ckpt" / "step-3" / "model.safetensors").string());
-  for (const auto& [name, t] : on_host) EXPECT_TRUE(on_device.at(name).equal(t)) << name;
+  for (const auto& [name, t] : host_run.weights) {
+    EXPECT_TRUE(device_run.weights.at(name).equal(t)) << name;
+  }
   std::ifstream summary(dir / "device" / "summary.json");
   EXPECT_FALSE(nlohmann::json::parse(summary)["memory"]["offload_gradients"].get<bool>());
   ulysses::remove_tree(dir);

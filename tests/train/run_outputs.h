@@ -1,6 +1,7 @@
-// Helpers for tests that run whole training jobs on rank children: a directory every process
-// shares, and the per-step records a run wrote to metrics.jsonl.
+// Helpers for tests that run whole training jobs on rank children: the run itself, a directory
+// every process shares, and the per-step records a run wrote to metrics.jsonl.
 #pragma once
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -8,10 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "comm/mesh.h"
 #include "common/remove_tree.h"
+#include "config/options.h"
 #include "support/multi_rank.h"
+#include "train/trainer.h"
 
 namespace ulysses::testing {
+
+// Trains `c` on CPU over c.mesh.dp x c.mesh.sp real Gloo ranks (children of this process); each
+// rank's run must return 0.
+inline void train_on_ranks(const config::RunConfig& c) {
+  run_ranks(static_cast<int>(c.mesh.dp * c.mesh.sp), [&](const RankContext& ctx) {
+    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, c.mesh.dp,
+                                                  c.mesh.sp);
+    EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+  });
+}
 
 // <temp>/ulysses-<prefix>-<name>: the same path in the parent and its rank children, created
 // fresh by the parent only.

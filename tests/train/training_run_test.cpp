@@ -99,13 +99,6 @@ std::string training_error(const config::RunConfig& c, const testing::RankContex
   return "";
 }
 
-void train_on_ranks(const config::RunConfig& c) {
-  testing::run_ranks(static_cast<int>(c.mesh.dp * c.mesh.sp), [&](const testing::RankContext& ctx) {
-    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, c.mesh.dp,
-                                                  c.mesh.sp);
-    EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
-  });
-}
 
 TEST(TrainingRun, LossFallsAndSequenceParallelDegreesAgree) {
   const std::string dir = testing::shared_dir("train-test", "agree");
@@ -114,7 +107,7 @@ TEST(TrainingRun, LossFallsAndSequenceParallelDegreesAgree) {
   for (int64_t sp : {1, 2, 4}) {
     config::RunConfig c = learnable_config(dir, 1, sp, 20);
     c.output.dir = dir + "/sp" + std::to_string(sp);
-    train_on_ranks(c);
+    testing::train_on_ranks(c);
     if (testing::in_rank_child()) continue;
     losses_by_sp.push_back(step_losses(c.output.dir + "/metrics.jsonl"));
   }
@@ -138,13 +131,13 @@ TEST(TrainingRun, ResumeReproducesStepsBitForBit) {
   full.output.dir = dir + "/full";
   full.checkpoint.dir = dir + "/ckpt";
   full.checkpoint.every = 3;
-  train_on_ranks(full);
+  testing::train_on_ranks(full);
 
   config::RunConfig resumed = full;
   resumed.output.dir = dir + "/resumed";
   resumed.checkpoint.dir = dir + "/ckpt-resumed";
   resumed.checkpoint.resume = dir + "/ckpt/step-3";
-  train_on_ranks(resumed);
+  testing::train_on_ranks(resumed);
   if (testing::in_rank_child()) return;
 
   const auto a = step_losses(full.output.dir + "/metrics.jsonl");
@@ -166,7 +159,7 @@ TEST(TrainingRun, CheckpointFollowsHuggingFaceLlama) {
   c.output.dir = dir + "/out";
   c.checkpoint.dir = dir + "/ckpt";
   c.checkpoint.save_initial = true;
-  train_on_ranks(c);
+  testing::train_on_ranks(c);
   if (testing::in_rank_child()) return;
 
   for (const char* sub : {"initial", "step-1"}) {
@@ -214,7 +207,7 @@ TEST(TrainingRun, FamilyCheckpointsFollowTransformers) {
     c.output.dir = dir + "/out";
     c.checkpoint.dir = dir + "/ckpt";
     c.checkpoint.save_initial = true;
-    train_on_ranks(c);
+    testing::train_on_ranks(c);
     if (testing::in_rank_child()) continue;
 
     const auto initial = model::load_safetensors(c.checkpoint.dir + "/initial/model.safetensors");
@@ -263,7 +256,7 @@ TEST(TrainingRun, SavedCheckpointEvaluatesToTheSameLossWithAndWithoutSP) {
   c.checkpoint.dir = dir + "/ckpt";
   c.eval.source = c.data.source;
   c.eval.steps = 2;
-  train_on_ranks(c);
+  testing::train_on_ranks(c);
 
   // Evaluate the saved weights only, once with SP and once bypassing it.
   config::RunConfig with_sp = c;
@@ -271,11 +264,11 @@ TEST(TrainingRun, SavedCheckpointEvaluatesToTheSameLossWithAndWithoutSP) {
   with_sp.checkpoint = {};
   with_sp.model.load = dir + "/ckpt/step-3";
   with_sp.output.dir = dir + "/eval-sp";
-  train_on_ranks(with_sp);
+  testing::train_on_ranks(with_sp);
   config::RunConfig without_sp = with_sp;
   without_sp.attention.disable_in_eval = true;
   without_sp.output.dir = dir + "/eval-nosp";
-  train_on_ranks(without_sp);
+  testing::train_on_ranks(without_sp);
   if (testing::in_rank_child()) return;
 
   const auto trained = eval_losses(c.output.dir + "/metrics.jsonl");
@@ -295,7 +288,7 @@ TEST(TrainingRun, ResumeOnAnotherMeshContinuesTheDataAndAppendsToMetrics) {
   full.output.dir = dir + "/out";
   full.checkpoint.dir = dir + "/ckpt";
   full.checkpoint.every = 2;
-  train_on_ranks(full);
+  testing::train_on_ranks(full);
   std::vector<double> full_losses;
   if (!testing::in_rank_child()) full_losses = step_losses(full.output.dir + "/metrics.jsonl");
 
@@ -304,7 +297,7 @@ TEST(TrainingRun, ResumeOnAnotherMeshContinuesTheDataAndAppendsToMetrics) {
   resumed.mesh.sp = 1;
   resumed.sequence.micro_batch = 2;
   resumed.checkpoint.resume = "step-2";  // looked up in checkpoint.dir
-  train_on_ranks(resumed);
+  testing::train_on_ranks(resumed);
   if (testing::in_rank_child()) return;
 
   const auto lines = read_lines(full.output.dir + "/metrics.jsonl");
@@ -329,7 +322,7 @@ TEST(TrainingRun, ResumeRefusesACheckpointWithoutOptimizerState) {
   config::RunConfig first = learnable_config(dir, 1, 1, 2);
   first.output.dir = dir + "/out";
   first.checkpoint.dir = dir + "/ckpt";
-  train_on_ranks(first);
+  testing::train_on_ranks(first);
   if (!testing::in_rank_child()) {  // a weights-only checkpoint past step 0
     fs::remove(dir + "/ckpt/step-2/optimizer.safetensors");
     auto state = nlohmann::json::parse(read_text(dir + "/ckpt/step-2/trainer_state.json"));
@@ -352,7 +345,7 @@ TEST(TrainingRun, ResumingAFinishedRunKeepsItsOutputs) {
   config::RunConfig c = learnable_config(dir, 1, 1, 2);
   c.output.dir = dir + "/out";
   c.checkpoint.dir = dir + "/ckpt";
-  train_on_ranks(c);
+  testing::train_on_ranks(c);
   std::string summary, metrics;
   if (!testing::in_rank_child()) {
     summary = read_text(c.output.dir + "/summary.json");
@@ -360,7 +353,7 @@ TEST(TrainingRun, ResumingAFinishedRunKeepsItsOutputs) {
   }
   config::RunConfig again = c;
   again.checkpoint.resume = "latest";
-  train_on_ranks(again);
+  testing::train_on_ranks(again);
   if (testing::in_rank_child()) return;
   EXPECT_EQ(read_text(c.output.dir + "/summary.json"), summary);
   EXPECT_EQ(read_text(c.output.dir + "/metrics.jsonl"), metrics);
@@ -373,7 +366,7 @@ TEST(TrainingRun, NonFiniteGradientsSkipTheUpdateAndStopTheRun) {
   config::RunConfig c = learnable_config(dir, 1, 2, 1);
   c.output.dir = dir + "/first";
   c.checkpoint.dir = dir + "/ckpt";
-  train_on_ranks(c);
+  testing::train_on_ranks(c);
   if (!testing::in_rank_child()) {  // weights with a NaN in every token's embedding
     const std::string file = dir + "/ckpt/step-1/model.safetensors";
     auto tensors = model::load_safetensors(file);
@@ -414,7 +407,7 @@ TEST(TrainingRun, EveryRankWritesItsShareAndStaleTemporariesGo) {
   config::RunConfig c = learnable_config(dir, 1, 2, 2);
   c.output.dir = dir + "/out";
   c.checkpoint.dir = dir + "/ckpt";
-  train_on_ranks(c);
+  testing::train_on_ranks(c);
   if (testing::in_rank_child()) return;
 
   std::vector<std::string> names;

@@ -44,13 +44,6 @@ config::RunConfig stage3_config(const std::string& dir, const std::string& name,
   return c;
 }
 
-void train_on_ranks(const config::RunConfig& c) {
-  testing::run_ranks(static_cast<int>(c.mesh.dp * c.mesh.sp), [&](const testing::RankContext& ctx) {
-    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, c.mesh.dp,
-                                                  c.mesh.sp);
-    EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
-  });
-}
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
@@ -115,7 +108,7 @@ TEST(Zero3, RunPhasesContainZeroGatherAndZeroReduce) {
   config::RunConfig c = stage3_config(dir, "phases", 1, 2, 3);
   c.train.steps = 2;
   c.checkpoint.dir.clear();
-  train_on_ranks(c);
+  testing::train_on_ranks(c);
   if (testing::in_rank_child()) return;
   std::ifstream in(c.output.dir + "/metrics.jsonl");
   std::string line;
@@ -155,7 +148,7 @@ TEST(Zero3, Bf16TiedEmbeddingsWithEveryMemoryFeatureFollowsStage0) {
     c.memory.offload_activations = true;
     c.memory.offload_optimizer = true;
     c.train.steps = 3;
-    train_on_ranks(c);
+    testing::train_on_ranks(c);
   }
   if (testing::in_rank_child()) return;
   const auto base = testing::read_steps(configs[0].output.dir + "/metrics.jsonl");

@@ -51,13 +51,6 @@ config::RunConfig zero_config(const std::string& dir, int64_t dp, int64_t sp, in
   return c;
 }
 
-void train_on_ranks(const config::RunConfig& c) {
-  testing::run_ranks(static_cast<int>(c.mesh.dp * c.mesh.sp), [&](const testing::RankContext& ctx) {
-    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, c.mesh.dp,
-                                                  c.mesh.sp);
-    EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
-  });
-}
 
 std::map<std::string, at::Tensor> final_weights(const config::RunConfig& c) {
   return model::load_safetensors(c.checkpoint.dir + "/step-" + std::to_string(kSteps) +
@@ -103,7 +96,7 @@ void expect_stages_equal(const std::string& tag, int64_t dp, int64_t sp,
   for (int64_t stage : {0, 1, 2, 3}) {
     configs.push_back(zero_config(dir, dp, sp, stage, tag));
     if (adjust) adjust(configs.back());
-    train_on_ranks(configs.back());
+    testing::train_on_ranks(configs.back());
   }
   if (testing::in_rank_child()) return;
   expect_runs_equal(tag, configs);
@@ -141,7 +134,7 @@ TEST(Zero, OffloadedOptimizerEqualsTheDeviceOptimizerOnDp2WithTiedEmbeddings) {
   }
   for (config::RunConfig& c : configs) {
     c.model.tie_embeddings = true;
-    train_on_ranks(c);
+    testing::train_on_ranks(c);
   }
   if (testing::in_rank_child()) return;
   expect_runs_equal("offload vs device", configs);
@@ -186,8 +179,8 @@ TEST(Zero, EachRankWritesOnlyItsShard) {
   const std::string dir = testing::shared_dir("zero-test", "shards");
   const config::RunConfig stage1 = zero_config(dir, 2, 2, 1, "shards");
   const config::RunConfig stage2 = zero_config(dir, 2, 2, 2, "shards");
-  train_on_ranks(stage1);
-  train_on_ranks(stage2);
+  testing::train_on_ranks(stage1);
+  testing::train_on_ranks(stage2);
   if (testing::in_rank_child()) return;
   int64_t parameters = 0, padded = 0, count = 0;
   for (const auto& [name, w] : final_weights(stage1)) {
@@ -230,10 +223,10 @@ TEST(Zero, ResumeIsBitExact) {
     const std::string tag = "stage" + std::to_string(stage);
     config::RunConfig full = zero_config(dir, 2, 2, stage, "full" + tag);
     full.checkpoint.every = 2;
-    train_on_ranks(full);
+    testing::train_on_ranks(full);
     config::RunConfig resumed = zero_config(dir, 2, 2, stage, "resumed" + tag);
     resumed.checkpoint.resume = full.checkpoint.dir + "/step-2";
-    train_on_ranks(resumed);
+    testing::train_on_ranks(resumed);
     if (testing::in_rank_child()) continue;
     const auto a = final_weights(full);
     const auto b = final_weights(resumed);
@@ -265,11 +258,11 @@ TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
                             "dp" + std::to_string(k.to_dp);
     config::RunConfig full = zero_config(dir, k.from_dp, 2, k.from_stage, "full" + tag);
     full.checkpoint.every = 2;
-    train_on_ranks(full);
+    testing::train_on_ranks(full);
     config::RunConfig resumed = zero_config(dir, k.to_dp, 2, k.to_stage, "resumed" + tag);
     resumed.sequence.micro_batch = full.sequence.micro_batch * k.from_dp / k.to_dp;  // same batch
     resumed.checkpoint.resume = full.checkpoint.dir + "/step-2";
-    train_on_ranks(resumed);
+    testing::train_on_ranks(resumed);
     if (testing::in_rank_child()) continue;
     const auto a = final_weights(full);
     const auto b = final_weights(resumed);
