@@ -110,9 +110,9 @@ bin=$build/bin
 if [ "$dry" = 1 ]; then
   device=cpu dtype=fp32 hardware=cpu-local model=tiny
   compare_model=$DRY_COMPARE_MODEL
-  compare_lengths=128,256 compare_reps=2 maxlen_start=256 maxlen_ours=8192 maxlen_theirs=8192
+  compare_lengths=256 compare_reps=2 maxlen_start=256 maxlen_ours=8192 maxlen_theirs=8192
   # No time budget: the searches end by their resolution, however busy the machine is.
-  maxlen_extra=(--limit-gib 0.1 --granule 128 --probe-timeout 300)
+  maxlen_extra=(--limit-gib 0.1 --granule 256 --probe-timeout 300)
   alst_length=512
   export OMP_NUM_THREADS=1
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)
