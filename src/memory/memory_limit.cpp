@@ -37,6 +37,15 @@ void reserve_thread_pool() {
   at::parallel_for(0, threads, 1, [](int64_t, int64_t) { std::free(std::malloc(64)); });
 }
 
+}  // namespace
+
+bool fix_host_mmap_threshold(int64_t bytes) {
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr) return false;
+  return mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes)) == 1;
+}
+
+namespace {
+
 MemoryLimit apply_host_limit(int64_t limit_bytes) {
   reserve_thread_pool();
   // Threads started after the baseline (Gloo's, on a collective's first use) would each reserve

@@ -38,4 +38,13 @@ struct MemoryLimit {
 // hard RLIMIT_AS, or (CUDA) more than the device has.
 MemoryLimit apply_memory_limit(double limit_gib, const c10::Device& device);
 
+// Fixes glibc's mmap threshold at `bytes` for this process, unless the environment sets one
+// (MALLOC_MMAP_THRESHOLD_), and returns whether it did. By default glibc raises the threshold each
+// time a mapped block is freed (up to 32 MiB); blocks below it then come from the heap, which keeps
+// their pages after they are freed. A run that allocates and frees large blocks every step (the
+// gathered units and gradient buffers of ZeRO-3 on a CPU) then holds far more resident memory
+// than it uses at any moment, and its peak says so. With a fixed threshold those blocks are
+// mappings of their own, returned to the system when freed.
+bool fix_host_mmap_threshold(int64_t bytes);
+
 }  // namespace ulysses::memory

@@ -15,6 +15,7 @@
 #include "config/run_config.h"
 #include "data/data_loader.h"
 #include "memory/activation_checkpoint.h"
+#include "memory/memory_limit.h"
 #include "memory/memory_stats.h"
 #include "memory/precision.h"
 #include "model/attention_core.h"
@@ -178,6 +179,10 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   ResolvedRun run;
   // zero.stage 1-3 shard AdamW over the world; in a world of 1 every stage is stage 0.
   const int zero_stage = mesh.world().size() > 1 ? static_cast<int>(config.zero.stage) : 0;
+  // Stage 3 on a CPU: the host heap is the training memory, and the units' gathers and gradient
+  // buffers come and go every step; blocks of 256 KiB and more get mappings of their own, so that
+  // what is freed leaves the resident set (memory_limit.h).
+  if (zero_stage == 3 && device.is_cpu()) memory::fix_host_mmap_threshold(int64_t{256} << 10);
   // Stage 3 never builds the whole model: each rank draws or loads its own shards only.
   model::LlamaForCausalLM model =
       build_model(config, mesh, device, &run.mlp_tiles, /*shapes_only=*/zero_stage == 3);
