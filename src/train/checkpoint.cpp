@@ -110,31 +110,46 @@ std::map<std::string, int> assign_writers(const NamedTensors& entries, int64_t w
 // each flat's shards concatenated in rank order, then cut at the parameters' offsets
 // (plan_flat_layout, as the run that wrote them laid them out). Parameter layout: see above. ".master"
 // entries only for bf16/fp16 parameters (AdamW keeps no separate master for the others).
-// The parameter layout (zero.stage 2/3, "zero.param<i>" entries): parameter i's shards
-// concatenated in rank order and cut at its numel.
+// The parameter layout (zero.stage 2/3, "zero.param<i>" entries): parameter i's shards placed
+// by ZeroPartition's layout with the part sizes `parts` (trainer_state.json's zero_part_numel;
+// empty: one part per parameter, each rank's shard a contiguous range in rank order).
 NamedTensors unshard_param_layout(const std::vector<std::map<std::string, at::Tensor>>& shards,
                                   const std::vector<fs::path>& files,
                                   const std::vector<std::string>& names,
-                                  const std::vector<at::Tensor>& params, const std::string& source) {
+                                  const std::vector<at::Tensor>& params,
+                                  const std::vector<int64_t>& parts, const std::string& source) {
+  if (!parts.empty() && parts.size() != params.size()) {
+    throw UserError(source + ": trainer_state.json's zero_part_numel has " +
+                    std::to_string(parts.size()) + " entries, the model " +
+                    std::to_string(params.size()) + " parameters (another model?)");
+  }
+  const int64_t world = static_cast<int64_t>(shards.size());
   NamedTensors out;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string key = "zero.param" + std::to_string(i);
+    const int64_t numel = params[i].numel();
     auto full = [&](const std::string& what) {  // [param shape]
-      std::vector<at::Tensor> parts;
-      for (size_t r = 0; r < shards.size(); ++r) {
+      at::Tensor flat;
+      for (int64_t r = 0; r < world; ++r) {
         auto it = shards[r].find(key + what);
         if (it == shards[r].end()) {
           throw UserError(files[r].string() + ": optimizer entry " + key + what + " is missing");
         }
-        parts.push_back(it->second.reshape({-1}));
+        const at::Tensor shard = it->second.reshape({-1});  // [S_i]
+        const int64_t part = parts.empty() ? shard.numel() : parts[i];
+        if (shard.numel() * world < numel || part < 1 || shard.numel() % part != 0) {
+          throw UserError(source + ": ZeRO optimizer shard of " + key + what + " in " +
+                          files[r].string() + " holds " + std::to_string(shard.numel()) +
+                          " elements in parts of " + std::to_string(part) + ", " + names[i] +
+                          " has " + std::to_string(numel) + " (another model?)");
+        }
+        if (!flat.defined()) flat = at::empty({numel}, shard.options());
+        for (const auto& piece : ZeroPartition::shard_pieces(numel, shard.numel(), part, world, r)) {
+          flat.narrow(0, piece.param_offset, piece.length)
+              .copy_(shard.narrow(0, piece.shard_offset, piece.length));
+        }
       }
-      at::Tensor flat = at::cat(parts);
-      if (flat.numel() < params[i].numel()) {
-        throw UserError(source + ": ZeRO optimizer shards of " + key + what + " hold " +
-                        std::to_string(flat.numel()) + " elements, " + names[i] + " has " +
-                        std::to_string(params[i].numel()) + " (another model?)");
-      }
-      return flat.narrow(0, 0, params[i].numel()).view(params[i].sizes()).clone();
+      return flat.view(params[i].sizes());
     };
     out.emplace_back(names[i] + ".exp_avg", full(".exp_avg"));
     out.emplace_back(names[i] + ".exp_avg_sq", full(".exp_avg_sq"));
@@ -152,12 +167,14 @@ NamedTensors unshard_param_layout(const std::vector<std::map<std::string, at::Te
 // `params`: the parameters, or descriptions of them (shape and dtype; parameter_descriptions).
 NamedTensors unshard_state(const std::vector<fs::path>& files, model::LlamaForCausalLM& model,
                            const std::vector<at::Tensor>& params, const std::string& saved_layout,
-                           const std::string& source) {
+                           const std::vector<int64_t>& saved_parts, const std::string& source) {
   std::vector<std::map<std::string, at::Tensor>> shards;
   for (const auto& file : files) shards.push_back(model::load_safetensors(file.string()));
   std::vector<std::string> names;
   for (const auto& item : model->named_parameters()) names.push_back(item.key());
-  if (saved_layout == "param") return unshard_param_layout(shards, files, names, params, source);
+  if (saved_layout == "param") {
+    return unshard_param_layout(shards, files, names, params, saved_parts, source);
+  }
   const FlatLayout layout = plan_flat_layout(params, static_cast<int64_t>(files.size()));
   auto full_flat = [&](size_t f, const std::string& what) {  // [flat_numel[f]]
     const std::string key = "zero.flat" + std::to_string(f) + what;
@@ -357,20 +374,13 @@ void write_sharded_weights(const fs::path& path, ZeroPartition& partition, bool 
     const std::map<std::string, std::string> metadata = {{"format", "pt"}};
     writer = std::make_unique<model::SafetensorsWriter>(path.string(), tensors, metadata);
   }
-  const int64_t world = partition.world().size();
   for (size_t i = 0; i < count; ++i) {
-    const int64_t shard = partition.shard_numel(i);
     const int64_t numel = partition.param_numel(i);
-    const int64_t part = partition.gather_part_numel(i);
-    for (int64_t offset = 0; offset < shard; offset += part) {
-      const int64_t n = std::min(part, shard - offset);
-      const at::Tensor gathered = partition.gather_shard_part(i, offset, n).cpu();  // [world, n]
-      if (!writer) continue;
-      for (int64_t r = 0; r < world; ++r) {
-        const int64_t begin = r * shard + offset;
-        const int64_t valid = std::min(n, numel - begin);  // past numel: padding
-        if (valid > 0) writer->write(i, begin, gathered[r].narrow(0, 0, valid).contiguous());
-      }
+    for (int64_t k = 0; k < partition.part_count(i); ++k) {
+      const at::Tensor gathered = partition.gather_part(i, k).cpu();  // [world * P_i]
+      const int64_t begin = k * gathered.numel();
+      const int64_t valid = std::min(gathered.numel(), numel - begin);  // past numel: padding
+      if (writer && valid > 0) writer->write(i, begin, gathered.narrow(0, 0, valid));
     }
   }
   if (writer) writer->close();
@@ -459,6 +469,9 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
                               {"zero_layout", zero ? zero->layout() : ""},
                               {"optimizer_files", optimizer_files},
                               {"run_id", state.run_id}};
+    if (zero != nullptr && zero->partition() != nullptr) {
+      trainer["zero_part_numel"] = zero->partition()->part_numels();
+    }
     write_text(tmp_path / "trainer_state.json", trainer.dump(2) + "\n");
   }
   world.barrier();  // every share is on disk
@@ -543,8 +556,13 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
   // zero_layout was recorded).
   const std::string saved_layout =
       trainer.value("zero_layout", std::string(saved_stage > 0 ? "flat" : ""));
+  // The parameter layout's part sizes (ZeroPartition); a checkpoint written before parts existed
+  // has one part per parameter.
+  const std::vector<int64_t> saved_parts =
+      trainer.value("zero_part_numel", std::vector<int64_t>{});
+  const bool same_parts = partition == nullptr || saved_parts == partition->part_numels();
   const bool same_shards = zero != nullptr && saved_stage > 0 && saved_layout == zero->layout() &&
-                           static_cast<int>(files.size()) == zero->world().size();
+                           same_parts && static_cast<int>(files.size()) == zero->world().size();
   if (zero != nullptr) zero->reload_parameters();  // masters from the loaded weights
   if (same_shards) {  // this rank's own file: bit-exact
     const std::string file = (path / files[zero->world().rank()]).string();
@@ -557,7 +575,7 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
       std::vector<fs::path> paths;
       for (const auto& file : files) paths.push_back(path / file);
       named = unshard_state(paths, model, parameter_descriptions(model, partition), saved_layout,
-                            dir);
+                            saved_parts, dir);
     } else {
       for (const auto& file : files) {
         for (auto& entry : model::load_safetensors((path / file).string())) named.push_back(entry);

@@ -88,27 +88,23 @@ std::string ZeroOptimizer::entry_name(size_t f) const {
   return partition_ != nullptr ? param_name(f) : flat_name(f);
 }
 
-ZeroOptimizer::ShardSlice ZeroOptimizer::shard_slice(size_t i) const {
-  ShardSlice slice;
-  if (partition_ != nullptr) {  // parameter i is shard i: elements [rank * S_i, + S_i) of it
-    slice.flat = static_cast<int>(i);
-    slice.param_offset = world_.rank() * shard_numel_[i];
-    slice.length =
-        std::clamp<int64_t>(partition_->param_numel(i) - slice.param_offset, 0, shard_numel_[i]);
-    return slice;
+std::vector<ZeroOptimizer::ShardSlice> ZeroOptimizer::shard_slices(size_t i) const {
+  if (partition_ != nullptr) {  // parameter i is shard i, one piece per part (zero_partition.h)
+    std::vector<ShardSlice> slices;
+    for (const ZeroPartition::ShardPiece& piece : partition_->shard_pieces(i)) {
+      slices.push_back({static_cast<int>(i), piece.shard_offset, piece.param_offset, piece.length});
+    }
+    return slices;
   }
-  slice.flat = buffers_->flat_index(i);
-  if (slice.flat < 0) return slice;
-  const int64_t begin = world_.rank() * shard_numel_[slice.flat];
-  const int64_t end = begin + shard_numel_[slice.flat];
+  const int flat = buffers_->flat_index(i);
+  if (flat < 0) return {};
+  const int64_t begin = world_.rank() * shard_numel_[flat];
+  const int64_t end = begin + shard_numel_[flat];
   const int64_t p_begin = buffers_->flat_offset(i);
   const int64_t p_end = p_begin + buffers_->params()[i].numel();
   const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
-  if (lo >= hi) return slice;
-  slice.shard_offset = lo - begin;
-  slice.param_offset = lo - p_begin;
-  slice.length = hi - lo;
-  return slice;
+  if (lo >= hi) return {};
+  return {{flat, lo - begin, lo - p_begin, hi - lo}};
 }
 
 void ZeroOptimizer::copy_parameters_to_masters() {
@@ -122,11 +118,11 @@ void ZeroOptimizer::copy_parameters_to_masters() {
   }
   const auto& params = buffers_->params();
   for (size_t i = 0; i < params.size(); ++i) {
-    const ShardSlice slice = shard_slice(i);
-    if (slice.length == 0) continue;
-    masters_[slice.flat]
-        .narrow(0, slice.shard_offset, slice.length)
-        .copy_(params[i].detach().reshape({-1}).narrow(0, slice.param_offset, slice.length));
+    for (const ShardSlice& slice : shard_slices(i)) {
+      masters_[slice.flat]
+          .narrow(0, slice.shard_offset, slice.length)
+          .copy_(params[i].detach().reshape({-1}).narrow(0, slice.param_offset, slice.length));
+    }
   }
 }
 
@@ -279,8 +275,7 @@ void ZeroOptimizer::load_full_state(const NamedTensors& state,
   for (size_t f = 0; f < masters_.size(); ++f) masters[f].copy_(masters_[f]);
   int64_t step = -1;
   for (size_t i = 0; i < count; ++i) {
-    const ShardSlice slice = shard_slice(i);
-    if (slice.flat < 0) continue;
+    if (partition_ == nullptr && buffers_->flat_index(i) < 0) continue;  // not trained here
     const int64_t numel =
         partition_ != nullptr ? partition_->param_numel(i) : buffers_->params()[i].numel();
     for (const char* suffix : {".exp_avg", ".exp_avg_sq", ".step"}) {
@@ -289,16 +284,17 @@ void ZeroOptimizer::load_full_state(const NamedTensors& state,
     }
     const at::Tensor& saved_step = *entry(names[i] + ".step");
     if (step < 0) step = saved_step.item<int64_t>();
-    if (slice.length == 0) continue;
     auto slice_into = [&](std::vector<at::Tensor>& dst, const std::string& key) {
       const at::Tensor& t = *entry(key);
       if (t.numel() != numel) {
         throw UserError(source + ": optimizer entry " + key + " has " + std::to_string(t.numel()) +
                         " elements, expected " + std::to_string(numel));
       }
-      dst[slice.flat]
-          .narrow(0, slice.shard_offset, slice.length)
-          .copy_(t.reshape({-1}).narrow(0, slice.param_offset, slice.length));
+      for (const ShardSlice& slice : shard_slices(i)) {
+        dst[slice.flat]
+            .narrow(0, slice.shard_offset, slice.length)
+            .copy_(t.reshape({-1}).narrow(0, slice.param_offset, slice.length));
+      }
     };
     slice_into(exp_avg, names[i] + ".exp_avg");
     slice_into(exp_avg_sq, names[i] + ".exp_avg_sq");

@@ -98,13 +98,13 @@ class ZeroOptimizer {
 
  private:
   // Where parameter i meets this rank's shard of its flat: `length` elements, at `shard_offset`
-  // in the shard ([S_f]) and at `param_offset` in the flattened parameter. length 0 when they do
-  // not meet or the parameter has no flat (flat < 0).
+  // in the shard ([S_f]) and at `param_offset` in the flattened parameter. None when they do not
+  // meet or the parameter has no flat; one per part in the parameter layout (ZeroPartition).
   struct ShardSlice {
     int flat = -1;
     int64_t shard_offset = 0, param_offset = 0, length = 0;
   };
-  ShardSlice shard_slice(size_t i) const;
+  std::vector<ShardSlice> shard_slices(size_t i) const;
   std::string entry_name(size_t f) const;  // "zero.flat<f>" or "zero.param<f>"
   // ZeRO-1: the dtype buffer f is all-gathered in: its parameters' common dtype when narrower
   // than the accumulation dtype, else the accumulation dtype.

@@ -72,7 +72,7 @@ ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world,
     : model_(model), world_(world), stage_(stage), bucket_bytes_(bucket_bytes) {
   TORCH_CHECK(stage == 2 || stage == 3, "ZeroPartition: stage must be 2 or 3, got ", stage);
   TORCH_CHECK(bucket_bytes >= 1, "ZeroPartition: bucket_bytes must be >= 1");
-  add_parameters(std::nullopt);
+  add_parameters(std::nullopt, std::nullopt);
   for (size_t i = 0; i < params_.size(); ++i) {
     weight_shards_.push_back(stage_ == 3 ? param_slice(i) : at::Tensor());
   }
@@ -83,7 +83,8 @@ ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world,
                              const ShardFill& fill)
     : model_(model), world_(world), stage_(3), bucket_bytes_(bucket_bytes) {
   TORCH_CHECK(bucket_bytes >= 1, "ZeroPartition: bucket_bytes must be >= 1");
-  add_parameters(weight_options.dtype(accumulation_dtype(weight_options.dtype().toScalarType())));
+  const at::ScalarType weight_dtype = weight_options.dtype().toScalarType();
+  add_parameters(weight_options.dtype(accumulation_dtype(weight_dtype)), weight_dtype);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     weight_shards_.push_back(at::zeros({shard_numel_[i]}, weight_options));  // [S_i]
@@ -94,7 +95,8 @@ ZeroPartition::ZeroPartition(model::LlamaForCausalLM& model, comm::Group& world,
   fill_shards(fill);
 }
 
-void ZeroPartition::add_parameters(const std::optional<at::TensorOptions>& grad_options) {
+void ZeroPartition::add_parameters(const std::optional<at::TensorOptions>& grad_options,
+                                   std::optional<at::ScalarType> weight_dtype) {
   at::NoGradGuard no_grad;
   const int64_t w = world_.size();
   layer_units_.resize(static_cast<size_t>(model_->model->num_layers()));
@@ -108,7 +110,13 @@ void ZeroPartition::add_parameters(const std::optional<at::TensorOptions>& grad_
     params_.push_back(p);
     names_.push_back(item.key());
     shapes_.push_back(p.sizes().vec());
-    shard_numel_.push_back((p.numel() + w - 1) / w);
+    const int64_t whole_shard = (p.numel() + w - 1) / w;  // one part
+    const int64_t element =
+        static_cast<int64_t>(c10::elementSize(weight_dtype ? *weight_dtype : p.scalar_type()));
+    const int64_t fits = std::max<int64_t>(bucket_bytes_ / element / w, 1);
+    part_numel_.push_back(std::min(whole_shard, fits));
+    shard_numel_.push_back((whole_shard + part_numel_.back() - 1) / part_numel_.back() *
+                           part_numel_.back());
     whole_.push_back(true);
     const at::TensorOptions grad_where =
         grad_options ? *grad_options : p.options().dtype(accumulation_dtype(p.scalar_type()));
@@ -139,10 +147,9 @@ void ZeroPartition::fill_shards(const ShardFill& fill) {
   settle_prefetch();
   for (size_t i = 0; i < params_.size(); ++i) {
     TORCH_CHECK(!whole_[i], "ZeroPartition::fill_shards: ", names_[i], " is gathered");
-    const int64_t begin = world_.rank() * shard_numel_[i];
-    const int64_t end = std::min(begin + shard_numel_[i], param_numel(i));
-    if (end > begin) {
-      fill(i, names_[i], shapes_[i], begin, weight_shards_[i].narrow(0, 0, end - begin));
+    for (const ShardPiece& piece : shard_pieces(i)) {
+      fill(i, names_[i], shapes_[i], piece.param_offset,
+           weight_shards_[i].narrow(0, piece.shard_offset, piece.length));
     }
   }
 }
@@ -151,16 +158,30 @@ at::ScalarType ZeroPartition::weight_dtype(size_t i) const {
   return weight_shards_[i].defined() ? weight_shards_[i].scalar_type() : params_[i].scalar_type();
 }
 
-int64_t ZeroPartition::gather_part_numel(size_t i) const {
-  const int64_t element = static_cast<int64_t>(c10::elementSize(weight_dtype(i)));
-  return std::max<int64_t>(bucket_bytes_ / element / world_.size(), 1);
+std::vector<ZeroPartition::ShardPiece> ZeroPartition::shard_pieces(int64_t numel,
+                                                                    int64_t shard_numel,
+                                                                    int64_t part_numel,
+                                                                    int64_t world, int64_t rank) {
+  std::vector<ShardPiece> pieces;
+  for (int64_t k = 0; k * part_numel < shard_numel; ++k) {
+    const int64_t begin = (k * world + rank) * part_numel;
+    const int64_t length = std::min(part_numel, numel - begin);
+    if (length > 0) pieces.push_back({k * part_numel, begin, length});
+  }
+  return pieces;
 }
 
-at::Tensor ZeroPartition::gather_shard_part(size_t i, int64_t offset, int64_t numel) {
-  TORCH_CHECK(stage_ == 3, "ZeroPartition::gather_shard_part: stage 3 only");
+std::vector<ZeroPartition::ShardPiece> ZeroPartition::shard_pieces(size_t i) const {
+  return shard_pieces(param_numel(i), shard_numel_[i], part_numel_[i], world_.size(),
+                      world_.rank());
+}
+
+at::Tensor ZeroPartition::gather_part(size_t i, int64_t k) {
+  TORCH_CHECK(stage_ == 3, "ZeroPartition::gather_part: stage 3 only");
   at::NoGradGuard no_grad;
   profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
-  return world_.all_gather(weight_shards_[i].narrow(0, offset, numel));  // [world, numel]
+  const int64_t p = part_numel_[i];
+  return world_.all_gather(weight_shards_[i].narrow(0, k * p, p)).view({-1});  // [world * P_i]
 }
 
 ZeroPartition::~ZeroPartition() {
@@ -192,11 +213,11 @@ at::Tensor ZeroPartition::weight_values(size_t i) const {
 at::Tensor ZeroPartition::param_slice(size_t i) const {
   TORCH_CHECK(whole_[i], "ZeroPartition: ", names_[i], " is not whole");
   const at::Tensor flat = params_[i].detach().reshape({-1});  // [n_i]
-  const int64_t shard = shard_numel_[i];
-  at::Tensor out = at::zeros({shard}, flat.options());        // [S_i]
-  const int64_t begin = world_.rank() * shard;
-  const int64_t end = std::min(begin + shard, flat.numel());
-  if (end > begin) out.narrow(0, 0, end - begin).copy_(flat.narrow(0, begin, end - begin));
+  at::Tensor out = at::zeros({shard_numel_[i]}, flat.options());  // [S_i]
+  for (const ShardPiece& piece : shard_pieces(i)) {
+    out.narrow(0, piece.shard_offset, piece.length)
+        .copy_(flat.narrow(0, piece.param_offset, piece.length));
+  }
   return out;
 }
 
@@ -214,38 +235,20 @@ ZeroPartition::UnitGather ZeroPartition::start_gather(int64_t unit) {
   const int64_t w = world_.size();
   for (size_t i : unit_params(unit)) {
     if (whole_[i]) continue;
-    const size_t member = g.members.size();
     g.members.push_back(i);
     const at::Tensor& shard = weight_shards_[i];  // [S_i]
-    const int64_t s = shard_numel_[i];
-    g.fulls.push_back(at::empty({w * s}, shard.options()));  // [world * S_i]
-    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / shard.element_size() / w, 1);
-    if (s <= bucket) {  // one part: gathered straight into the full tensor ([w, S_i] either way)
-      g.parts.push_back(
-          {member, 0, s, world_.all_gather_start(shard, g.fulls.back().view({w, s})), true});
-      continue;
-    }
-    for (int64_t o = 0; o < s; o += bucket) {  // a parameter larger than the bucket is split
-      const int64_t n = std::min(bucket, s - o);
-      g.parts.push_back({member, o, n, world_.all_gather_start(shard.narrow(0, o, n)), false});
+    const int64_t p = part_numel_[i];
+    g.fulls.push_back(at::empty({w * shard_numel_[i]}, shard.options()));  // [world * S_i]
+    for (int64_t k = 0; k * p < shard_numel_[i]; ++k) {  // part k: [w, P_i] in its place
+      g.parts.push_back(world_.all_gather_start(shard.narrow(0, k * p, p),
+                                                g.fulls.back().narrow(0, k * w * p, w * p).view({w, p})));
     }
   }
   return g;
 }
 
 void ZeroPartition::finish_gather(UnitGather& g) {
-  const int64_t w = world_.size();
-  for (auto& part : g.parts) {
-    if (part.into_full) {
-      part.gather.wait();  // already in place
-      continue;
-    }
-    const size_t i = g.members[part.member];
-    g.fulls[part.member]
-        .view({w, shard_numel_[i]})
-        .narrow(1, part.offset, part.numel)
-        .copy_(part.gather.wait());  // [w, n]
-  }
+  for (auto& part : g.parts) part.wait();  // in place
   for (size_t m = 0; m < g.members.size(); ++m) {
     const size_t i = g.members[m];
     if (whole_[i]) continue;  // made whole meanwhile (a tied weight gathered for another unit)
@@ -326,14 +329,11 @@ void ZeroPartition::reduce_unit(int64_t unit) {
   // collectives pair up whatever each rank's autograd produced. A reduction in flight holds its
   // input (the pending buffer, or the copy of a part of it) until it is waited for.
   for (size_t i : unit_params(unit)) {
-    const int64_t s = shard_numel_[i];
+    const int64_t s = shard_numel_[i], p = part_numel_[i];
     if (!pending_[i].defined()) pending_[i] = at::zeros({w * s}, grad_shards_[i].options());
-    at::Tensor pending = pending_[i].view({w, s});  // [world, S_i]
-    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / pending.element_size() / w, 1);
-    for (int64_t o = 0; o < s; o += bucket) {
-      const int64_t n = std::min(bucket, s - o);
+    for (int64_t k = 0; k * p < s; ++k) {  // part k: [w, P_i], contiguous in the pending buffer
       reductions_.push_back(
-          {i, o, n, world_.reduce_scatter_start(pending.narrow(1, o, n).contiguous())});
+          {i, k * p, p, world_.reduce_scatter_start(pending_[i].narrow(0, k * w * p, w * p).view({w, p}))});
     }
     pending_[i].reset();
   }
@@ -396,13 +396,11 @@ void ZeroPartition::set_weights(const std::vector<at::Tensor>& masters) {
   profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
   const int64_t w = world_.size();
   for (size_t i = 0; i < params_.size(); ++i) {
-    const int64_t s = shard_numel_[i];
+    const int64_t s = shard_numel_[i], p = part_numel_[i];
     at::Tensor full = at::empty({w * s}, params_[i].options());  // [world * S_i]
-    const int64_t bucket = std::max<int64_t>(bucket_bytes_ / full.element_size() / w, 1);
-    for (int64_t o = 0; o < s; o += bucket) {
-      const int64_t n = std::min(bucket, s - o);
-      const at::Tensor mine = masters[i].narrow(0, o, n).to(full.scalar_type());  // [n]
-      full.view({w, s}).narrow(1, o, n).copy_(world_.all_gather(mine));           // [w, n]
+    for (int64_t k = 0; k * p < s; ++k) {
+      const at::Tensor mine = masters[i].narrow(0, k * p, p).to(full.scalar_type());  // [P_i]
+      world_.all_gather_start(mine, full.narrow(0, k * w * p, w * p).view({w, p})).wait();
     }
     params_[i].detach().copy_(full.narrow(0, 0, params_[i].numel()).view(shapes_[i]));
   }

@@ -18,16 +18,23 @@
 
 namespace ulysses::train {
 
-// Layout (as DeepSpeed's stage 3 partitions): parameter i (numel n_i) is flattened, padded with
-// zeros to world * S_i (S_i = ceil(n_i / world)), and rank r owns elements [r * S_i, (r+1) * S_i).
+// Layout: parameter i (numel n_i) is flattened and cut into parts of world * P_i elements (the
+// last padded with zeros), and rank r owns the r-th P_i elements of every part: shard element j
+// is element (j / P_i) * world * P_i + r * P_i + j % P_i of the parameter. P_i = ceil(n_i / world)
+// when that much of the weights' dtype fits a bucket (bucket_bytes / world): one part, rank r owns
+// elements [r * S_i, (r+1) * S_i), as DeepSpeed's stage 3 partitions; else P_i is what fits and
+// S_i = (number of parts) * P_i. Either way a part is gathered and reduce-scattered in place: its
+// world * P_i elements are contiguous in the whole parameter, so parameters of any size need no
+// buffer of their own and no copy.
 //  - gradients: grad_shards()[i] [S_i], fp32 (fp64 for fp64 parameters), this rank's shard of the
 //    global sum over the world. No full-size gradient buffer exists: every gradient contribution
 //    autograd produces is moved (post-accumulate-grad hook) into a per-parameter fp32 pending
-//    buffer [world * S_i] that lives only until its unit is reduce-scattered into the shard.
+//    buffer [world * S_i] that lives only until its unit is reduce-scattered into the shard
+//    (part by part).
 //  - weights (stage 3): weight_shard(i) [S_i] in the parameter's dtype; between uses the
-//    parameter's data is an empty tensor ([0], storage of 0 bytes). A unit is gathered (bucketed
-//    all-gathers into a [world * S_i] tensor the parameter then views) before each use and
-//    released after it. Stage 2 keeps the full weights and gathers nothing.
+//    parameter's data is an empty tensor ([0], storage of 0 bytes). A unit is gathered (one
+//    all-gather per part, each into its place in a [world * S_i] tensor the parameter then views)
+//    before each use and released after it. Stage 2 keeps the full weights and gathers nothing.
 // Units: decoder layer l (0..L-1), the embedding (L), the head = final norm + LM head weight
 // (L + 1; with tied embeddings the embedding weight, gathered again for this use).
 // Order of one micro-batch (gradient_step.cpp): embed() (gather, forward, release; its gradient is
@@ -72,6 +79,18 @@ class ZeroPartition : public memory::LayerParameterHooks {
   const std::vector<at::Tensor>& params() const { return params_; }  // model->parameters()
   const std::vector<std::string>& names() const { return names_; }
   int64_t shard_numel(size_t i) const { return shard_numel_[i]; }
+  int64_t part_numel(size_t i) const { return part_numel_[i]; }  // P_i
+  const std::vector<int64_t>& part_numels() const { return part_numel_; }
+
+  // Where rank `rank`'s shard of a parameter of `numel` elements lies in the flattened parameter
+  // (layout above: shard_numel S, part_numel P; P == S is one part): one piece per part, without
+  // the padding (none past numel).
+  struct ShardPiece {
+    int64_t shard_offset, param_offset, length;
+  };
+  static std::vector<ShardPiece> shard_pieces(int64_t numel, int64_t shard_numel,
+                                              int64_t part_numel, int64_t world, int64_t rank);
+  std::vector<ShardPiece> shard_pieces(size_t i) const;  // this rank's, of parameter i
   int64_t param_numel(size_t i) const;  // n_i, also while released
   bool all_released() const;             // no parameter is whole
   const std::vector<at::Tensor>& grad_shards() const { return grad_shards_; }  // [S_i] each
@@ -130,13 +149,12 @@ class ZeroPartition : public memory::LayerParameterHooks {
   // rank's elements are read). REQUIRES: every parameter released.
   void fill_shards(const ShardFill& fill);
 
-  // Stage 3, collective: parameter i's shard elements [offset, offset + numel) of every rank,
-  // all-gathered: [world, numel] in the weights' dtype and device; row r holds elements
-  // [r * S_i + offset, ...) of the flattened parameter (past n_i: padding). A streamed save
-  // gathers a parameter part by part, gather_part_numel(i) elements at a time, so that no rank
-  // holds more than one bucket of it.
-  at::Tensor gather_shard_part(size_t i, int64_t offset, int64_t numel);
-  int64_t gather_part_numel(size_t i) const;
+  // Stage 3, collective: part k of parameter i all-gathered: [world * P_i] in the weights' dtype
+  // and device, elements [k * world * P_i, ...) of the flattened parameter (past n_i: padding).
+  // A streamed save gathers a parameter part by part, so that no rank holds more than one bucket
+  // of it.
+  at::Tensor gather_part(size_t i, int64_t k);
+  int64_t part_count(size_t i) const { return shard_numel_[i] / part_numel_[i]; }
   const std::vector<int64_t>& shape(size_t i) const { return shapes_[i]; }
   at::ScalarType weight_dtype(size_t i) const;
 
@@ -156,13 +174,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
     int64_t unit = 0;
     std::vector<size_t> members;   // parameters being gathered (not whole when started)
     std::vector<at::Tensor> fulls; // [world * S_i] per member
-    struct Part {
-      size_t member;               // index into members
-      int64_t offset, numel;       // the bucket's elements of the shard
-      comm::Group::Pending gather;
-      bool into_full = false;  // gathered straight into fulls[member] (a one-part parameter)
-    };
-    std::vector<Part> parts;
+    std::vector<comm::Group::Pending> parts;  // one all-gather per part, into its place
   };
   UnitGather start_gather(int64_t unit);  // issues the bucketed all-gathers of unit's members
   void finish_gather(UnitGather& g);      // waits for them; the members become whole
@@ -173,10 +185,12 @@ class ZeroPartition : public memory::LayerParameterHooks {
   void settle_prefetch();
   static constexpr int64_t kNoUnit = INT64_MIN;
   at::Tensor param_slice(size_t i) const;  // [S_i] fresh copy of the whole parameter's shard
-  // Records the parameters (names, shapes, units, S_i), allocates the gradient shards
-  // (`grad_options`, or each parameter's device with its accumulation dtype) and installs the
-  // gradient hooks. Shared by both constructors.
-  void add_parameters(const std::optional<at::TensorOptions>& grad_options);
+  // Records the parameters (names, shapes, units, S_i and P_i for weights of `weight_dtype`, or of
+  // each parameter's own), allocates the gradient shards (`grad_options`, or each parameter's
+  // device with its accumulation dtype) and installs the gradient hooks. Shared by both
+  // constructors.
+  void add_parameters(const std::optional<at::TensorOptions>& grad_options,
+                      std::optional<at::ScalarType> weight_dtype);
 
   model::LlamaForCausalLM& model_;
   comm::Group& world_;
@@ -187,6 +201,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
   std::vector<std::string> names_;
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<int64_t> shard_numel_;       // S_i
+  std::vector<int64_t> part_numel_;        // P_i, which divides S_i
   std::vector<bool> whole_;                // params_[i] holds its whole value
   std::vector<at::Tensor> weight_shards_;  // [S_i] param dtype (stage 3)
   std::vector<at::Tensor> grad_shards_;    // [S_i] fp32 / fp64

@@ -64,15 +64,19 @@ config::RunConfig sharded_config(int64_t dp, int64_t sp) {
   return c;
 }
 
-// This rank's shard of `whole` ([S], zero padding), cut here without the partition's code.
+constexpr int64_t kBucketBytes = 4096;  // parts of 4096 / 4 bytes / world fp32 elements per rank
+
+// This rank's shard of `whole` ([S], zero padding), cut here without the partition's code: a
+// parameter of n elements over `world` ranks goes in parts of P = min(ceil(n / world),
+// kBucketBytes / 4 / world) elements per rank; padded to whole parts and viewed as
+// [parts, world, P], the shard is column `rank`.
 at::Tensor expected_shard(const at::Tensor& whole, int64_t rank, int64_t world) {
   const at::Tensor flat = whole.detach().reshape({-1});
-  const int64_t shard = (flat.numel() + world - 1) / world;
-  at::Tensor out = at::zeros({shard}, flat.options());
-  const int64_t begin = rank * shard;
-  const int64_t count = std::min(shard, flat.numel() - begin);
-  if (count > 0) out.narrow(0, 0, count).copy_(flat.narrow(0, begin, count));
-  return out;
+  const int64_t n = flat.numel();
+  const int64_t part = std::min((n + world - 1) / world, kBucketBytes / 4 / world);
+  const int64_t parts = (n + world * part - 1) / (world * part);
+  const at::Tensor padded = at::constant_pad_nd(flat, {0, parts * world * part - n});
+  return padded.view({parts, world, part}).select(1, rank).reshape({-1});
 }
 
 // On each of 4 ranks: the sharded build holds nothing of the whole model, and its shards (and
@@ -101,7 +105,7 @@ void expect_shards_equal_whole_model(int64_t dp, int64_t sp) {
       model::LlamaForCausalLM whole = train::build_model(run, mesh, cpu);  // what stage 0 trains
       model::LlamaForCausalLM sharded = train::build_model(run, mesh, cpu, nullptr, true);
       for (const auto& p : sharded->parameters()) EXPECT_LE(p.storage().nbytes(), 4u) << what;
-      train::ZeroPartition partition(sharded, mesh.world(), /*bucket_bytes=*/4096,
+      train::ZeroPartition partition(sharded, mesh.world(), kBucketBytes,
                                      at::TensorOptions(at::kFloat),
                                      train::shard_source(run.model, sharded));
       const std::vector<at::Tensor> expected = whole->parameters();
@@ -120,6 +124,39 @@ void expect_shards_equal_whole_model(int64_t dp, int64_t sp) {
       partition.release_all();
     }
   });
+}
+
+// The layout's pieces: over every rank they cover each element of the parameter exactly once, at
+// the places the layout gives (element (j / P) * world * P + r * P + j % P), and with one part
+// (P == S) rank r's shard is the contiguous range [r * S, (r + 1) * S).
+TEST(Zero3Sharded, ShardPiecesCoverTheParameterOnce) {
+  struct Case {
+    int64_t numel, world, part;
+  };
+  for (const Case& k : {Case{1000, 4, 250}, Case{1000, 4, 64}, Case{7, 4, 2}, Case{1, 4, 1},
+                        Case{80000, 3, 1000}}) {
+    const int64_t shard = ((k.numel + k.world - 1) / k.world + k.part - 1) / k.part * k.part;
+    std::vector<int> seen(static_cast<size_t>(k.numel), 0);
+    for (int64_t r = 0; r < k.world; ++r) {
+      int64_t expected_offset = 0;
+      for (const auto& piece : train::ZeroPartition::shard_pieces(k.numel, shard, k.part, k.world, r)) {
+        EXPECT_EQ(piece.shard_offset % k.part, 0) << k.numel << " rank " << r;
+        EXPECT_GE(piece.shard_offset, expected_offset);
+        expected_offset = piece.shard_offset + piece.length;
+        for (int64_t j = 0; j < piece.length; ++j) {
+          const int64_t element = piece.shard_offset + j;
+          const int64_t at = (element / k.part) * k.world * k.part + r * k.part + element % k.part;
+          ASSERT_EQ(piece.param_offset + j, at) << k.numel << " rank " << r;
+          ++seen.at(static_cast<size_t>(at));
+        }
+      }
+    }
+    for (int64_t e = 0; e < k.numel; ++e) ASSERT_EQ(seen[static_cast<size_t>(e)], 1) << k.numel << " " << e;
+  }
+  const auto one_part = train::ZeroPartition::shard_pieces(1000, 250, 250, 4, 2);
+  ASSERT_EQ(one_part.size(), 1u);
+  EXPECT_EQ(one_part[0].param_offset, 500);
+  EXPECT_EQ(one_part[0].length, 250);
 }
 
 TEST(Zero3Sharded, ShardsEqualTheWholeModelOnDp2Sp2) { expect_shards_equal_whole_model(2, 2); }

@@ -28,6 +28,11 @@ namespace {
 constexpr double kLossRelTol = 1e-5;
 constexpr double kWeightRelTol = 1e-4;
 constexpr int64_t kSteps = 4;
+// 10 KiB: stage 1 cuts its flat buffers in several buckets, and stages 2 and 3 cut the embedding,
+// the LM head, q/o_proj and the MLP weights in two parts (zero_partition.h: more than
+// 10 KiB / 4 bytes / world elements per rank; k/v_proj and the norms are one part). In 40 KiB
+// every parameter of this model is one part at world 4.
+constexpr double kBucketMb = 0.01;
 
 // A tiny model whose step-1 gradient norm is far above grad_clip (clipping active every step).
 config::RunConfig zero_config(const std::string& dir, int64_t dp, int64_t sp, int64_t stage,
@@ -43,7 +48,7 @@ config::RunConfig zero_config(const std::string& dir, int64_t dp, int64_t sp, in
   c.train.steps = kSteps;
   c.profile.warmup_steps = 0;
   c.zero.stage = stage;
-  c.zero.bucket_mb = 0.01;  // several buckets per flat buffer
+  c.zero.bucket_mb = kBucketMb;
   const std::string name = tag + "-dp" + std::to_string(dp) + "sp" + std::to_string(sp) +
                            "-stage" + std::to_string(stage);
   c.output.dir = dir + "/" + name + "/out";
@@ -185,7 +190,11 @@ TEST(Zero, EachRankWritesOnlyItsShard) {
   int64_t parameters = 0, padded = 0, count = 0;
   for (const auto& [name, w] : final_weights(stage1)) {
     parameters += w.numel();
-    padded += (w.numel() + 3) / 4;
+    // Stage 2's shards: ceil(n / 4) elements, rounded up to whole parts of P elements, P being
+    // what fits the bucket (or ceil(n / 4) when that is less).
+    const int64_t one_part = (w.numel() + 3) / 4;
+    const int64_t part = std::min<int64_t>(one_part, static_cast<int64_t>(kBucketMb * 1048576) / 4 / 4);
+    padded += (one_part + part - 1) / part * part;
     ++count;
   }
   for (const auto* c : {&stage1, &stage2}) {
@@ -244,22 +253,39 @@ TEST(Zero, ResumeIsBitExact) {
 
 // Checkpoints convert between stages and world sizes (and so between the flat and the parameter
 // layout): 0 -> 2, 2 -> 0, 2 (world 4) -> 1 (world 2), 3 -> 0, 0 -> 3, 3 (world 4) -> 2 (world 2)
-// and 1 -> 3, each end
-// where the uninterrupted run of the checkpoint's writer ends (rel 1e-4; a run that restarted
-// AdamW from zero moments is off by far more).
+// and 1 -> 3 (3 -> 2 also between the parameter layout's part sizes, which depend on the world);
+// and from a checkpoint written before parameters were cut in parts (one part each, and no
+// zero_part_numel in trainer_state.json) into parts. Each ends where the uninterrupted run of the
+// checkpoint's writer ends (rel 1e-4; a run that restarted AdamW from zero moments, or read a
+// shard in the wrong layout, is off by far more).
 TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
   const std::string dir = testing::shared_dir("zero-test", "convert");
   struct Case {
     int64_t from_stage, from_dp, to_stage, to_dp;
+    double from_bucket_mb = kBucketMb, to_bucket_mb = kBucketMb;
+    bool before_parts = false;  // the checkpoint as written before parts: no zero_part_numel
   };
   for (const Case& k : {Case{0, 2, 2, 2}, Case{2, 2, 0, 2}, Case{2, 2, 1, 1}, Case{3, 2, 0, 2},
-                        Case{0, 2, 3, 2}, Case{3, 2, 2, 1}, Case{1, 2, 3, 2}}) {
+                        Case{0, 2, 3, 2}, Case{3, 2, 2, 1}, Case{1, 2, 3, 2},
+                        Case{3, 2, 3, 2, 4 * kBucketMb, kBucketMb, true}}) {
     const std::string tag = std::to_string(k.from_stage) + "to" + std::to_string(k.to_stage) +
-                            "dp" + std::to_string(k.to_dp);
+                            "dp" + std::to_string(k.to_dp) + "bucket" +
+                            std::to_string(static_cast<int>(k.from_bucket_mb * 1e3)) + "to" +
+                            std::to_string(static_cast<int>(k.to_bucket_mb * 1e3)) +
+                            (k.before_parts ? "old" : "");
     config::RunConfig full = zero_config(dir, k.from_dp, 2, k.from_stage, "full" + tag);
+    full.zero.bucket_mb = k.from_bucket_mb;
     full.checkpoint.every = 2;
     testing::train_on_ranks(full);
+    if (k.before_parts && !testing::in_rank_child()) {
+      const std::string path = full.checkpoint.dir + "/step-2/trainer_state.json";
+      nlohmann::json trainer = nlohmann::json::parse(std::ifstream(path));
+      ASSERT_TRUE(trainer.contains("zero_part_numel")) << tag;
+      trainer.erase("zero_part_numel");
+      std::ofstream(path) << trainer.dump(2) << "\n";
+    }
     config::RunConfig resumed = zero_config(dir, k.to_dp, 2, k.to_stage, "resumed" + tag);
+    resumed.zero.bucket_mb = k.to_bucket_mb;
     resumed.sequence.micro_batch = full.sequence.micro_batch * k.from_dp / k.to_dp;  // same batch
     resumed.checkpoint.resume = full.checkpoint.dir + "/step-2";
     testing::train_on_ranks(resumed);

@@ -231,23 +231,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         "(layer + max(layer, V x h)) params x " + ds +
             " (the unit computing and the next, prefetched)",
         Lifetime::kStatic);
-    // A parameter whose shard exceeds one bucket is gathered in bucket-sized parts, each into a
-    // buffer of its own that is copied into the full tensor when the unit is needed: while the
-    // next unit is prefetched those parameters exist twice.
-    const int64_t shards = std::max<int64_t>(z.weights, 1);
-    const int64_t bucket_numel = std::max<int64_t>(bucket_bytes(c) / d / shards, 1);
-    auto staged = [&](int64_t numel) {
-      return ceil_div(numel, shards) > bucket_numel ? static_cast<double>(numel) : 0.0;
-    };
-    const double layer_staged = staged(h * qd) + 2 * staged(h * m.num_kv_heads * hd) +
-                                staged(qd * h) + 3 * staged(h * ffn);
-    const double staging = std::max(layer_staged, staged(v * h)) * static_cast<double>(d);
-    if (staging > 0) {
-      add("zero-3 gather staging", staging,
-          "the prefetched unit's parameters larger than one zero.bucket_mb bucket per shard, "
-          "gathered part by part before the copy, x " + ds,
-          Lifetime::kStatic);
-    }
+    // Parameters of any size are gathered in place (zero_partition.h): no staging beside them.
   }
   if (z.stage >= 2) {
     // A unit's gradient contributions wait in full-size fp32 until its reduce-scatter has run,
