@@ -37,7 +37,8 @@ nlohmann::json EvalResult::to_json() const {
 }
 
 EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& config,
-                    comm::DeviceMesh& mesh, const at::Device& device) {
+                    comm::DeviceMesh& mesh, const at::Device& device, ZeroPartition* partition) {
+  if (partition != nullptr && partition->stage() != 3) partition = nullptr;  // weights whole
   torch::NoGradGuard no_grad;
   const bool bypass_sp = config.attention.disable_in_eval && mesh.sp_size() > 1;
   std::shared_ptr<model::AttentionCore> sp_core = model->attention_core();
@@ -64,14 +65,27 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
   at::Tensor counts = at::zeros({num_buckets}, at::kDouble);  // [buckets]
   at::Tensor edge_tensor = at::tensor(std::vector<int64_t>(edges.begin() + 1, edges.end()));
 
-  const int64_t eval_steps = contributes ? std::max<int64_t>(config.eval.steps, 1) : 0;
+  const int64_t steps = std::max<int64_t>(config.eval.steps, 1);
+  if (!contributes && partition != nullptr) {
+    for (int64_t step = 1; step <= steps; ++step) partition->walk_units();
+  }
+  const int64_t eval_steps = contributes ? steps : 0;
   for (int64_t step = 1; step <= eval_steps; ++step) {
     data::Batch batch = loader.micro_batch(step, 0);
     model::AttentionContext ctx;
     ctx.doc_ids = batch.doc_ids.defined() ? batch.doc_ids.to(device) : batch.doc_ids;
     ctx.documents = batch.documents;
-    at::Tensor hidden = model->forward_hidden(batch.input_ids.to(device),
-                                              batch.position_ids.to(device), ctx);  // [bs, T, h]
+    const at::Tensor input_ids = batch.input_ids.to(device);
+    const at::Tensor position_ids = batch.position_ids.to(device);
+    at::Tensor hidden;  // [bs, T, h]
+    if (partition != nullptr) {  // unit by unit, in walk_units' order
+      const at::Tensor layers_out =
+          model->model->forward_layers(partition->embed(input_ids), position_ids, ctx);
+      partition->gather_unit(ZeroPartition::kHead);
+      hidden = model->model->norm(layers_out);
+    } else {
+      hidden = model->forward_hidden(input_ids, position_ids, ctx);
+    }
     const int64_t local_len = hidden.size(1);
     // Position of each local token within its sample, for bucketing.
     at::Tensor positions = at::arange(local_len, at::kLong) + sp_rank * local_len;  // [T]
@@ -81,6 +95,7 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
     at::Tensor token_loss = model::lm_token_losses(hidden, model->lm_head_weight(), batch.labels,
                                                    kTile)
                                 .to(at::kCPU, at::kDouble);  // [bs, T], one copy per batch
+    if (partition != nullptr) partition->release_unit(ZeroPartition::kHead);
     at::Tensor valid = batch.labels.ne(model::kIgnoreLabel).to(at::kDouble);  // [bs, T] CPU
     at::Tensor rows = bucket_of.expand({token_loss.size(0), local_len}).reshape({-1});
     sums.index_add_(0, rows, (token_loss * valid).reshape({-1}));

@@ -9,6 +9,7 @@
 #include "comm/mesh.h"
 #include "config/options.h"
 #include "model/llama.h"
+#include "zero/zero_partition.h"
 
 namespace ulysses::train {
 
@@ -35,8 +36,13 @@ std::vector<int64_t> position_bucket_edges(int64_t length);
 
 // Evaluates `model` on config.eval (source, seed, steps) with the run's sequence settings.
 // Every rank of `mesh` must call it. `sp_core` is the attention core used with SP (restored on
-// return when SP is bypassed). No gradients are recorded.
+// return when SP is bypassed). No gradients are recorded. With a stage-3 `partition` (the
+// model's weights released) the forward goes unit by unit as in training: the embedding, each
+// layer and the head are gathered for their use and released, never the whole model at once;
+// ranks that evaluate nothing (without SP, all but the first of each SP group) walk the same
+// gathers. The caller releases what the last gather prefetched (release_all).
 EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& config,
-                    comm::DeviceMesh& mesh, const at::Device& device);
+                    comm::DeviceMesh& mesh, const at::Device& device,
+                    ZeroPartition* partition = nullptr);
 
 }  // namespace ulysses::train

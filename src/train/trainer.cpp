@@ -349,9 +349,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   const bool evaluating = !config.eval.source.empty();
 
   auto run_eval = [&](int64_t step) {
-    if (partition) partition->gather_all();  // stage 3: whole weights while evaluating
-    EvalResult result = evaluate(model, config, mesh, device);
-    if (partition) partition->release_all();
+    EvalResult result = evaluate(model, config, mesh, device, partition.get());
+    if (partition) partition->release_all();  // stage 3: what the last gather prefetched
     if (is_rank0) {
       nlohmann::json record = result.to_json();
       record["step"] = step;

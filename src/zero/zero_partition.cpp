@@ -300,6 +300,17 @@ void ZeroPartition::gather_unit(int64_t unit) {
     UnitGather g = start_gather(next);
     if (!g.members.empty()) in_flight_ = std::move(g);
   }
+  // What is gathered now: the whole parameters and the prefetch's buffers.
+  int64_t bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (whole_[i]) bytes += params_[i].numel() * static_cast<int64_t>(params_[i].element_size());
+  }
+  if (in_flight_) {
+    for (const at::Tensor& full : in_flight_->fulls) {
+      bytes += full.numel() * static_cast<int64_t>(full.element_size());
+    }
+  }
+  peak_whole_bytes_ = std::max(peak_whole_bytes_, bytes);
 }
 
 void ZeroPartition::release_unit(int64_t unit) {
@@ -361,6 +372,18 @@ void ZeroPartition::gather_all() {
   for (size_t l = 0; l < layer_units_.size(); ++l) gather_unit(static_cast<int64_t>(l));
   gather_unit(kHead);
   pinned_ = true;
+}
+
+void ZeroPartition::walk_units() {
+  if (stage_ != 3) return;
+  gather_unit(kEmbedding);
+  release_unit(kEmbedding);
+  for (size_t l = 0; l < layer_units_.size(); ++l) {
+    gather_unit(static_cast<int64_t>(l));
+    release_unit(static_cast<int64_t>(l));
+  }
+  gather_unit(kHead);
+  release_unit(kHead);
 }
 
 void ZeroPartition::release_all() {

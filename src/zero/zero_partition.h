@@ -127,9 +127,18 @@ class ZeroPartition : public memory::LayerParameterHooks {
   // with a backward (tests; a sequence above gives L + 1 per micro-batch).
   int64_t overlapped_reductions() const { return overlapped_reductions_; }
 
-  // Every parameter whole until release_all() (checkpoint save, evaluation).
+  // Every parameter whole until release_all() (stage 2's checkpoint save).
   void gather_all();
   void release_all();
+  // Stage 3: the gathers and releases of one forward over the units (the embedding, the layers,
+  // the head), with nothing computed: a rank that takes no part in a computation the others run
+  // unit by unit (evaluation without SP) keeps the world's collectives paired.
+  void walk_units();
+  // The most bytes of gathered weights (whole parameters and a prefetch's buffers) held at once
+  // since construction or the last reset, as of each gather_unit (tests: a forward holds two
+  // units at a time).
+  int64_t peak_whole_bytes() const { return peak_whole_bytes_; }
+  void reset_peak_whole_bytes() { peak_whole_bytes_ = 0; }
 
   // The embedding unit: input_ids [bs, T] -> [bs, T, h]. Gathers the weight, looks up, releases;
   // backward adds the weight's gradient into its pending buffer (reduced by reduce_pending()).
@@ -222,6 +231,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
   std::optional<UnitGather> in_flight_;  // stage 3: the prefetched unit, at most one
   int64_t last_gathered_ = kNoUnit;      // the unit gather_unit was last called for
   int64_t prefetch_hits_ = 0;
+  int64_t peak_whole_bytes_ = 0;
 };
 
 }  // namespace ulysses::train

@@ -1,8 +1,8 @@
 // ZeRO stage 3 beyond equivalence (zero_test.cpp holds that): after a step every parameter holds
 // no weights between uses (storage of 0 bytes) and the rank's weight + gradient + optimizer bytes
 // are 1/world of stage 0's, and every layer gather but the first is prefetched; a stage-3 run's
-// phases contain zero_gather and zero_reduce; bf16 runs. Resume and checkpoint conversion with
-// stage 3 are in zero_test.cpp.
+// phases contain zero_gather and zero_reduce; bf16 runs; evaluation goes unit by unit. Resume and
+// checkpoint conversion with stage 3 are in zero_test.cpp.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -14,6 +14,7 @@
 #include "memory/activation_checkpoint.h"
 #include "support/multi_rank.h"
 #include "zero/gradient_step.h"
+#include "train/evaluator.h"
 #include "train/trainer.h"
 #include "zero/zero_optimizer.h"
 #include "zero/zero_partition.h"
@@ -98,6 +99,57 @@ TEST(Zero3, ParametersHoldNothingBetweenUsesAndStatesAreOneWorldth) {
                 static_cast<long long>(stage0_bytes), ratio, 1.0 / kWorld);
     EXPECT_LT(ratio, 1.0 / kWorld * 1.02);  // padding to a multiple of the world only
     EXPECT_GT(ratio, 1.0 / kWorld * 0.98);
+  });
+}
+
+// Evaluation of a sharded (stage-3) model on sp 2, with SP and without it (the first rank of the
+// group evaluates whole sequences, the other walks the same gathers): the loss equals the whole
+// model's evaluated by the same ranks (the same arithmetic: rel 1e-12), and no more than two units
+// of weights are ever gathered at once, where gathering the whole model (as evaluation did before)
+// holds every unit.
+TEST(Zero3, EvaluationGathersUnitByUnitAndEqualsTheWholeModel) {
+  constexpr int kWorld = 2;
+  testing::run_ranks(kWorld, [&](const testing::RankContext& ctx) {
+    const at::Device cpu(at::kCPU);
+    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, kWorld);
+    for (bool bypass_sp : {false, true}) {
+      config::RunConfig c = testing::tiny_run_config(8, 2, 1, kWorld);
+      c.model.num_layers = 4;
+      c.model.init_std = 0.05;
+      c.sequence.length = 32;
+      c.eval.source = c.data.source;
+      c.eval.steps = 2;
+      c.attention.disable_in_eval = bypass_sp;
+      model::LlamaForCausalLM whole = train::build_model(c, mesh, cpu);
+      const train::EvalResult expected = train::evaluate(whole, c, mesh, cpu);
+
+      model::LlamaForCausalLM sharded = train::build_model(c, mesh, cpu, nullptr, true);
+      auto partition = std::make_shared<train::ZeroPartition>(
+          sharded, mesh.world(), 4096, at::TensorOptions(at::kFloat),
+          train::shard_source(c.model, sharded));
+      memory::enable_layer_hooks(sharded, false, true, partition);
+      const train::EvalResult got = train::evaluate(sharded, c, mesh, cpu, partition.get());
+      partition->release_all();
+      const std::string what = bypass_sp ? "without SP" : "with SP";
+      EXPECT_NEAR(got.loss, expected.loss, 1e-12 * expected.loss) << what;
+      EXPECT_EQ(got.tokens, expected.tokens) << what;
+      EXPECT_TRUE(partition->all_released()) << what;
+
+      int64_t all_bytes = 0, largest_unit = 0, layer_bytes = 0;
+      for (const auto& item : whole->named_parameters()) {
+        const int64_t bytes = bytes_of(item.value());
+        all_bytes += bytes;
+        if (item.key().rfind("model.layers.0.", 0) == 0) layer_bytes += bytes;
+        if (item.key().find("layers") == std::string::npos) largest_unit = std::max(largest_unit, bytes);
+      }
+      largest_unit = std::max(largest_unit, layer_bytes);
+      const int64_t peak = partition->peak_whole_bytes();
+      std::printf("%s: at most %lld bytes of weights gathered (the whole model %lld)\n", what.c_str(),
+                  static_cast<long long>(peak), static_cast<long long>(all_bytes));
+      EXPECT_GT(peak, 0) << what;
+      EXPECT_LE(peak, 2 * largest_unit + 4096) << what;  // two units (+ the norm beside the head)
+      EXPECT_LT(peak, all_bytes) << what;
+    }
   });
 }
 
