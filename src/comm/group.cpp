@@ -151,7 +151,10 @@ Group::Pending Group::all_gather_start(const at::Tensor& t, at::Tensor into) {
   }
   pending.group_ = this;
   at::Tensor in = to_wire(t, device_, is_gloo_);
-  const bool direct = into.defined() && !is_gloo_ && into.device() == device_;
+  // Into the caller's tensor when it is what goes on the wire (Gloo: rows of it; not for bf16,
+  // which Gloo gathers in fp32).
+  const bool direct =
+      into.defined() && into.device() == device_ && into.scalar_type() == in.scalar_type();
   at::Tensor out = direct ? into : at::empty(out_shape, in.options());  // [size, ...]
   if (!is_gloo_) {  // NCCL: one flat buffer
     pending.work_ = start_work(pending.op_, [&] { return backend_->_allgather_base(out, in); });

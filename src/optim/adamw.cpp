@@ -238,6 +238,7 @@ void AdamW::set_upload_staging_bytes(int64_t bytes, bool stage_host_parameters) 
 AdamW::~AdamW() {
   try {
     for (size_t k = 0; k < 2; ++k) wait_staging(k);  // nothing copies out of freed memory
+    for (c10::Event& copy : master_copies_) copy.synchronize();
     copy_streams_.synchronize();  // nor into it
   } catch (...) {
   }
@@ -277,8 +278,7 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
     const int64_t grad_size = static_cast<int64_t>(grads[s].element_size());
     const int64_t param_size = static_cast<int64_t>(slot->param.element_size());
     const bool pieces_ok = slot->param.is_contiguous();  // else the parameter goes whole
-    if (!pieces_ok && (slot->master.is_same(slot->param) ||
-                       numel * std::max(grad_size, param_size) > staging_bytes_)) {
+    if (!pieces_ok && numel * std::max(grad_size, param_size) > staging_bytes_) {
       whole.push_back(s);
       continue;
     }
@@ -345,6 +345,8 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
     }
   };
   for (size_t k = 0; k < 2; ++k) wait_staging(k);  // the last step's copies (long done)
+  for (c10::Event& copy : master_copies_) copy.synchronize();  // nothing rewrites their source
+  master_copies_.clear();
   if (!batches.front().empty()) start_downloads(0);
   for (size_t b = 0; b < batches.size(); ++b) {
     if (batches[b].empty()) continue;
@@ -402,12 +404,15 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
         const c10::impl::VirtualGuardImpl impl(param.device().type());
         c10::Event copied(param.device().type());
         copied.record(impl.getStream(param.device()));
-        staging_copies_[k].push_back(std::move(copied));
+        // A copy out of a staging buffer holds it until done; one out of the master, only the
+        // next pass over it.
+        (p.up >= 0 ? staging_copies_[k] : master_copies_).push_back(std::move(copied));
       }
     }
   }
-  // Non-contiguous parameters larger than a buffer or updated in place: their gradient whole on
-  // the host, the pass over the master, then a strided copy (none in the models this stack builds).
+  // Non-contiguous parameters larger than a buffer: their gradient whole on the host, the pass
+  // over the master, then a strided copy (none in the models this stack builds). (A parameter is
+  // its own master only when contiguous.)
   for (size_t s : whole) {
     Slot* slot = slots[s];
     const at::Tensor grad = grads[s].to(at::kCPU);
@@ -417,7 +422,6 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
                                         at::Tensor(), slot->step}},
                       lr, options_, grad_scale);
     }
-    if (slot->master.is_same(slot->param)) continue;
     profile::ScopedPhase upload("optimizer_upload", profile::Category::kOptimizer);
     slot->param.copy_(slot->master);
   }

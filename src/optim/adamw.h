@@ -182,6 +182,7 @@ class AdamW {
   at::Tensor staging_[2];    // [staging_bytes_] uint8: converted weights on their way to a device
   at::Tensor downloads_[2];  // [staging_bytes_] uint8: device gradients on their way to the host
   std::vector<c10::Event> staging_copies_[2];  // copies out of staging_[k] still in flight
+  std::vector<c10::Event> master_copies_;      // copies out of the masters (same dtype)
 };
 
 }  // namespace ulysses::train

@@ -144,7 +144,8 @@ NamedTensors unshard_param_layout(const std::vector<std::map<std::string, at::Te
                           " has " + std::to_string(numel) + " (another model?)");
         }
         if (!flat.defined()) flat = at::empty({numel}, shard.options());
-        for (const auto& piece : ZeroPartition::shard_pieces(numel, shard.numel(), part, world, r)) {
+        const auto pieces = ZeroPartition::shard_pieces(numel, shard.numel(), part, world, r);
+        for (const auto& piece : pieces) {
           flat.narrow(0, piece.param_offset, piece.length)
               .copy_(shard.narrow(0, piece.shard_offset, piece.length));
         }
@@ -557,10 +558,19 @@ TrainerState load_checkpoint(const std::string& dir, model::LlamaForCausalLM& mo
   const std::string saved_layout =
       trainer.value("zero_layout", std::string(saved_stage > 0 ? "flat" : ""));
   // The parameter layout's part sizes (ZeroPartition); a checkpoint written before parts existed
-  // has one part per parameter.
+  // has one part per parameter: ceil(n / world) elements, its world being the files' count.
   const std::vector<int64_t> saved_parts =
       trainer.value("zero_part_numel", std::vector<int64_t>{});
-  const bool same_parts = partition == nullptr || saved_parts == partition->part_numels();
+  bool same_parts = partition == nullptr || saved_parts == partition->part_numels();
+  if (partition != nullptr && saved_parts.empty() && !files.empty()) {
+    const int64_t saved_world = static_cast<int64_t>(files.size());
+    same_parts = true;
+    for (size_t i = 0; i < partition->params().size(); ++i) {
+      const int64_t n = partition->param_numel(i);
+      const int64_t one_part = std::max<int64_t>((n + saved_world - 1) / saved_world, 1);
+      same_parts = same_parts && partition->part_numels()[i] == one_part;
+    }
+  }
   const bool same_shards = zero != nullptr && saved_stage > 0 && saved_layout == zero->layout() &&
                            same_parts && static_cast<int>(files.size()) == zero->world().size();
   if (zero != nullptr) zero->reload_parameters();  // masters from the loaded weights

@@ -110,13 +110,14 @@ void ZeroPartition::add_parameters(const std::optional<at::TensorOptions>& grad_
     params_.push_back(p);
     names_.push_back(item.key());
     shapes_.push_back(p.sizes().vec());
-    const int64_t whole_shard = (p.numel() + w - 1) / w;  // one part
+    // As few parts as fit a bucket per rank, of equal size: padding below one element per part.
+    const int64_t whole_shard = std::max<int64_t>((p.numel() + w - 1) / w, 1);  // one part
     const int64_t element =
         static_cast<int64_t>(c10::elementSize(weight_dtype ? *weight_dtype : p.scalar_type()));
     const int64_t fits = std::max<int64_t>(bucket_bytes_ / element / w, 1);
-    part_numel_.push_back(std::min(whole_shard, fits));
-    shard_numel_.push_back((whole_shard + part_numel_.back() - 1) / part_numel_.back() *
-                           part_numel_.back());
+    const int64_t parts = (whole_shard + fits - 1) / fits;
+    part_numel_.push_back((whole_shard + parts - 1) / parts);
+    shard_numel_.push_back(parts * part_numel_.back());
     whole_.push_back(true);
     const at::TensorOptions grad_where =
         grad_options ? *grad_options : p.options().dtype(accumulation_dtype(p.scalar_type()));
@@ -240,8 +241,8 @@ ZeroPartition::UnitGather ZeroPartition::start_gather(int64_t unit) {
     const int64_t p = part_numel_[i];
     g.fulls.push_back(at::empty({w * shard_numel_[i]}, shard.options()));  // [world * S_i]
     for (int64_t k = 0; k * p < shard_numel_[i]; ++k) {  // part k: [w, P_i] in its place
-      g.parts.push_back(world_.all_gather_start(shard.narrow(0, k * p, p),
-                                                g.fulls.back().narrow(0, k * w * p, w * p).view({w, p})));
+      const at::Tensor place = g.fulls.back().narrow(0, k * w * p, w * p).view({w, p});
+      g.parts.push_back(world_.all_gather_start(shard.narrow(0, k * p, p), place));
     }
   }
   return g;
@@ -279,6 +280,9 @@ void ZeroPartition::settle_prefetch() {
 
 void ZeroPartition::gather_unit(int64_t unit) {
   if (stage_ != 3) return;
+  // No prefetch after the head without autograd (evaluation: the next unit is the next batch's
+  // embedding, which embed() asks for first).
+  const bool no_backward = unit == kHead && !at::GradMode::is_enabled();
   at::NoGradGuard no_grad;
   profile::ScopedPhase phase("zero_gather", profile::Category::kComm);
   if (in_flight_ && in_flight_->unit == unit) {
@@ -294,7 +298,7 @@ void ZeroPartition::gather_unit(int64_t unit) {
     UnitGather g = start_gather(unit);
     finish_gather(g);
   }
-  const int64_t next = pinned_ ? kNoUnit : next_unit(unit, last_gathered_);
+  const int64_t next = pinned_ || no_backward ? kNoUnit : next_unit(unit, last_gathered_);
   last_gathered_ = unit;
   if (next != kNoUnit) {
     UnitGather g = start_gather(next);
@@ -343,8 +347,8 @@ void ZeroPartition::reduce_unit(int64_t unit) {
     const int64_t s = shard_numel_[i], p = part_numel_[i];
     if (!pending_[i].defined()) pending_[i] = at::zeros({w * s}, grad_shards_[i].options());
     for (int64_t k = 0; k * p < s; ++k) {  // part k: [w, P_i], contiguous in the pending buffer
-      reductions_.push_back(
-          {i, k * p, p, world_.reduce_scatter_start(pending_[i].narrow(0, k * w * p, w * p).view({w, p}))});
+      const at::Tensor part = pending_[i].narrow(0, k * w * p, w * p).view({w, p});
+      reductions_.push_back({i, k * p, p, world_.reduce_scatter_start(part)});
     }
     pending_[i].reset();
   }

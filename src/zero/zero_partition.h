@@ -23,9 +23,11 @@ namespace ulysses::train {
 // is element (j / P_i) * world * P_i + r * P_i + j % P_i of the parameter. P_i = ceil(n_i / world)
 // when that much of the weights' dtype fits a bucket (bucket_bytes / world): one part, rank r owns
 // elements [r * S_i, (r+1) * S_i), as DeepSpeed's stage 3 partitions; else P_i is what fits and
-// S_i = (number of parts) * P_i. Either way a part is gathered and reduce-scattered in place: its
-// world * P_i elements are contiguous in the whole parameter, so parameters of any size need no
-// buffer of their own and no copy.
+// S_i = (number of parts) * P_i, the fewest parts of equal size that fit. Either way a part is
+// gathered and reduce-scattered in place: its world * P_i elements are contiguous in the whole
+// parameter, so parameters of any size need no buffer of their own and no copy (with Gloo, bf16
+// weights go over the wire in fp32 and are copied in). P_i is counted in the weights' dtype, so
+// with bf16 weights a part of the fp32 gradients is twice zero.bucket_mb.
 //  - gradients: grad_shards()[i] [S_i], fp32 (fp64 for fp64 parameters), this rank's shard of the
 //    global sum over the world. No full-size gradient buffer exists: every gradient contribution
 //    autograd produces is moved (post-accumulate-grad hook) into a per-parameter fp32 pending
@@ -79,8 +81,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
   const std::vector<at::Tensor>& params() const { return params_; }  // model->parameters()
   const std::vector<std::string>& names() const { return names_; }
   int64_t shard_numel(size_t i) const { return shard_numel_[i]; }
-  int64_t part_numel(size_t i) const { return part_numel_[i]; }  // P_i
-  const std::vector<int64_t>& part_numels() const { return part_numel_; }
+  const std::vector<int64_t>& part_numels() const { return part_numel_; }  // P_i
 
   // Where rank `rank`'s shard of a parameter of `numel` elements lies in the flattened parameter
   // (layout above: shard_numel S, part_numel P; P == S is one part): one piece per part, without
@@ -127,7 +128,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
   // with a backward (tests; a sequence above gives L + 1 per micro-batch).
   int64_t overlapped_reductions() const { return overlapped_reductions_; }
 
-  // Every parameter whole until release_all() (stage 2's checkpoint save).
+  // Stage 3: every parameter whole until release_all() (tests compare the gathered model).
   void gather_all();
   void release_all();
   // Stage 3: the gathers and releases of one forward over the units (the embedding, the layers,

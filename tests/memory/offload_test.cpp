@@ -506,8 +506,9 @@ struct RunResult {
   std::map<std::string, at::Tensor> weights;
 };
 RunResult read_run(const fs::path& dir, const std::string& name) {
+  const fs::path weights = dir / name / "ckpt" / "step-3" / "model.safetensors";
   RunResult r{read_lines((dir / name / "metrics.jsonl").string()),
-              model::load_safetensors((dir / name / "ckpt" / "step-3" / "model.safetensors").string())};
+              model::load_safetensors(weights.string())};
   EXPECT_EQ(r.steps.size(), 3u) << name;
   return r;
 }

@@ -99,7 +99,6 @@ std::string training_error(const config::RunConfig& c, const testing::RankContex
   return "";
 }
 
-
 TEST(TrainingRun, LossFallsAndSequenceParallelDegreesAgree) {
   const std::string dir = testing::shared_dir("train-test", "agree");
   if (!testing::in_rank_child()) write_learnable_tokens(dir + "/tokens.bin", 20000, 61);

@@ -67,14 +67,15 @@ config::RunConfig sharded_config(int64_t dp, int64_t sp) {
 constexpr int64_t kBucketBytes = 4096;  // parts of 4096 / 4 bytes / world fp32 elements per rank
 
 // This rank's shard of `whole` ([S], zero padding), cut here without the partition's code: a
-// parameter of n elements over `world` ranks goes in parts of P = min(ceil(n / world),
-// kBucketBytes / 4 / world) elements per rank; padded to whole parts and viewed as
+// parameter of n elements over `world` ranks goes in the fewest parts of equal size P that fit
+// kBucketBytes / 4 / world elements per rank; padded to whole parts and viewed as
 // [parts, world, P], the shard is column `rank`.
 at::Tensor expected_shard(const at::Tensor& whole, int64_t rank, int64_t world) {
   const at::Tensor flat = whole.detach().reshape({-1});
   const int64_t n = flat.numel();
-  const int64_t part = std::min((n + world - 1) / world, kBucketBytes / 4 / world);
-  const int64_t parts = (n + world * part - 1) / (world * part);
+  const int64_t one_part = (n + world - 1) / world, fits = kBucketBytes / 4 / world;
+  const int64_t parts = (one_part + fits - 1) / fits;
+  const int64_t part = (one_part + parts - 1) / parts;
   const at::Tensor padded = at::constant_pad_nd(flat, {0, parts * world * part - n});
   return padded.view({parts, world, part}).select(1, rank).reshape({-1});
 }
@@ -139,7 +140,8 @@ TEST(Zero3Sharded, ShardPiecesCoverTheParameterOnce) {
     std::vector<int> seen(static_cast<size_t>(k.numel), 0);
     for (int64_t r = 0; r < k.world; ++r) {
       int64_t expected_offset = 0;
-      for (const auto& piece : train::ZeroPartition::shard_pieces(k.numel, shard, k.part, k.world, r)) {
+      const auto pieces = train::ZeroPartition::shard_pieces(k.numel, shard, k.part, k.world, r);
+      for (const auto& piece : pieces) {
         EXPECT_EQ(piece.shard_offset % k.part, 0) << k.numel << " rank " << r;
         EXPECT_GE(piece.shard_offset, expected_offset);
         expected_offset = piece.shard_offset + piece.length;
@@ -151,7 +153,9 @@ TEST(Zero3Sharded, ShardPiecesCoverTheParameterOnce) {
         }
       }
     }
-    for (int64_t e = 0; e < k.numel; ++e) ASSERT_EQ(seen[static_cast<size_t>(e)], 1) << k.numel << " " << e;
+    for (int64_t e = 0; e < k.numel; ++e) {
+      ASSERT_EQ(seen[static_cast<size_t>(e)], 1) << k.numel << " " << e;
+    }
   }
   const auto one_part = train::ZeroPartition::shard_pieces(1000, 250, 250, 4, 2);
   ASSERT_EQ(one_part.size(), 1u);

@@ -45,7 +45,6 @@ config::RunConfig stage3_config(const std::string& dir, const std::string& name,
   return c;
 }
 
-
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
 // Two stage-3 steps on 4 ranks by hand: every gather but the embedding's was prefetched,
@@ -112,8 +111,10 @@ TEST(Zero3, EvaluationGathersUnitByUnitAndEqualsTheWholeModel) {
   testing::run_ranks(kWorld, [&](const testing::RankContext& ctx) {
     const at::Device cpu(at::kCPU);
     auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, kWorld);
-    for (bool bypass_sp : {false, true}) {
+    for (int variant = 0; variant < 3; ++variant) {  // with SP, without, with SP and tied
+      const bool bypass_sp = variant == 1;
       config::RunConfig c = testing::tiny_run_config(8, 2, 1, kWorld);
+      c.model.tie_embeddings = variant == 2;
       c.model.num_layers = 4;
       c.model.init_std = 0.05;
       c.sequence.length = 32;
@@ -130,7 +131,7 @@ TEST(Zero3, EvaluationGathersUnitByUnitAndEqualsTheWholeModel) {
       memory::enable_layer_hooks(sharded, false, true, partition);
       const train::EvalResult got = train::evaluate(sharded, c, mesh, cpu, partition.get());
       partition->release_all();
-      const std::string what = bypass_sp ? "without SP" : "with SP";
+      const std::string what = variant == 0 ? "with SP" : variant == 1 ? "without SP" : "tied";
       EXPECT_NEAR(got.loss, expected.loss, 1e-12 * expected.loss) << what;
       EXPECT_EQ(got.tokens, expected.tokens) << what;
       EXPECT_TRUE(partition->all_released()) << what;
@@ -140,12 +141,14 @@ TEST(Zero3, EvaluationGathersUnitByUnitAndEqualsTheWholeModel) {
         const int64_t bytes = bytes_of(item.value());
         all_bytes += bytes;
         if (item.key().rfind("model.layers.0.", 0) == 0) layer_bytes += bytes;
-        if (item.key().find("layers") == std::string::npos) largest_unit = std::max(largest_unit, bytes);
+        if (item.key().find("layers") == std::string::npos) {
+          largest_unit = std::max(largest_unit, bytes);
+        }
       }
       largest_unit = std::max(largest_unit, layer_bytes);
       const int64_t peak = partition->peak_whole_bytes();
-      std::printf("%s: at most %lld bytes of weights gathered (the whole model %lld)\n", what.c_str(),
-                  static_cast<long long>(peak), static_cast<long long>(all_bytes));
+      std::printf("%s: at most %lld bytes of weights gathered (the whole model %lld)\n",
+                  what.c_str(), static_cast<long long>(peak), static_cast<long long>(all_bytes));
       EXPECT_GT(peak, 0) << what;
       EXPECT_LE(peak, 2 * largest_unit + 4096) << what;  // two units (+ the norm beside the head)
       EXPECT_LT(peak, all_bytes) << what;

@@ -56,7 +56,6 @@ config::RunConfig zero_config(const std::string& dir, int64_t dp, int64_t sp, in
   return c;
 }
 
-
 std::map<std::string, at::Tensor> final_weights(const config::RunConfig& c) {
   return model::load_safetensors(c.checkpoint.dir + "/step-" + std::to_string(kSteps) +
                                  "/model.safetensors");
@@ -190,11 +189,12 @@ TEST(Zero, EachRankWritesOnlyItsShard) {
   int64_t parameters = 0, padded = 0, count = 0;
   for (const auto& [name, w] : final_weights(stage1)) {
     parameters += w.numel();
-    // Stage 2's shards: ceil(n / 4) elements, rounded up to whole parts of P elements, P being
-    // what fits the bucket (or ceil(n / 4) when that is less).
+    // Stage 2's shards: ceil(n / 4) elements in the fewest parts of equal size that fit the
+    // bucket per rank, rounded up to whole parts.
     const int64_t one_part = (w.numel() + 3) / 4;
-    const int64_t part = std::min<int64_t>(one_part, static_cast<int64_t>(kBucketMb * 1048576) / 4 / 4);
-    padded += (one_part + part - 1) / part * part;
+    const int64_t fits = static_cast<int64_t>(kBucketMb * 1048576) / 4 / 4;
+    const int64_t parts = (one_part + fits - 1) / fits;
+    padded += parts * ((one_part + parts - 1) / parts);
     ++count;
   }
   for (const auto* c : {&stage1, &stage2}) {
@@ -255,7 +255,8 @@ TEST(Zero, ResumeIsBitExact) {
 // layout): 0 -> 2, 2 -> 0, 2 (world 4) -> 1 (world 2), 3 -> 0, 0 -> 3, 3 (world 4) -> 2 (world 2)
 // and 1 -> 3 (3 -> 2 also between the parameter layout's part sizes, which depend on the world);
 // and from a checkpoint written before parameters were cut in parts (one part each, and no
-// zero_part_numel in trainer_state.json) into parts. Each ends where the uninterrupted run of the
+// zero_part_numel in trainer_state.json), into parts and into the same layout (each rank reads
+// its own file). Each ends where the uninterrupted run of the
 // checkpoint's writer ends (rel 1e-4; a run that restarted AdamW from zero moments, or read a
 // shard in the wrong layout, is off by far more).
 TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
@@ -267,7 +268,8 @@ TEST(Zero, CheckpointsConvertBetweenStagesAndWorlds) {
   };
   for (const Case& k : {Case{0, 2, 2, 2}, Case{2, 2, 0, 2}, Case{2, 2, 1, 1}, Case{3, 2, 0, 2},
                         Case{0, 2, 3, 2}, Case{3, 2, 2, 1}, Case{1, 2, 3, 2},
-                        Case{3, 2, 3, 2, 4 * kBucketMb, kBucketMb, true}}) {
+                        Case{3, 2, 3, 2, 4 * kBucketMb, kBucketMb, true},
+                        Case{3, 2, 3, 2, 4 * kBucketMb, 4 * kBucketMb, true}}) {
     const std::string tag = std::to_string(k.from_stage) + "to" + std::to_string(k.to_stage) +
                             "dp" + std::to_string(k.to_dp) + "bucket" +
                             std::to_string(static_cast<int>(k.from_bucket_mb * 1e3)) + "to" +

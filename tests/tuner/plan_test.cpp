@@ -108,8 +108,8 @@ TEST(Plan, EightH100EveryMeshGolden) {
 
 // ZeRO-3 over one 8x H100 node with ALST's features (reports/plan-vs-alst/): bf16 weights and
 // fp32 gradients / 8 plus the gathered working set (a layer and the prefetched [V, h] head or
-// embedding, gathered in place) and two units' fp32 pending gradients (one in backward, one being reduce-scattered) instead of
-// whole copies; the optimizer states were on the host already.
+// embedding, gathered in place) and two units' fp32 pending gradients (one in backward, one
+// being reduce-scattered) instead of whole copies; the optimizer states were on the host already.
 TEST(Plan, EightH100AlstWithZero3Golden) {
   const std::vector<PlanRow> rows = make_plan(llama8b(8, {parse_features("alst,zero3")}));
   ASSERT_EQ(rows.size(), 4u);
