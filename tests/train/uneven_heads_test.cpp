@@ -1,0 +1,183 @@
+// mesh.uneven_heads: an sp that does not divide the query heads (hq 7 at sp 2, 3, 4; hq 6 with
+// hkv 2 at sp 4; hq 8 with hkv 2 at sp 3, where a rank's query heads straddle a KV group) trains
+// exactly as one process does: every parameter gradient of a step (fp32: relative 1e-5 on the
+// loss, 1e-4 on each gradient, as equivalence_test.cpp), and whole 3-step runs (loss and
+// grad_norm every step, the final weights), on real Gloo ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/mesh.h"
+#include "data/data_loader.h"
+#include "model/safetensors.h"
+#include "run_outputs.h"
+#include "support/multi_rank.h"
+#include "train/trainer.h"
+#include "train_test_util.h"
+#include "zero/gradient_step.h"
+
+namespace ulysses {
+namespace {
+
+constexpr double kLossRelTol = 1e-5;  // the equivalence tolerance (fp32)
+constexpr double kGradRelTol = 1e-4;  // per parameter tensor (relative L2)
+
+struct UnevenCase {
+  std::string name;
+  int64_t dp, sp, hq, hkv;
+  bool tiled_and_checkpointed = false;  // memory.tiled_mlp 2 + memory.checkpointing
+};
+
+config::RunConfig case_config(const UnevenCase& uc) {
+  config::RunConfig c = testing::tiny_run_config(uc.hq, uc.hkv, uc.dp, uc.sp);
+  c.mesh.uneven_heads = true;
+  if (uc.tiled_and_checkpointed) {
+    c.memory.tiled_mlp.value = 2;
+    c.memory.checkpointing = true;
+  }
+  return c;
+}
+
+std::vector<data::Batch> rank_batches(const config::RunConfig& c, int64_t dp, int64_t dp_rank,
+                                      int64_t sp, int64_t sp_rank) {
+  data::DataLoader loader(c.data, c.sequence, c.model.vocab_size, dp, dp_rank, sp, sp_rank);
+  return {loader.micro_batch(1, 0)};
+}
+
+const std::vector<UnevenCase>& cases() {
+  static const std::vector<UnevenCase> all = {
+      {"hq6_hkv2_1x4", 1, 4, 6, 2},  // 2, 2, 1, 1 query heads; KV head 0 on ranks 0-1, 1 on 1-3
+      {"hq7_hkv1_1x2", 1, 2, 7, 1},
+      {"hq7_hkv1_1x3", 1, 3, 7, 1},
+      {"hq7_hkv1_1x4", 1, 4, 7, 1},
+      {"hq7_hkv1_2x2", 2, 2, 7, 1},
+      {"hq7_hkv1_1x3_tiled_ckpt", 1, 3, 7, 1, true},
+  };
+  return all;
+}
+
+class UnevenHeads : public ::testing::TestWithParam<UnevenCase> {};
+
+TEST_P(UnevenHeads, OneStepLossAndEveryGradientMatchSingleProcess) {
+  const UnevenCase uc = GetParam();
+  testing::run_ranks(static_cast<int>(uc.dp * uc.sp), [&](const testing::RankContext& ctx) {
+    config::RunConfig c = case_config(uc);
+    const at::Device cpu(at::kCPU);
+    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, uc.dp, uc.sp);
+    model::LlamaForCausalLM model = train::build_model(c, mesh, cpu);
+    train::StepLoss got = train::compute_gradients(
+        model, rank_batches(c, uc.dp, mesh.dp_rank(), uc.sp, mesh.sp_rank()), mesh);
+
+    // Reference: this process alone, the whole global batch in one micro-batch, no SP.
+    config::RunConfig ref_c = case_config({uc.name, 1, 1, uc.hq, uc.hkv});
+    ref_c.sequence.micro_batch = uc.dp;
+    auto ref_mesh = comm::DeviceMesh::create_for_test(
+        0, 1, ctx.temp_dir + "/ref-store-" + std::to_string(ctx.rank), 1, 1);
+    model::LlamaForCausalLM ref_model = train::build_model(ref_c, ref_mesh, cpu);
+    train::StepLoss want =
+        train::compute_gradients(ref_model, rank_batches(ref_c, 1, 0, 1, 0), ref_mesh);
+
+    EXPECT_EQ(got.valid_tokens, want.valid_tokens);
+    EXPECT_NEAR(got.loss, want.loss, kLossRelTol * std::abs(want.loss)) << uc.name;
+    auto params = model->named_parameters();
+    double worst = 0.0;
+    for (const auto& item : ref_model->named_parameters()) {
+      const at::Tensor& g = params[item.key()].grad();
+      ASSERT_TRUE(g.defined()) << item.key();
+      const double err = testing::relative_error(g, item.value().grad());
+      EXPECT_LT(err, kGradRelTol) << uc.name << " " << item.key() << " rank " << ctx.rank;
+      worst = std::max(worst, err);
+    }
+    // All-zero gradients would match trivially.
+    EXPECT_GT(ref_model->named_parameters()["model.layers.0.self_attn.k_proj.weight"]
+                  .grad()
+                  .norm()
+                  .item<double>(),
+              0);
+    if (ctx.rank == 0) {
+      std::printf("%s: loss rel err %.3g, worst gradient rel err %.3g\n", uc.name.c_str(),
+                  std::abs(got.loss - want.loss) / want.loss, worst);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, UnevenHeads,
+    ::testing::Values(cases()[0], cases()[1], cases()[2], cases()[3], cases()[4], cases()[5],
+                      // Rank 1 holds query heads 3-5 of KV groups {0-3}, {4-7}: its heads do not
+                      // form equal groups, so each gets its own KV head locally.
+                      UnevenCase{"hq8_hkv2_1x3", 1, 3, 8, 2}),
+    [](const ::testing::TestParamInfo<UnevenCase>& info) { return info.param.name; });
+
+// 3 steps of AdamW with clipping from the same init: loss and grad_norm per step and the final
+// weights of every uneven mesh equal the single-process run. Step 1 starts from identical weights;
+// later steps from weights that differ by the fp32 rounding of earlier updates.
+TEST(UnevenHeadsRun, ThreeStepsEqualSingleProcess) {
+  const std::string dir = testing::shared_dir("uneven-heads-test", "run");
+  constexpr int64_t kSteps = 3;
+  struct Run {
+    UnevenCase mesh;
+    std::string out;
+  };
+  std::vector<Run> runs;
+  for (int64_t hq : {int64_t{7}, int64_t{6}}) {
+    runs.push_back({{"hq" + std::to_string(hq) + "_1x1", 1, 1, hq, hq == 7 ? 1 : 2}, ""});
+    for (const UnevenCase& uc : cases()) {
+      if (uc.hq == hq) runs.push_back({uc, ""});
+    }
+  }
+  for (Run& run : runs) {
+    const UnevenCase& uc = run.mesh;
+    config::RunConfig c = case_config(uc);
+    c.model.init_std = 0.05;
+    c.sequence.micro_batch = 2 / uc.dp;  // the same global batch of 2 samples on every mesh
+    c.optim.lr = 1e-2;
+    c.optim.grad_clip = 1.0;
+    c.train.steps = kSteps;
+    c.profile.warmup_steps = 0;
+    run.out = dir + "/" + uc.name;
+    c.output.dir = run.out;
+    c.checkpoint.dir = run.out + "/ckpt";
+    testing::run_ranks(static_cast<int>(uc.dp * uc.sp), [&](const testing::RankContext& ctx) {
+      auto mesh =
+          comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, uc.dp, uc.sp);
+      EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
+    });
+  }
+  if (testing::in_rank_child()) return;
+
+  const std::string last = "/ckpt/step-" + std::to_string(kSteps) + "/model.safetensors";
+  const Run* base = nullptr;
+  std::vector<testing::StepRecord> base_steps;
+  std::map<std::string, at::Tensor> base_weights;
+  for (const Run& run : runs) {
+    const std::vector<testing::StepRecord> steps = testing::read_steps(run.out + "/metrics.jsonl");
+    ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps)) << run.mesh.name;
+    auto weights = model::load_safetensors(run.out + last);
+    if (run.mesh.sp == 1) {
+      base = &run, base_steps = steps, base_weights = std::move(weights);
+      EXPECT_GT(base_steps[0].grad_norm, 1.0) << "clipping should be active on step 1";
+      continue;
+    }
+    for (int64_t s = 0; s < kSteps; ++s) {
+      const std::string at = run.mesh.name + " step " + std::to_string(s + 1);
+      EXPECT_NEAR(steps[s].loss, base_steps[s].loss, kLossRelTol * base_steps[s].loss) << at;
+      EXPECT_NEAR(steps[s].grad_norm, base_steps[s].grad_norm,
+                  kGradRelTol * base_steps[s].grad_norm)
+          << at;
+    }
+    ASSERT_EQ(weights.size(), base_weights.size()) << run.mesh.name;
+    for (const auto& [name, w] : base_weights) {
+      EXPECT_LT(testing::relative_error(weights.at(name), w), kGradRelTol)
+          << run.mesh.name << " vs " << base->mesh.name << ": " << name;
+    }
+  }
+  ulysses::remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace ulysses
