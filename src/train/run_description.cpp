@@ -79,8 +79,9 @@ std::string describe_run(const config::RunConfig& config, const ResolvedRun& run
     std::string query, kv;
     for (int64_t r = 0; r < run.sp; ++r) {
       const sp::RankHeads heads = sp::uneven_rank_heads(m.num_heads, m.num_kv_heads, run.sp, r);
-      query += (r > 0 ? ", " : "") + std::to_string(heads.q_count);
-      kv += (r > 0 ? ", " : "") + std::to_string(heads.kv_count);
+      if (r > 0) query += ", ", kv += ", ";
+      query += std::to_string(heads.q_count);
+      kv += std::to_string(heads.kv_count);
     }
     out << p << "  heads split unevenly over sp (mesh.uneven_heads): query " << query << "; kv "
         << kv << " per rank\n";

@@ -119,19 +119,19 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(UnevenHeadsRun, ThreeStepsEqualSingleProcess) {
   const std::string dir = testing::shared_dir("uneven-heads-test", "run");
   constexpr int64_t kSteps = 3;
-  struct Run {
-    UnevenCase mesh;
-    std::string out;
-  };
-  std::vector<Run> runs;
-  for (int64_t hq : {int64_t{7}, int64_t{6}}) {
-    runs.push_back({{"hq" + std::to_string(hq) + "_1x1", 1, 1, hq, hq == 7 ? 1 : 2}, ""});
+  // Each model's single-process run first, then its uneven meshes.
+  std::vector<UnevenCase> runs;
+  for (const int64_t hq : {int64_t{7}, int64_t{6}}) {
+    UnevenCase single;
+    single.name = "hq" + std::to_string(hq) + "_1x1";
+    single.dp = 1, single.sp = 1, single.hq = hq, single.hkv = hq == 7 ? 1 : 2;
+    runs.push_back(single);
     for (const UnevenCase& uc : cases()) {
-      if (uc.hq == hq) runs.push_back({uc, ""});
+      if (uc.hq == hq) runs.push_back(uc);
     }
   }
-  for (Run& run : runs) {
-    const UnevenCase& uc = run.mesh;
+  const auto out_dir = [&](const UnevenCase& uc) { return dir + "/" + uc.name; };
+  for (const UnevenCase& uc : runs) {
     config::RunConfig c = case_config(uc);
     c.model.init_std = 0.05;
     c.sequence.micro_batch = 2 / uc.dp;  // the same global batch of 2 samples on every mesh
@@ -139,9 +139,8 @@ TEST(UnevenHeadsRun, ThreeStepsEqualSingleProcess) {
     c.optim.grad_clip = 1.0;
     c.train.steps = kSteps;
     c.profile.warmup_steps = 0;
-    run.out = dir + "/" + uc.name;
-    c.output.dir = run.out;
-    c.checkpoint.dir = run.out + "/ckpt";
+    c.output.dir = out_dir(uc);
+    c.checkpoint.dir = out_dir(uc) + "/ckpt";
     testing::run_ranks(static_cast<int>(uc.dp * uc.sp), [&](const testing::RankContext& ctx) {
       auto mesh =
           comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, uc.dp, uc.sp);
@@ -151,29 +150,30 @@ TEST(UnevenHeadsRun, ThreeStepsEqualSingleProcess) {
   if (testing::in_rank_child()) return;
 
   const std::string last = "/ckpt/step-" + std::to_string(kSteps) + "/model.safetensors";
-  const Run* base = nullptr;
+  std::string base_name;
   std::vector<testing::StepRecord> base_steps;
   std::map<std::string, at::Tensor> base_weights;
-  for (const Run& run : runs) {
-    const std::vector<testing::StepRecord> steps = testing::read_steps(run.out + "/metrics.jsonl");
-    ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps)) << run.mesh.name;
-    auto weights = model::load_safetensors(run.out + last);
-    if (run.mesh.sp == 1) {
-      base = &run, base_steps = steps, base_weights = std::move(weights);
+  for (const UnevenCase& uc : runs) {
+    const std::vector<testing::StepRecord> steps =
+        testing::read_steps(out_dir(uc) + "/metrics.jsonl");
+    ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps)) << uc.name;
+    auto weights = model::load_safetensors(out_dir(uc) + last);
+    if (uc.sp == 1) {
+      base_name = uc.name, base_steps = steps, base_weights = std::move(weights);
       EXPECT_GT(base_steps[0].grad_norm, 1.0) << "clipping should be active on step 1";
       continue;
     }
     for (int64_t s = 0; s < kSteps; ++s) {
-      const std::string at = run.mesh.name + " step " + std::to_string(s + 1);
+      const std::string at = uc.name + " step " + std::to_string(s + 1);
       EXPECT_NEAR(steps[s].loss, base_steps[s].loss, kLossRelTol * base_steps[s].loss) << at;
       EXPECT_NEAR(steps[s].grad_norm, base_steps[s].grad_norm,
                   kGradRelTol * base_steps[s].grad_norm)
           << at;
     }
-    ASSERT_EQ(weights.size(), base_weights.size()) << run.mesh.name;
+    ASSERT_EQ(weights.size(), base_weights.size()) << uc.name;
     for (const auto& [name, w] : base_weights) {
       EXPECT_LT(testing::relative_error(weights.at(name), w), kGradRelTol)
-          << run.mesh.name << " vs " << base->mesh.name << ": " << name;
+          << uc.name << " vs " << base_name << ": " << name;
     }
   }
   ulysses::remove_tree(dir);
