@@ -171,7 +171,8 @@ at::Tensor UlyssesAttention::forward_uneven(const at::Tensor& q, const at::Tenso
   std::vector<at::Tensor> pieces;
   offset = 0;
   for (int64_t s = 0; s < sp; ++s) {
-    pieces.push_back(back.narrow(0, offset, back_splits[s]).view({bs, local_sl, split[s].q_count, hd}));
+    pieces.push_back(
+        back.narrow(0, offset, back_splits[s]).view({bs, local_sl, split[s].q_count, hd}));
     offset += back_splits[s];
   }
   return at::cat(pieces, 2);

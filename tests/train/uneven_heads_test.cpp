@@ -67,7 +67,8 @@ TEST_P(UnevenHeads, OneStepLossAndEveryGradientMatchSingleProcess) {
   testing::run_ranks(static_cast<int>(uc.dp * uc.sp), [&](const testing::RankContext& ctx) {
     config::RunConfig c = case_config(uc);
     const at::Device cpu(at::kCPU);
-    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, uc.dp, uc.sp);
+    auto mesh =
+        comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, uc.dp, uc.sp);
     model::LlamaForCausalLM model = train::build_model(c, mesh, cpu);
     train::StepLoss got = train::compute_gradients(
         model, rank_batches(c, uc.dp, mesh.dp_rank(), uc.sp, mesh.sp_rank()), mesh);
