@@ -112,7 +112,7 @@ at::Tensor UlyssesAttention::forward_uneven(const at::Tensor& q, const at::Tenso
   const RankHeads& mine = split[me];
   const int64_t my_heads = mine.q_count + 2 * mine.kv_count;
   std::fill(recv_splits.begin(), recv_splits.end(), my_heads * head_elems);
-  at::Tensor packed = at::empty(
+  at::Tensor packed = at::empty(  // [sum over d of bs * sl/sp * (hq_d + 2 hkv_d) * hd]
       {std::accumulate(send_splits.begin(), send_splits.end(), int64_t{0})}, q.options());
   int64_t offset = 0;
   for (int64_t d = 0; d < sp; ++d) {
@@ -165,8 +165,8 @@ at::Tensor UlyssesAttention::forward_uneven(const at::Tensor& q, const at::Tenso
                            .reshape({-1});
   std::vector<int64_t> back_splits(sp);
   for (int64_t s = 0; s < sp; ++s) back_splits[s] = split[s].q_count * head_elems;
-  std::fill(send_splits.begin(), send_splits.end(), mine.q_count * head_elems);
-  at::Tensor back = all_to_all(to_send, group_, back_splits, send_splits);
+  const std::vector<int64_t> out_splits(sp, mine.q_count * head_elems);  // equal chunks
+  at::Tensor back = all_to_all(to_send, group_, back_splits, out_splits);
   // From rank s: [bs, sl/sp, hq_s, hd], its query heads in order -> [bs, sl/sp, hq, hd]
   std::vector<at::Tensor> pieces;
   offset = 0;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ struct UnevenCase {
   int64_t dp, sp, hq, hkv;
   bool tiled_and_checkpointed = false;  // memory.tiled_mlp 2 + memory.checkpointing
 };
+
+void PrintTo(const UnevenCase& uc, std::ostream* os) { *os << uc.name; }  // gtest's case label
 
 config::RunConfig case_config(const UnevenCase& uc) {
   config::RunConfig c = testing::tiny_run_config(uc.hq, uc.hkv, uc.dp, uc.sp);
