@@ -1,5 +1,6 @@
 // mesh.uneven_heads: an sp that does not divide the query heads (hq 7 at sp 2, 3, 4; hq 6 with
-// hkv 2 at sp 4; hq 8 with hkv 2 at sp 3, where a rank's query heads straddle a KV group) trains
+// hkv 2 at sp 4; hq 8 with hkv 2 at sp 3, where a rank's query heads straddle a KV group), or
+// whose KV heads neither divide nor are a multiple of it (hq 6 with hkv 3 at sp 2), trains
 // exactly as one process does: every parameter gradient of a step (fp32: relative 1e-5 on the
 // loss, 1e-4 on each gradient, as equivalence_test.cpp), and whole 3-step runs (loss and
 // grad_norm every step, the final weights), on real Gloo ranks.
@@ -114,7 +115,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(cases()[0], cases()[1], cases()[2], cases()[3], cases()[4], cases()[5],
                       // Rank 1 holds query heads 3-5 of KV groups {0-3}, {4-7}: its heads do not
                       // form equal groups, so each gets its own KV head locally.
-                      UnevenCase{"hq8_hkv2_1x3", 1, 3, 8, 2}),
+                      UnevenCase{"hq8_hkv2_1x3", 1, 3, 8, 2},
+                      // sp divides the query heads but not the KV heads (3 over 2 ranks): ranks
+                      // hold query heads 0-2 and 3-5 with KV heads 0-1 and 1-2.
+                      UnevenCase{"hq6_hkv3_1x2", 1, 2, 6, 3}),
     [](const ::testing::TestParamInfo<UnevenCase>& info) { return info.param.name; });
 
 // 3 steps of AdamW with clipping from the same init: loss and grad_norm per step and the final
