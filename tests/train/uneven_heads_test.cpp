@@ -32,6 +32,7 @@ struct UnevenCase {
   std::string name;
   int64_t dp, sp, hq, hkv;
   bool tiled_and_checkpointed = false;  // memory.tiled_mlp 2 + memory.checkpointing
+  bool packed = false;                  // data.pack: documents masked from each other
 };
 
 void PrintTo(const UnevenCase& uc, std::ostream* os) { *os << uc.name; }  // gtest's case label
@@ -43,6 +44,7 @@ config::RunConfig case_config(const UnevenCase& uc) {
     c.memory.tiled_mlp.value = 2;
     c.memory.checkpointing = true;
   }
+  c.data.pack = uc.packed;
   return c;
 }
 
@@ -78,7 +80,7 @@ TEST_P(UnevenHeads, OneStepLossAndEveryGradientMatchSingleProcess) {
         model, rank_batches(c, uc.dp, mesh.dp_rank(), uc.sp, mesh.sp_rank()), mesh);
 
     // Reference: this process alone, the whole global batch in one micro-batch, no SP.
-    config::RunConfig ref_c = case_config({uc.name, 1, 1, uc.hq, uc.hkv});
+    config::RunConfig ref_c = case_config({uc.name, 1, 1, uc.hq, uc.hkv, false, uc.packed});
     ref_c.sequence.micro_batch = uc.dp;
     auto ref_mesh = comm::DeviceMesh::create_for_test(
         0, 1, ctx.temp_dir + "/ref-store-" + std::to_string(ctx.rank), 1, 1);
@@ -118,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
                       UnevenCase{"hq8_hkv2_1x3", 1, 3, 8, 2},
                       // sp divides the query heads but not the KV heads (3 over 2 ranks): ranks
                       // hold query heads 0-2 and 3-5 with KV heads 0-1 and 1-2.
-                      UnevenCase{"hq6_hkv3_1x2", 1, 2, 6, 3}),
+                      UnevenCase{"hq6_hkv3_1x2", 1, 2, 6, 3},
+                      UnevenCase{"hq7_hkv1_1x3_packed", 1, 3, 7, 1, false, true}),
     [](const ::testing::TestParamInfo<UnevenCase>& info) { return info.param.name; });
 
 // 3 steps of AdamW with clipping from the same init: loss and grad_norm per step and the final
