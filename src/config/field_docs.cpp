@@ -27,10 +27,11 @@ const std::map<std::string, std::string>& meanings() {
        "before RoPE) or mistral; checkpoints are written in its HF layout (model_type)."},
       {"model.hidden_size", "Model width h."},
       {"model.num_layers", "Decoder layers."},
-      {"model.num_heads", "Query heads hq; must be divisible by mesh.sp."},
+      {"model.num_heads",
+       "Query heads hq; must be divisible by mesh.sp unless mesh.uneven_heads is set."},
       {"model.num_kv_heads",
        "Key/value heads hkv (GQA/MQA); divides num_heads; hkv % sp == 0 or sp % hkv == 0 (KV "
-       "heads are then replicated sp/hkv times)."},
+       "heads are then replicated sp/hkv times) unless mesh.uneven_heads is set."},
       {"model.head_dim", "Per-head size hd, even; 0 = hidden_size / num_heads."},
       {"model.intermediate_size", "SwiGLU MLP inner width."},
       {"model.vocab_size", "Vocabulary size V (>= 2); every token id must be below it."},
@@ -86,6 +87,12 @@ const std::map<std::string, std::string>& meanings() {
        "Sequence-parallel degree: ranks that share one sequence (Ulysses all-to-all). SP groups "
        "are contiguous ranks."},
       {"mesh.dp", "Data-parallel replicas; dp * sp must equal the number of ranks."},
+      {"mesh.uneven_heads",
+       "Allow an sp that does not divide the heads: each SP rank takes a contiguous range of "
+       "ceil(hq/sp) or floor(hq/sp) query heads (the first hq % sp ranks the ceil) and the KV "
+       "heads those use (a KV head used by several ranks is on each of them). Exact; the rank "
+       "with the most heads sets the attention time. sp must not exceed hq. false = sp must "
+       "divide hq, and hkv % sp == 0 or sp % hkv == 0."},
       {"sequence.length",
        "Tokens per sequence (sl); padded up to a multiple of sp with ignored labels."},
       {"sequence.micro_batch", "Sequences per rank per micro-step (bs)."},

@@ -52,6 +52,7 @@ void for_each_field(C& c, Visit&& visit) {
   for_each_model_field(c.model, [&](const char* key, auto& field) { visit("model", key, field); });
   visit("mesh", "sp", c.mesh.sp);
   visit("mesh", "dp", c.mesh.dp);
+  visit("mesh", "uneven_heads", c.mesh.uneven_heads);
   visit("sequence", "length", c.sequence.length);
   visit("sequence", "micro_batch", c.sequence.micro_batch);
   visit("sequence", "grad_accum", c.sequence.grad_accum);

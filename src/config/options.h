@@ -56,6 +56,10 @@ struct ModelOptions {
 struct MeshOptions {
   int64_t sp = 1;
   int64_t dp = 1;
+  // Allow an sp that does not divide the heads: each rank of an SP group takes a contiguous range
+  // of ceil or floor(hq/sp) query heads (the first hq % sp ranks the ceil) and the KV heads those
+  // use. false = sp must divide hq, and hkv % sp == 0 or sp % hkv == 0.
+  bool uneven_heads = false;
 };
 
 struct SequenceOptions {

@@ -128,12 +128,21 @@ void validate_mesh(const RunConfig& c, int world_size) {
             "dp*sp = " + show(c.mesh.dp * sp) + " does not match the world size " +
                 show(int64_t{world_size}));
   }
+  if (c.mesh.uneven_heads) {
+    // Any split of the heads, as long as every rank gets a query head.
+    require(sp <= hq, "mesh.sp",
+            show(sp) + " exceeds model.num_heads " + show(hq) +
+                ": with mesh.uneven_heads every rank still needs at least one query head");
+    return;
+  }
   require(hq % sp == 0, "mesh.sp",
           show(sp) + " does not divide model.num_heads " + show(hq) +
-              " (Ulysses gives each rank num_heads/sp query heads)");
+              " (Ulysses gives each rank num_heads/sp query heads; mesh.uneven_heads: true "
+              "splits them unevenly)");
   require(hkv % sp == 0 || sp % hkv == 0, "mesh.sp",
           show(sp) + " and model.num_kv_heads " + show(hkv) +
-              " do not fit: need num_kv_heads % sp == 0 or sp % num_kv_heads == 0");
+              " do not fit: need num_kv_heads % sp == 0 or sp % num_kv_heads == 0, or "
+              "mesh.uneven_heads: true");
 }
 
 void validate_run(const RunConfig& c) {

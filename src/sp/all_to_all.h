@@ -2,6 +2,9 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "comm/group.h"
 
 namespace ulysses::sp {
@@ -12,5 +15,15 @@ namespace ulysses::sp {
 // with the same shape. Blocking; throws comm::CommError when a peer fails.
 // REQUIRES: input.size(0) == group.size(); `group` outlives the autograd graph.
 at::Tensor all_to_all(const at::Tensor& input, comm::Group& group);
+
+// Exchanges uneven chunks of a flat tensor: input [sum(input_splits)] where the next
+// input_splits[j] elements go to group rank j; returns [sum(output_splits)] holding
+// output_splits[i] elements from group rank i, in rank order. Backward exchanges the gradient
+// with the splits swapped. Blocking; throws comm::CommError when a peer fails.
+// REQUIRES: input.dim() == 1; both splits of length group.size(); output_splits[i] equals what
+// rank i sends here; `group` outlives the autograd graph.
+at::Tensor all_to_all(const at::Tensor& input, comm::Group& group,  // [sum(input_splits)]
+                      const std::vector<int64_t>& output_splits,
+                      const std::vector<int64_t>& input_splits);  // -> [sum(output_splits)]
 
 }  // namespace ulysses::sp

@@ -8,6 +8,7 @@
 
 #include "config/field_table.h"
 #include "config/yaml_values.h"
+#include "sp/head_split.h"
 
 namespace ulysses::train {
 namespace {
@@ -73,6 +74,18 @@ std::string describe_run(const config::RunConfig& config, const ResolvedRun& run
       << " parameters\n";
   out << p << "  mesh dp " << run.dp << " x sp " << run.sp << " (world " << run.world_size
       << "), device " << run.device << ", attention " << run.attention << "\n";
+  if (run.sp > 1 && config.mesh.uneven_heads &&
+      !sp::heads_split_evenly(m.num_heads, m.num_kv_heads, run.sp)) {
+    std::string query, kv;
+    for (int64_t r = 0; r < run.sp; ++r) {
+      const sp::RankHeads heads = sp::uneven_rank_heads(m.num_heads, m.num_kv_heads, run.sp, r);
+      if (r > 0) query += ", ", kv += ", ";
+      query += std::to_string(heads.q_count);
+      kv += std::to_string(heads.kv_count);
+    }
+    out << p << "  heads split unevenly over sp (mesh.uneven_heads): query " << query << "; kv "
+        << kv << " per rank\n";
+  }
   out << p << "  sequence " << config.sequence.length << " tokens (padded " << run.padded_length
       << ", " << run.local_length << " per rank), micro_batch " << config.sequence.micro_batch
       << ", grad_accum " << config.sequence.grad_accum << ": " << run.global_batch

@@ -132,7 +132,8 @@ model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::Devic
   const model::AttentionBackend backend =
       model::resolve_attention_backend(config.attention.backend, device);
   if (mesh.sp_size() > 1) {
-    model->set_attention_core(std::make_shared<sp::UlyssesAttention>(mesh.sp(), backend));
+    model->set_attention_core(std::make_shared<sp::UlyssesAttention>(
+        mesh.sp(), backend, config.mesh.uneven_heads));
   } else {
     model->set_attention_core(std::make_shared<model::LocalAttentionCore>(backend));
   }

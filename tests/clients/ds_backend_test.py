@@ -206,11 +206,16 @@ def check_bad_input(tmp, run_yaml, ds_config, failures):
     """Keys ds_trial.py cannot run: one line naming the key, exit 2, before any rank meets."""
     with open(run_yaml) as f:
         base = yaml.safe_load(f)
-    for key, value in (("data.source", "megatron:/data/corpus"), ("data.pack", True)):
-        section, field = key.split(".")
+    heads = int(base["model"]["num_heads"])
+    uneven_sp = next((sp for sp in range(2, heads) if heads % sp), heads + 1)  # not a divisor
+    for key, changes in (("data.source", {"data.source": "megatron:/data/corpus"}),
+                         ("data.pack", {"data.pack": True}),
+                         ("mesh.uneven_heads", {"mesh.uneven_heads": True, "mesh.sp": uneven_sp})):
         run = json.loads(json.dumps(base))
-        run[section][field] = value
-        path = os.path.join(tmp, f"bad-{field}.yaml")
+        for changed, value in changes.items():
+            section, field = changed.split(".")
+            run[section][field] = value
+        path = os.path.join(tmp, f"bad-{key.split('.')[1]}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(run, f)
         proc = subprocess.run([sys.executable, DS_TRIAL, "--config", path, "--ds-config",

@@ -16,6 +16,13 @@ A gradient probe (one step at sp 4 with the memory features and ZeRO 3, AdamW wi
 the update is the gradient) holds every parameter's gradient to transformers', and names the one
 that differs.
 
+Case qwen2_uneven_heads: a tiny Qwen2 with 7 query heads over 1 KV head (Qwen2.5-7B's 28 over 4
+cannot be split by sp 8 either) trains 3 steps at sp 3 with mesh.uneven_heads (the ranks hold 3, 2
+and 2 query heads, each with the KV head), and the gradient probe runs at sp 3 with the memory
+features and ZeRO 3; every step's loss and grad norm and every parameter's gradient must match
+transformers' fp64 training. Without mesh.uneven_heads the same run is refused (exit 2, one line
+naming the key).
+
 Case mistral_sliding_window: a Mistral config.json whose sliding_window is shorter than the
 sequence is refused (exit 2, one line naming sliding_window, no metrics); a window exactly as long
 as the sequence masks nothing, so it trains, with transformers' loss (which applies its window).
@@ -69,6 +76,9 @@ FAMILY_MODELS = {
     "qwen3": dict(BASE, family="qwen3", head_dim=32, rope_theta=1.0e6, rms_norm_eps=1.0e-6),
     "mistral": dict(BASE, family="mistral", rope_theta=1.0e6),
 }
+# 7 query heads over 1 KV head (hd 16): no sp in 2-6 divides them, so sp 3 needs mesh.uneven_heads.
+UNEVEN_MODEL = dict(FAMILY_MODELS["qwen2"], hidden_size=112, num_heads=7, num_kv_heads=1)
+UNEVEN_SP = 3
 # Mistral v0.3 and later write "sliding_window": null; Mistral v0.1's 4096 would be accepted too
 # (no shorter than these sequences), the case mistral_sliding_window holds the boundary.
 FAMILY_EXTRA = {"mistral": dict(sliding_window=None)}
@@ -164,15 +174,16 @@ PROBE_LR = 10.0
 PROBE_EPS = 1.0
 
 
-def gradient_probe(args, work, family, hf_dir, tokens, model):
+def gradient_probe(args, work, family, hf_dir, tokens, model, sp=4, mesh=None):
     """Every parameter's step-1 gradient, through the update ulysses-train's step-1 checkpoint
     holds, against transformers' fp64 update with the same optimizer: rel L2 error per parameter
-    <= GRAD_RTOL. At sp 4 with the memory features, so the KV heads are replicated, attention
-    and the loss are tiled, and the weights sharded (ZeRO 3)."""
-    name = "sp4-gradient-probe"
+    <= GRAD_RTOL. At sp 4 (or `sp`, with `mesh` keys added) with the memory features, so the KV
+    heads are replicated, attention and the loss are tiled, and the weights sharded (ZeRO 3)."""
+    name = f"sp{sp}-gradient-probe"
     run_dir = os.path.join(work, name)
     os.makedirs(run_dir)
-    sections = base_sections(work, name, hf_dir, tokens, 4, steps=1)
+    sections = base_sections(work, name, hf_dir, tokens, sp, steps=1)
+    sections["mesh"].update(mesh or {})
     sections["optim"].update(lr=PROBE_LR, eps=PROBE_EPS, weight_decay=0.0, grad_clip=0.0)
     sections["memory"] = dict(MEMORY_ON)
     sections["zero"] = {"stage": 3}
@@ -181,7 +192,7 @@ def gradient_probe(args, work, family, hf_dir, tokens, model):
     log(write_run_config(config_path, sections, "tests/clients/families_test.py"))
     t0 = time.monotonic()
     try:
-        run_trainer(args.bin, config_path, 4, run_dir, quiet=True)
+        run_trainer(args.bin, config_path, sp, run_dir, quiet=True)
     except Mismatch as e:
         FAILURES.append(f"{family} {name}: {e}")
         log(f"FAIL {family} {name}: {e}")
@@ -277,6 +288,58 @@ def family_case(args, work, family):
         ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
 
 
+def uneven_heads_case(args, work):
+    """7 query heads over sp 3 (mesh.uneven_heads) against transformers: 3 steps, the gradient
+    probe, and the refusal without the key."""
+    keys = UNEVEN_MODEL
+    tokens = os.path.join(work, "train.u16")
+    write_tokens(tokens, (STEPS * MICRO_BATCH + 1) * SEQ_LEN, keys["vocab_size"], seed=33)
+    model = make_hf_model(keys, seed=1234, perturb_seed=77)
+    hf_dir = os.path.join(work, "hf-init")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    ref_losses, ref_norms, _ = train_reference(hf_dir, tokens, torch.float64)
+    log(f"transformers fp64: losses {ref_losses}, grad norms {ref_norms}")
+
+    # Refused before any rank starts without the key.
+    name = f"sp{UNEVEN_SP}-even-only"
+    run_dir = os.path.join(work, name)
+    os.makedirs(run_dir)
+    sections = base_sections(work, name, hf_dir, tokens, UNEVEN_SP)
+    config_path = os.path.join(run_dir, "run.yaml")
+    write_run_config(config_path, sections, "tests/clients/families_test.py")
+    problems = hf_common.refused_run_problems(args.bin, config_path, sections, UNEVEN_SP, run_dir,
+                                              "mesh.uneven_heads")
+    what = f"7 query heads at sp {UNEVEN_SP} without mesh.uneven_heads"
+    log(f"{'ok  ' if not problems else 'FAIL'} {what}: refused" +
+        (": " + "; ".join(problems) if problems else ""))
+    FAILURES.extend(f"{what}: {p}" for p in problems)
+
+    t0 = time.monotonic()
+    name = f"sp{UNEVEN_SP}-uneven"
+    run_dir = os.path.join(work, name)
+    os.makedirs(run_dir)
+    sections = base_sections(work, name, hf_dir, tokens, UNEVEN_SP)
+    sections["mesh"]["uneven_heads"] = True
+    config_path = os.path.join(run_dir, "run.yaml")
+    log(write_run_config(config_path, sections, "tests/clients/families_test.py"))
+    try:
+        run_trainer(args.bin, config_path, UNEVEN_SP, run_dir, quiet=True)
+        steps, _ = read_metrics(sections["output"]["dir"])
+        if sorted(steps) != list(range(1, STEPS + 1)):
+            raise Mismatch(f"metrics.jsonl has steps {sorted(steps)}")
+        for s in range(1, STEPS + 1):
+            compare(f"qwen2 7/1 heads {name} step {s} loss", steps[s]["loss"],
+                    ref_losses[s - 1], LOSS_RTOL)
+            compare(f"qwen2 7/1 heads {name} step {s} grad_norm (before clipping)",
+                    steps[s]["grad_norm"], ref_norms[s - 1], NORM_RTOL)
+    except Mismatch as e:
+        FAILURES.append(f"qwen2 7/1 heads {name}: {e}")
+        log(f"FAIL qwen2 7/1 heads {name}: {e}")
+    log(f"qwen2 7/1 heads {name}: {time.monotonic() - t0:.1f}s")
+    gradient_probe(args, work, "qwen2", hf_dir, tokens, model, sp=UNEVEN_SP,
+                   mesh={"uneven_heads": True})
+
+
 def sliding_window_case(args, work):
     keys = FAMILY_MODELS["mistral"]
     tokens = os.path.join(work, "train.u16")
@@ -319,7 +382,7 @@ def sliding_window_case(args, work):
             steps[1]["grad_norm"], ref_norms[0], NORM_RTOL)
 
 
-CASES = sorted(FAMILY_MODELS) + ["mistral_sliding_window"]
+CASES = sorted(FAMILY_MODELS) + ["qwen2_uneven_heads", "mistral_sliding_window"]
 
 
 def main():
@@ -328,6 +391,8 @@ def main():
     def body(work):
         if args.case == "mistral_sliding_window":
             sliding_window_case(args, work)
+        elif args.case == "qwen2_uneven_heads":
+            uneven_heads_case(args, work)
         else:
             family_case(args, work, args.case)
     return run_case(f"families_{args.case}", body, FAILURES, keep=args.keep)

@@ -176,17 +176,45 @@ TEST(ConfigErrors, HeadCountsIncompatibleWithSp) {
       {"mesh: {sp: 3}\n",
        {},
        "mesh.sp: 3 does not divide model.num_heads 8 (Ulysses gives each rank num_heads/sp query "
-       "heads)"},
+       "heads; mesh.uneven_heads: true splits them unevenly)"},
       {model + "mesh: {sp: 4}\n",
        {},
        "mesh.sp: 4 and model.num_kv_heads 3 do not fit: need num_kv_heads % sp == 0 or sp % "
-       "num_kv_heads == 0"},
+       "num_kv_heads == 0, or mesh.uneven_heads: true"},
       {"model: {num_kv_heads: 3}\n", {}, "model.num_kv_heads: 3 does not divide num_heads 8"},
   });
   // 12 % 3 == 0, 3 % 3 == 0 and 12 % 6 == 0, 6 % 3 == 0: fine.
   for (int sp : {3, 6, 12}) {
     parse_run_config_yaml(model + "mesh: {sp: " + std::to_string(sp) + "}\n");
   }
+}
+
+// mesh.uneven_heads lets sp split the heads unevenly (hq 7 at sp 2-7, hkv 3 at sp 4), as long as
+// every rank gets a query head.
+TEST(ConfigErrors, UnevenHeadsAllowSpNotDividingHeads) {
+  const std::string seven = "model: {hidden_size: 56, num_heads: 7, num_kv_heads: 1}\n";
+  expect_errors({
+      {seven + "mesh: {sp: 3}\n",
+       {},
+       "mesh.sp: 3 does not divide model.num_heads 7 (Ulysses gives each rank num_heads/sp query "
+       "heads; mesh.uneven_heads: true splits them unevenly)"},
+      {seven + "mesh: {sp: 8, uneven_heads: true}\n",
+       {},
+       "mesh.sp: 8 exceeds model.num_heads 7: with mesh.uneven_heads every rank still needs at "
+       "least one query head"},
+      {seven, {"mesh.sp=8", "mesh.uneven_heads=true"},
+       "mesh.sp: 8 exceeds model.num_heads 7: with mesh.uneven_heads every rank still needs at "
+       "least one query head"},
+  });
+  for (int sp : {2, 3, 4, 7}) {
+    const RunConfig c = parse_run_config_yaml(
+        seven + "mesh: {sp: " + std::to_string(sp) + ", uneven_heads: true}\n");
+    EXPECT_TRUE(c.mesh.uneven_heads);
+    EXPECT_EQ(c.mesh.sp, sp);
+  }
+  parse_run_config_yaml("model: {hidden_size: 384, num_heads: 12, num_kv_heads: 3}\n",
+                        {"mesh.sp=4", "mesh.uneven_heads=true"});
+  EXPECT_FALSE(parse_run_config_yaml("").mesh.uneven_heads);  // off unless asked for
 }
 
 TEST(ConfigErrors, HeadDimUnsetOrOdd) {

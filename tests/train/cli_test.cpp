@@ -56,10 +56,21 @@ TEST(TrainCli, MeshNotMatchingWorldFailsBeforeAnyRankStarts) {
 }
 
 TEST(TrainCli, QueryHeadsNotDivisibleBySpFails) {
-  expect_one_line_error(
+  const Result r =
       run("--config " + example() + " --set mesh.dp=1 --set mesh.sp=3 --set model.num_heads=8",
-          "WORLD_SIZE=3 RANK=0"),
-      "model.num_heads");
+          "WORLD_SIZE=3 RANK=0");
+  expect_one_line_error(r, "model.num_heads");
+  // The line names the key that allows the split, and the key it is about.
+  EXPECT_EQ(r.output.rfind("error: mesh.sp: ", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("mesh.uneven_heads: true"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, UnevenHeadsStillNeedAQueryHeadPerRank) {
+  expect_one_line_error(run("--config " + example() +
+                                " --set mesh.dp=1 --set mesh.sp=4 --set model.num_heads=2 "
+                                "--set model.num_kv_heads=1 --set mesh.uneven_heads=true",
+                            "WORLD_SIZE=4 RANK=0"),
+                        "mesh.uneven_heads");
 }
 
 TEST(TrainCli, KvHeadsIncompatibleWithSpFails) {

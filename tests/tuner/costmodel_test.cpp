@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "config/presets.h"
 #include "config/run_config.h"
 #include "tuner/costmodel/calibration.h"
 #include "tuner/costmodel/fit.h"
@@ -246,6 +247,40 @@ TEST(CostModel, StepWorkByHand) {
   EXPECT_DOUBLE_EQ(w.allreduce_bytes, 2 * 0.5 * 4 * 1704);
   c.memory.checkpointing = true;
   EXPECT_DOUBLE_EQ(step_work(c).matmul_flops, 8.0 * (3 * (2 * 1152 + 512) + 2 * 1152));
+}
+
+// An uneven head split is charged by the rank with the most heads: Qwen2.5-7B's 28 query heads
+// over 4 KV heads (group 7) at sp 8 put 4, 4, 4, 4, 3, 3, 3, 3 query heads and 1, 2, 1, 2, 1, 2,
+// 1, 1 KV heads on the ranks, so attention and the all-to-alls cost as for 32 query heads over 16
+// KV heads split evenly (4 and 2 per rank), while the GEMMs stay those of the real model.
+TEST(CostModel, UnevenHeadsChargeTheRankWithTheMostHeads) {
+  config::RunConfig uneven;
+  uneven.model = config::load_model_preset("qwen2.5-7b");
+  uneven.mesh.sp = 8;
+  uneven.mesh.uneven_heads = true;
+  uneven.sequence.length = 8192;
+  config::RunConfig even_32 = uneven;
+  even_32.model.num_heads = 32;
+  even_32.model.num_kv_heads = 16;
+  const sp::HeadLoad most = a2a_heads(uneven.model, 8);
+  EXPECT_EQ(most.q, 4);
+  EXPECT_EQ(most.kv, 2);
+  const StepWork w = step_work(uneven), w32 = step_work(even_32);
+  EXPECT_DOUBLE_EQ(w.attention_flops, w32.attention_flops);
+  EXPECT_DOUBLE_EQ(w.a2a_bytes, w32.a2a_bytes);
+  EXPECT_LT(w.matmul_flops, w32.matmul_flops);  // 28 and 4 heads' projections, not 32 and 16
+  EXPECT_LT(w.model_flops, w32.model_flops);    // MFU counts the real model's attention
+  // A rank's attention is sl^2 x its query heads: at sp 4 (7 each, even) 7/4 of sp 8's 4.
+  config::RunConfig sp4 = uneven;
+  sp4.mesh.sp = 4;
+  EXPECT_DOUBLE_EQ(w.attention_flops * 7 / 4, step_work(sp4).attention_flops);
+  // The memory terms after the all-to-all follow the same rank.
+  const auto memory = [](const config::RunConfig& c) {
+    MemoryCoefficients k;
+    return predict_memory(c, k).peak_bytes;
+  };
+  EXPECT_GT(memory(uneven), 0);
+  EXPECT_LT(memory(uneven), memory(even_32));
 }
 
 TEST(CostModelZero, Stage1ShardsMomentsAndMastersOverTheWorld) {

@@ -131,6 +131,28 @@ TEST(Experiment, InvalidPointsGiveTheirReason) {
   EXPECT_THROW(plan_trial(e, s, {1, 0, 0}, 1024, false, "o"), UserError);  // sp 8 > 4 ranks
 }
 
+// mesh.sp: auto over 6 ranks of the tiny model (8 query heads, 2 KV heads): sp 1 and 2 split
+// the heads evenly; with mesh.uneven_heads in the space (or the base) sp 3 and 6 are meshes too.
+TEST(Experiment, AutoSpIncludesUnevenSplitsWhenAsked) {
+  auto sp_values = [](const std::string& text) {
+    const Experiment e = parse_experiment(text, "x.yaml", profiles());
+    for (const search::Axis& axis : build_space(e).axes) {
+      if (axis.key == "mesh.sp") return axis.values;
+    }
+    return std::vector<std::string>{};
+  };
+  std::string six = kValid;
+  six.replace(six.find("world_size: 4"), 13, "world_size: 6");
+  EXPECT_EQ(sp_values(six), (std::vector<std::string>{"1", "2"}));
+  std::string in_space = six;
+  in_space.replace(in_space.find("  mesh.sp: auto\n"), 16,
+                   "  mesh.sp: auto\n  mesh.uneven_heads: [false, true]\n");
+  EXPECT_EQ(sp_values(in_space), (std::vector<std::string>{"1", "2", "3", "6"}));
+  std::string in_base = six;
+  in_base.replace(in_base.find("base: {"), 7, "base: {mesh: {uneven_heads: true}, ");
+  EXPECT_EQ(sp_values(in_base), (std::vector<std::string>{"1", "2", "3", "6"}));
+}
+
 TEST(Experiment, BadInputIsOneLineNamingTheKey) {
   auto with = [](const std::string& from, const std::string& to) {
     std::string text = kValid;

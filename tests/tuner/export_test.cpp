@@ -474,6 +474,23 @@ TEST(Export, DeepSpeedSchedulers) {
   EXPECT_EQ(warning_keys(exported.warnings), std::vector<std::string>{"optim.warmup_steps"});
 }
 
+// A run whose sp splits the heads unevenly (mesh.uneven_heads) cannot run under DeepSpeed's
+// Ulysses: every export says so first; an even split at the same key says nothing.
+TEST(Export, UnevenHeadsWarnFirst) {
+  config::RunConfig run = Case().run();
+  run.model.num_heads = 8, run.model.num_kv_heads = 2;
+  run.mesh.sp = 3;
+  run.mesh.uneven_heads = true;
+  for (const auto& warnings : {deepspeed_config(run).warnings, arctic_recipe(run).warnings,
+                               accelerate_config(run, "ds_config.json", 1).warnings}) {
+    ASSERT_FALSE(warnings.empty());
+    EXPECT_EQ(warnings.front().rfind("mesh.uneven_heads: sp=3 splits the 8 query heads", 0), 0u)
+        << warnings.front();
+  }
+  run.mesh.sp = 2;
+  EXPECT_EQ(uneven_heads_warning(run), std::nullopt);
+}
+
 TEST(Export, ArcticWarmupRatioGivesExactlyTheWarmupSteps) {
   Case c;
   config::RunConfig run = c.run();

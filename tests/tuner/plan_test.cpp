@@ -271,6 +271,30 @@ TEST(Plan, MeshesBreakingTheHeadRuleAreMarked) {
   EXPECT_NE(last.limit.find("heads vs sp"), std::string::npos) << last.limit;
 }
 
+// Qwen2.5-7B (28 query heads over 4 KV heads) on 8 H100s: sp 8 breaks the head rule, and with
+// --uneven-heads it is a valid row (charged by its ranks of 4 query heads), the even rows stay as
+// they were, and it fits a longer sequence than sp 4.
+TEST(Plan, UnevenHeadsListMeshesThatDoNotDivideTheHeads) {
+  PlanRequest r = llama8b(8, {parse_features("alst")});
+  r.model = config::load_model_preset("qwen2.5-7b");
+  const std::vector<PlanRow> even = make_plan(r);
+  ASSERT_EQ(even.size(), 4u);  // sp 1, 2, 4, 8
+  EXPECT_FALSE(even[3].valid);
+  EXPECT_NE(even[3].limit.find("mesh.uneven_heads"), std::string::npos) << even[3].limit;
+  r.uneven_heads = true;
+  const std::vector<PlanRow> rows = make_plan(r);
+  ASSERT_EQ(rows.size(), 4u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(rows[i].uneven_heads) << "sp " << rows[i].sp;
+    EXPECT_EQ(rows[i].max_seqlen, even[i].max_seqlen) << "sp " << rows[i].sp;  // the even rows
+    EXPECT_EQ(rows[i].step_ms, even[i].step_ms) << "sp " << rows[i].sp;
+  }
+  EXPECT_EQ(rows[3].sp, 8);
+  EXPECT_TRUE(rows[3].valid) << rows[3].limit;
+  EXPECT_TRUE(rows[3].uneven_heads);
+  EXPECT_GT(rows[3].max_seqlen, rows[2].max_seqlen);
+}
+
 // What `ulysses-tune plan` prints to stdout for `o`.
 std::string plan_output(const PlanOptions& o) {
   std::ostringstream captured;

@@ -1,7 +1,10 @@
 // Memory terms per rank (see memory_model.h). Shapes: bs = micro_batch, sl = sequence length,
 // T = ceil(sl / sp) local tokens, h hidden, V vocab, L layers, P parameters, ffn intermediate,
 // qd = hq x hd, kvd = hkv_r x hd with hkv_r = max(hkv, sp) KV heads after the all-to-all
-// (replicated when sp > hkv), d = bytes of the model dtype. What a family adds to the Llama block
+// (replicated when sp > hkv), d = bytes of the model dtype. With mesh.uneven_heads and an sp that
+// does not split the heads evenly, the terms after the all-to-all are those of the rank with the
+// most heads: qd = sp x ceil(hq / sp) x hd and kvd = sp x hkv_r x hd with hkv_r that rank's KV
+// heads (sp/head_split.h), as if every rank held that many. What a family adds to the Llama block
 // (config/model_family.h) is counted where it lives: Qwen2's q/k/v biases as parameters, Qwen3's
 // q/k norms as parameters and saved activations.
 #include "tuner/costmodel/memory_model.h"
@@ -98,6 +101,12 @@ int64_t layer_parameter_count(const config::ModelOptions& m) {
   return attention + qkv_bias + qk_norm + mlp + 2 * h;     // + two RMSNorm weights
 }
 
+sp::HeadLoad a2a_heads(const config::ModelOptions& m, int64_t sp) {
+  const int64_t hq = m.num_heads, hkv = m.num_kv_heads;
+  if (sp <= hq && hkv >= 1 && hq % hkv == 0) return sp::max_rank_heads(hq, hkv, sp);
+  return {ceil_div(hq, sp), ceil_div(std::max(hkv, sp), sp)};
+}
+
 int64_t parameter_count(const config::ModelOptions& m) {
   const int64_t h = m.hidden_size;
   const int64_t embeddings = m.vocab_size * h;
@@ -190,7 +199,10 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const int64_t sl = ceil_div(c.sequence.length, sp) * sp, t = sl / sp;
   const int64_t h = m.hidden_size, v = m.vocab_size, layers = m.num_layers;
   const int64_t hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
-  const int64_t qd = m.num_heads * hd, kvd = std::max(m.num_kv_heads, sp) * hd;
+  const int64_t qd = m.num_heads * hd;
+  // The rank with the most heads; qd_a2a == qd (and kvd as above) when sp splits them evenly.
+  const sp::HeadLoad most = a2a_heads(m, sp);
+  const int64_t qd_a2a = sp * most.q * hd, kvd_a2a = sp * most.kv * hd;
   const int64_t ffn = m.intermediate_size;
   const int64_t tokens = bs * t;
   const ZeroShards z = zero_shards(c, k);
@@ -294,7 +306,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const int64_t qk_norm_bytes = qk_norm_saved_bytes(m, hd, d);
   const int64_t mlp_elems = tiled_mlp ? 0 : 4 * ffn;
   const int64_t layer_bytes =
-      2 * norm_bytes + qk_norm_bytes + (3 * qd + 2 * kvd + mlp_elems) * d;
+      2 * norm_bytes + qk_norm_bytes + (3 * qd_a2a + 2 * kvd_a2a + mlp_elems) * d;
   const std::string layer_formula = "(2 norm" + std::string(qk_norm_bytes > 0 ? " + qk norm" : "") +
                                     " + (3qd + 2kvd" + std::string(tiled_mlp ? "" : " + 4ffn") +
                                     ") x " + ds + ") x bs x T";
@@ -304,10 +316,10 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
       "]";
   const double scale = k.activation_scale;
   // Math attention keeps the softmax probabilities [bs, hq/sp, sl, sl] per layer.
-  const double probs = math ? static_cast<double>(bs) * (m.num_heads / sp) * sl * sl * d : 0.0;
+  const double probs = math ? static_cast<double>(bs) * most.q * sl * sl * d : 0.0;
   // Backward of one layer adds its gradients: dq, dk, dv (qd + 2kvd), the hidden-state gradient
   // h, and for an untiled MLP the gate/up gradients 2 ffn; saved tensors are freed as it goes.
-  const int64_t grad_elems = qd + 2 * kvd + h + (tiled_mlp ? 0 : 2 * ffn);
+  const int64_t grad_elems = qd_a2a + 2 * kvd_a2a + h + (tiled_mlp ? 0 : 2 * ffn);
   const std::string grad_formula =
       "(qd + 2kvd + h" + std::string(tiled_mlp ? "" : " + 2ffn") + ") x bs x T x " + ds;
   if (checkpointing) {
@@ -378,7 +390,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     }
   }
   if (sp > 1) {
-    add("all-to-all buffers", 2.0 * tokens * (qd + 2 * kvd) * d,
+    add("all-to-all buffers", 2.0 * tokens * (qd_a2a + 2 * kvd_a2a) * d,
         "2 x bs x T x (qd + 2kvd) x " + ds + " (send + receive)", Lifetime::kTransient);
   }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config/options.h"
+#include "sp/head_split.h"
 
 namespace ulysses::costmodel {
 
@@ -127,5 +128,11 @@ int64_t loss_tiles(const config::RunConfig& c);
 
 // Bytes per element of the model dtype (memory.precision): 2 for bf16, 4 for fp32.
 int64_t dtype_bytes(const config::RunConfig& c);
+
+// The most query heads and KV heads one rank holds after the all-to-all at degree sp
+// (sp::max_rank_heads): hq / sp and max(hkv, sp) / sp when sp splits the heads evenly, else the
+// uneven split's largest (mesh.uneven_heads). Heads no mesh can split (sp > hq) count as
+// ceil(hq / sp) and ceil(max(hkv, sp) / sp), so an invalid row still gets numbers.
+sp::HeadLoad a2a_heads(const config::ModelOptions& m, int64_t sp);
 
 }  // namespace ulysses::costmodel

@@ -1,8 +1,10 @@
 // FLOPs and bytes of one step (see time_model.h). Per layer and token, forward: GEMMs
 // 2 x (h qd + 2 h kvd0 + qd h + 3 h ffn) FLOPs (kvd0 = hkv hd, before replication); causal
-// attention 2 x 2 x sl x qd / 2 per token of this rank; the LM head 2 x h x V. Backward costs
-// twice the forward; checkpointing (and ZeRO-3, which always recomputes) recomputes every
-// layer's forward once more, tiled MLP its MLP. Communication per ZeRO stage: see StepWork.
+// attention 2 x 2 x sl x qd / 2 per token of this rank (with an uneven head split, sp x the query
+// heads of the rank with the most of them x hd, the rank that sets the step time; model_flops
+// keeps the true qd); the LM head 2 x h x V. Backward costs twice the forward; checkpointing
+// (and ZeRO-3, which always recomputes) recomputes every layer's forward once more, tiled MLP its
+// MLP. Communication per ZeRO stage: see StepWork.
 // Family extras (Qwen2's q/k/v biases, Qwen3's q/k norms) add no FLOPs here, as in
 // profile/flops.h (elementwise), but their parameters travel in every gradient and weight
 // collective (parameter_count, layer_parameter_count).
@@ -26,7 +28,11 @@ StepWork step_work(const config::RunConfig& c) {
   const double hd = static_cast<double>(m.head_dim > 0 ? m.head_dim : m.hidden_size / m.num_heads);
   const double qd = static_cast<double>(m.num_heads) * hd;
   const double kvd0 = static_cast<double>(m.num_kv_heads) * hd;
-  const double kvd = static_cast<double>(std::max<int64_t>(m.num_kv_heads, c.mesh.sp)) * hd;
+  // After the all-to-all, per local token: the heads of the rank with the most of them, x sp
+  // (qd_a2a == qd and kvd = max(hkv, sp) hd when sp splits the heads evenly; memory_model.h).
+  const sp::HeadLoad most = a2a_heads(m, c.mesh.sp);
+  const double qd_a2a = sp * static_cast<double>(most.q) * hd;
+  const double kvd = sp * static_cast<double>(most.kv) * hd;
   const double ffn = static_cast<double>(m.intermediate_size);
   const double layers = static_cast<double>(m.num_layers);
   const double d = static_cast<double>(dtype_bytes(c));
@@ -39,6 +45,8 @@ StepWork step_work(const config::RunConfig& c) {
   const double attn_gemm = 2 * (h * qd + 2 * h * kvd0 + qd * h);  // per token, forward
   const double mlp_gemm = 2 * 3 * h * ffn;
   const double core = 2 * 2 * sl * qd / 2;  // causal QK^T + PV per token (all heads, after a2a)
+  // What the rank with the most heads computes: its step time (an uneven split's ceil(hq/sp)).
+  const double core_charged = 2 * 2 * sl * qd_a2a / 2;
   const double head = 2 * h * v;
 
   StepWork w;
@@ -46,17 +54,17 @@ StepWork step_work(const config::RunConfig& c) {
   const double fwd_layer_gemm = layers * (attn_gemm + mlp_gemm);
   double recompute_gemm = 0, recompute_core = 0;
   if (checkpointing) {
-    recompute_gemm = fwd_layer_gemm, recompute_core = layers * core;
+    recompute_gemm = fwd_layer_gemm, recompute_core = layers * core_charged;
   } else if (tiled_mlp) {
     recompute_gemm = layers * mlp_gemm;  // sequence_tiled_compute recomputes each tile
   }
   w.matmul_flops = tokens * (3 * (fwd_layer_gemm + head) + recompute_gemm);
-  w.attention_flops = tokens * (3 * layers * core + recompute_core);
+  w.attention_flops = tokens * (3 * layers * core_charged + recompute_core);
   w.model_flops = tokens * (3 * (fwd_layer_gemm + head) + 3 * layers * core);
   if (c.mesh.sp > 1) {
     // q, k, v over and the output back in forward; their gradients in backward; again in the
     // recompute. A rank keeps 1/sp of what it sends.
-    const double per_layer = tokens * (qd + 2 * kvd + qd) * d * (sp - 1) / sp;
+    const double per_layer = tokens * (qd_a2a + 2 * kvd + qd_a2a) * d * (sp - 1) / sp;
     w.a2a_bytes = layers * per_layer * (2 + (checkpointing ? 1 : 0));
   }
   const double params = static_cast<double>(parameter_count(m));

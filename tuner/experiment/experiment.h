@@ -12,6 +12,8 @@
 //   base: {train: {device: cpu}}   # any run-config keys; the space overrides them
 //   space:
 //     mesh.sp: auto                # every sp that divides world_size and fits the heads
+//                                  # (with mesh.uneven_heads: true in base or [.., true] in
+//                                  # the space, also the sp that split them unevenly)
 //     memory.tiled_mlp: [1, auto]
 //     memory.offload: [none, activations, optimizer, both]   # shorthand for the two offloads
 //     sequence.length: {search: max, from: 512, to: 8192, step: 512, curve: 3}   # or a list

@@ -101,12 +101,23 @@ search::Space build_space(const Experiment& e) {
   for (const AxisSpec& spec : e.axes) {
     search::Axis axis{spec.key, spec.values, {}};
     if (spec.key == "mesh.sp" && spec.values.size() == 1 && spec.values[0] == "auto") {
+      // An sp that splits the heads unevenly is a valid mesh when the base sets
+      // mesh.uneven_heads or the space may set it (its trials with the key off are invalid).
+      std::vector<std::string> mesh_overrides;
+      for (const AxisSpec& other : e.axes) {
+        if (other.key != "mesh.uneven_heads") continue;
+        for (const std::string& v : other.values) {
+          if (truthy(v)) mesh_overrides = {"mesh.uneven_heads=true"};
+        }
+      }
       axis.values.clear();
       for (int64_t sp = 1; sp <= e.world_size; ++sp) {
         if (e.world_size % sp != 0) continue;
         try {
-          config::RunConfig c = base_config(e, {"mesh.sp=" + std::to_string(sp),
-                                                "mesh.dp=" + std::to_string(e.world_size / sp)});
+          std::vector<std::string> overrides = mesh_overrides;
+          overrides.push_back("mesh.sp=" + std::to_string(sp));
+          overrides.push_back("mesh.dp=" + std::to_string(e.world_size / sp));
+          config::RunConfig c = base_config(e, overrides);
           config::validate(c, static_cast<int>(e.world_size));
           axis.values.push_back(std::to_string(sp));
         } catch (const UserError&) {

@@ -87,6 +87,7 @@ HfSchedule hf_schedule(const config::RunConfig& run) {
 
 std::vector<std::string> recipe_warnings(const config::RunConfig& run) {
   std::vector<std::string> warnings;
+  if (auto warning = uneven_heads_warning(run)) warnings.push_back(*warning);
   if (auto warning = ulysses_torch_version_warning(run)) warnings.push_back(*warning);
   for (const std::string& warning : deepspeed_zero_warnings(run)) warnings.push_back(warning);
   if (run.model.load.empty()) {

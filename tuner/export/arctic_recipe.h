@@ -45,6 +45,7 @@ struct ArcticRecipeExport {
 //     seq_parallel_communication_data_type. ArcticTraining fills in the batch keys and bf16 itself
 //     (train_batch_size = micro_batch_size * gas * WORLD_SIZE / sequence_parallel_size).
 // Warnings, in this order (each only when it applies):
+//   uneven_heads_warning(run);
 //   ulysses_torch_version_warning(run);
 //   deepspeed_zero_warnings(run);
 //   "model.load: ..." when the model is the placeholder (naming the family it must be);

@@ -45,6 +45,7 @@ struct DeepSpeedExport {
 //   DeepSpeed's schedulers, like HF's, use 0-based iterations: each step runs at the rate that
 //   ulysses-train uses one step earlier (the first warmup step at 0). Not warned about.
 // Warnings, in this order (each present only when it applies):
+//   uneven_heads_warning(run) (sp does not split the heads evenly);
 //   ulysses_torch_version_warning(run) (1 < sp < world);
 //   alst_switches_warning(run, "DeepSpeed JSON") (tiled MLP/loss, activation offload,
 //     checkpointing);

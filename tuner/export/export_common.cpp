@@ -10,6 +10,7 @@
 
 #include "common/shell_quote.h"
 #include "config/model_family.h"
+#include "sp/head_split.h"
 
 namespace ulysses::exports {
 namespace {
@@ -75,6 +76,15 @@ std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig
          " ranks in the all_gather backward when the SP group is not the whole world), or else"
          " reduce the loss with a weighted all-reduce over the SP group (sum of token losses and"
          " token count, then divide) instead of all_gather";
+}
+
+std::optional<std::string> uneven_heads_warning(const config::RunConfig& run) {
+  const int64_t sp = run.mesh.sp, hq = run.model.num_heads, hkv = run.model.num_kv_heads;
+  if (sp <= 1 || sp::heads_split_evenly(hq, hkv, sp)) return std::nullopt;
+  return "mesh.uneven_heads: sp=" + std::to_string(sp) + " splits the " + std::to_string(hq) +
+         " query heads (" + std::to_string(hkv) +
+         " KV heads) unevenly, which only ulysses-train does: DeepSpeed's Ulysses needs sp to "
+         "divide the query heads, so this export runs only at such an sp";
 }
 
 std::optional<std::string> local_torch_version() {

@@ -55,6 +55,11 @@ std::string hf_attention_implementation(const config::RunConfig& run);
 // (no Ulysses) or sp == world (the SP group is the world). Starts with "mesh: ".
 std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig& run);
 
+// When mesh.sp does not split the heads evenly (mesh.uneven_heads, sp/head_split.h): one line
+// saying that DeepSpeed's Ulysses (and so ArcticTraining and Accelerate over it) needs sp to divide
+// the query heads, which ulysses-train's uneven split does not. Starts with "mesh.uneven_heads: ".
+std::optional<std::string> uneven_heads_warning(const config::RunConfig& run);
+
 // The PyTorch version that `$ULYSSES_PYTHON` (else `python3` on PATH) imports here, e.g.
 // "2.13.0+cpu", or nullopt when none answers within 20 s.
 std::optional<std::string> local_torch_version();

@@ -328,6 +328,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
                 "what-if, not this trainer: gradients in the model dtype; weights, gradients and "
                 "optimizer states sharded over the world (DeepSpeed ZeRO-3), for comparing with "
                 "published results");
+  cmd->add_flag("--uneven-heads", o->uneven_heads,
+                "also meshes whose sp does not divide the heads (mesh.uneven_heads: each rank "
+                "takes ceil or floor(heads/sp) of them; the rank with the most sets the time)");
   cmd->add_flag("--components", o->components,
                 "also print each row's memory components (bytes, formula, lifetime, location)");
   cmd->add_option("--fit", o->fit_db, "calibrate on this results database's ok trials");
@@ -356,6 +359,7 @@ int run_plan(const PlanOptions& o) {
   r.micro_batch = o.micro_batch;
   r.zero_stage = o.zero;
   r.precision = o.precision;
+  r.uneven_heads = o.uneven_heads;
   for (const std::string& f : o.features) r.features.push_back(parse_features(f));
   if (r.features.empty()) r.features = default_feature_sets();
   r.memory = memory_coefficients(r.hardware);
@@ -393,7 +397,8 @@ int run_plan(const PlanOptions& o) {
                 {"zero_assumed", zero_assumed(r, rows, o.what_if_deepspeed)},
                 {"usable_device_bytes", usable_device_bytes(r.hardware)}, {"rows", json::array()}};
     for (const PlanRow& row : rows) {
-      out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"features", row.features},
+      out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"uneven_heads", row.uneven_heads},
+                             {"features", row.features},
                              {"zero_stage", row.zero_stage},
                              {"valid", row.valid}, {"limit", row.limit}, {"seqlen", row.seqlen},
                              {"peak_bytes", row.peak_bytes},
@@ -416,7 +421,8 @@ int run_plan(const PlanOptions& o) {
                                name != "largest model");
   }
   for (const PlanRow& row : rows) {
-    const std::string mesh = std::to_string(row.dp) + " x " + std::to_string(row.sp);
+    const std::string mesh = std::to_string(row.dp) + " x " + std::to_string(row.sp) +
+                             (row.uneven_heads ? " uneven" : "");
     if (!row.valid) {
       table.rows.push_back(
           {mesh, row.features, "-", "-", "-", "-", "-", "-", "-", "-", row.limit, "-"});

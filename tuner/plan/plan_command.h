@@ -26,6 +26,7 @@ struct PlanOptions {
   std::string db;                      // results database holding a fit (plan --fit stores it)
   bool json = false;
   bool what_if_deepspeed = false;      // bf16 gradients, all states sharded (ZeRO-3)
+  bool uneven_heads = false;           // also meshes whose sp splits the heads unevenly
   bool components = false;             // also print each row's memory terms with their formulas
   // --fit mode
   std::string fit_db;

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "config/run_config.h"
+#include "sp/head_split.h"
 
 namespace ulysses::plan {
 namespace {
@@ -116,6 +117,7 @@ config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet&
   c.model = r.model;
   c.mesh.sp = sp;
   c.mesh.dp = r.world / sp;
+  c.mesh.uneven_heads = r.uneven_heads;
   c.sequence.length = seqlen;
   c.sequence.micro_batch = r.micro_batch;
   c.train.device = r.hardware.device_type;
@@ -145,6 +147,8 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
       PlanRow row;
       row.sp = sp, row.dp = r.world / sp, row.features = f.name;
       row.zero_stage = f.zero_stage >= 0 ? f.zero_stage : r.zero_stage;
+      row.uneven_heads =
+          r.uneven_heads && !sp::heads_split_evenly(r.model.num_heads, r.model.num_kv_heads, sp);
       PlanRequest req = r;
       if (!r.time_calibrated) req.time = time_coefficients(r.hardware, r.precision, sp, r.world);
       try {

@@ -47,6 +47,9 @@ struct PlanRequest {
   costmodel::TimeCoefficients time;  // used when time_calibrated, else time_coefficients()
   bool time_calibrated = false;      // per mesh
   int64_t max_search_tokens = int64_t{1} << 27;  // longest length tried by the search
+  // mesh.uneven_heads in every row: an sp that does not divide the heads is a row too, charged
+  // by the rank with the most heads (costmodel::a2a_heads).
+  bool uneven_heads = false;
 };
 
 // time_coefficients and memory_coefficients (the defaults of a hardware profile) are in
@@ -56,6 +59,7 @@ struct PlanRow {
   int64_t dp = 1, sp = 1;
   std::string features;
   int64_t zero_stage = 0;   // the ZeRO stage the row assumes: its feature set's, else --zero
+  bool uneven_heads = false;  // sp splits the heads unevenly (PlanRequest::uneven_heads)
   bool valid = true;        // false: the mesh breaks a rule, or seqlen exceeds the model's
                             // sliding window (limit says which)
   std::string limit;        // "fits" | "device memory" | "host memory" | "heads vs sp: ..." |

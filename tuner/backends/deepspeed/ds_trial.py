@@ -105,6 +105,10 @@ def check_config(run):
                        "the inline model.* shapes")
     if str(section(run, "attention").get("backend", "auto")) not in ("auto", "sdpa", "math"):
         raise BadInput("attention.backend: the deepspeed backend runs transformers' sdpa")
+    sp, heads = int(section(run, "mesh").get("sp", 1)), int(model.get("num_heads", 0) or 0)
+    if heads and heads % sp != 0:
+        raise BadInput(f"mesh.uneven_heads: DeepSpeed's Ulysses needs mesh.sp {sp} to divide "
+                       f"model.num_heads {heads}; only ulysses-train splits the heads unevenly")
 
 
 class PhaseTimes:
