@@ -477,9 +477,9 @@ def cmd_run(args):
     if args.dry_run:
         args.device, args.dtype = "cpu", "fp32"
         args.model = json.dumps(TINY_SHAPE)
-        args.lengths = args.lengths or "128,256"
+        args.lengths = args.lengths or "256"
         args.reps, args.warmup, args.steps = 2, 1, 1
-        args.start, args.max_length, args.granule = 256, 8192, 128
+        args.start, args.max_length, args.granule = 256, 8192, 256
         args.limit_gib = args.limit_gib or 0.1
         args.hardware = args.hardware or "cpu-local"
         # No time budget: the search ends by its resolution, whatever the load of the machine.
