@@ -11,6 +11,18 @@
 #include "sp/head_split.h"
 
 namespace ulysses::sp {
+namespace {
+
+// Full-sequence attention over this rank's heads, or (skip_all_but_last debug mode) zeros that
+// keep the graph connected.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const model::AttentionContext& ctx, model::AttentionBackend backend) {
+  if (!ctx.run_core) return q * 0;
+  profile::ScopedPhase phase("attention");
+  return model::local_attention(q, k, v, ctx.doc_ids, backend, ctx.documents.get());
+}
+
+}  // namespace
 
 int64_t kv_replication(int64_t hq, int64_t hkv, int64_t sp) {
   if (hq % sp != 0) {
@@ -75,14 +87,7 @@ at::Tensor UlyssesAttention::forward(const at::Tensor& q, const at::Tensor& k, c
   at::Tensor k_full = full.narrow(2, hq_local, hkv_local);         // [bs, sl, hkv'/sp, hd]
   at::Tensor v_full = full.narrow(2, hq_local + hkv_local, hkv_local);
 
-  at::Tensor out_full;  // [bs, sl, hq/sp, hd]
-  if (ctx.run_core) {
-    profile::ScopedPhase phase("attention");
-    out_full = model::local_attention(q_full, k_full, v_full, ctx.doc_ids, backend_,
-                                      ctx.documents.get());
-  } else {
-    out_full = q_full * 0;  // keeps the graph connected; skip_all_but_last debug mode
-  }
+  const at::Tensor out_full = attend(q_full, k_full, v_full, ctx, backend_);  // [bs, sl, hq/sp, hd]
 
   // [bs, sl, hq/sp, hd] -> [sp(dest = sequence chunk), bs, sl/sp, hq/sp, hd]
   at::Tensor to_send = out_full.reshape({bs, sp, local_sl, hq_local, hd}).permute({1, 0, 2, 3, 4});
@@ -150,14 +155,7 @@ at::Tensor UlyssesAttention::forward_uneven(const at::Tensor& q, const at::Tenso
     v_full = v_full.index_select(2, index);
   }
 
-  at::Tensor out_full;  // [bs, sl, hq_r, hd]
-  if (ctx.run_core) {
-    profile::ScopedPhase phase("attention");
-    out_full = model::local_attention(q_full, k_full, v_full, ctx.doc_ids, backend_,
-                                      ctx.documents.get());
-  } else {
-    out_full = q_full * 0;  // keeps the graph connected; skip_all_but_last debug mode
-  }
+  const at::Tensor out_full = attend(q_full, k_full, v_full, ctx, backend_);  // [bs, sl, hq_r, hd]
 
   // [bs, sl, hq_r, hd] -> [sp(dest = sequence chunk), bs, sl/sp, hq_r, hd], flat
   at::Tensor to_send = out_full.reshape({bs, sp, local_sl, mine.q_count, hd})
