@@ -11,6 +11,7 @@
 #include "comm/mesh.h"
 #include "common/build_info.h"
 #include "common/error.h"
+#include "config/mesh_factors.h"
 #include "config/field_docs.h"
 #include "config/run_config.h"
 #include "memory/memory_limit.h"
@@ -59,8 +60,9 @@ int run(const std::string& config_path, const std::vector<std::string>& override
       config.train.device == "cuda" && std::getenv("PYTORCH_CUDA_ALLOC_CONF") == nullptr;
   if (default_alloc_conf) setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", 0);
   const at::Device device = train::select_device(config, env);
-  comm::DeviceMesh mesh =
-      comm::DeviceMesh::create(env, config.mesh.dp, config.mesh.sp, config.comm, device);
+  comm::DeviceMesh mesh = comm::DeviceMesh::create(
+      env, config.mesh.dp, config.mesh.sp, config.comm, device,
+      config::resolved_sp_ring(config.mesh, config.model.num_heads, config.model.num_kv_heads));
   // From here on a failing rank reports its cause and exits at once, before its process groups
   // are torn down (comm/exit_status.h: its peers then fail as a consequence of its own status).
   return comm::run_rank_or_exit([&] {

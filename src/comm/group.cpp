@@ -94,6 +94,12 @@ void Group::all_reduce(at::Tensor& t, ReduceOp op) { all_reduce_start(t, op).wai
 at::Tensor Group::all_to_all_single(const at::Tensor& input,
                                     const std::vector<int64_t>& output_splits,
                                     const std::vector<int64_t>& input_splits) {
+  return all_to_all_start(input, output_splits, input_splits).wait();
+}
+
+Group::Pending Group::all_to_all_start(const at::Tensor& input,
+                                       const std::vector<int64_t>& output_splits,
+                                       const std::vector<int64_t>& input_splits) {
   TORCH_CHECK(input.dim() >= 1, "all_to_all_single on group ", name_, ": input must have dim >= 1");
   const int64_t rows = input.size(0);
   TORCH_CHECK(input_splits.empty() || static_cast<int>(input_splits.size()) == size(),
@@ -110,17 +116,28 @@ at::Tensor Group::all_to_all_single(const at::Tensor& input,
   std::vector<int64_t> out_shape = input.sizes().vec();
   out_shape[0] = out_rows;
 
+  Pending pending;
+  pending.op_ = "all_to_all";
   if (!backend_) {
     TORCH_CHECK(out_rows == rows, "all_to_all_single on group ", name_, ": output splits sum to ",
                 out_rows, " but this single rank sends ", rows);
-    return input.clone(at::MemoryFormat::Contiguous);
+    const at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
+    pending.finish_ = [out] { return out; };
+    return pending;
   }
+  pending.group_ = this;
   at::Tensor in = to_wire(input, device_, is_gloo_);
   at::Tensor out = at::empty(out_shape, in.options());  // [out_rows, ...]
+  pending.wire_ = {{in, out}};
   std::vector<int64_t> out_counts = output_splits;
   std::vector<int64_t> in_counts = input_splits;
-  run("all_to_all", [&] { return backend_->alltoall_base(out, in, out_counts, in_counts); });
-  return out.to(input.device(), input.scalar_type());
+  pending.work_ = start_work(pending.op_, [&] {
+    return backend_->alltoall_base(out, in, out_counts, in_counts);
+  });
+  const at::Device device = input.device();
+  const at::ScalarType dtype = input.scalar_type();
+  pending.finish_ = [out, device, dtype] { return out.to(device, dtype); };
+  return pending;
 }
 
 at::Tensor Group::all_gather(const at::Tensor& t) { return all_gather_start(t).wait(); }

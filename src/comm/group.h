@@ -90,6 +90,13 @@ class Group {
                                const std::vector<int64_t>& input_splits = {});
   // returns [sum(output_splits) or n, ...]
 
+  // all_to_all_single in two halves (ring attention passes K/V blocks while it computes):
+  // Pending::wait() returns what all_to_all_single returns. `input` must stay unchanged until then.
+  class Pending;
+  Pending all_to_all_start(const at::Tensor& input,  // [n, ...]
+                           const std::vector<int64_t>& output_splits = {},
+                           const std::vector<int64_t>& input_splits = {});
+
   // Returns [size, ...t.shape]: slice i is member i's `t`. Shapes must be equal on all members.
   at::Tensor all_gather(const at::Tensor& t);  // [...] -> [size, ...]
 
@@ -100,7 +107,6 @@ class Group {
   // `into`, when given, receives the result ([size, ...t.shape], contiguous, t's device and
   // dtype) and wait() returns it: NCCL gathers straight into it (no buffer of its own, no copy);
   // otherwise the result is copied into it at wait().
-  class Pending;
   Pending all_gather_start(const at::Tensor& t, at::Tensor into = at::Tensor());
 
   // Reduce-scatter (sum): returns input[rank()] summed over members, a new contiguous tensor;

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/errors.h"
+#include "common/error.h"
 #include "comm/rendezvous.h"
 
 namespace ulysses::comm {
@@ -64,6 +65,9 @@ DeviceMesh& DeviceMesh::operator=(DeviceMesh&& other) noexcept {
     world_ = std::move(other.world_);
     sp_ = std::move(other.sp_);
     dp_ = std::move(other.dp_);
+    sp_a2a_ = std::move(other.sp_a2a_);
+    sp_ring_ = std::move(other.sp_ring_);
+    sp_ring_size_ = other.sp_ring_size_;
     rank_ = other.rank_;
     dp_size_ = other.dp_size_;
     sp_size_ = other.sp_size_;
@@ -85,7 +89,7 @@ void DeviceMesh::finish() {
 
 void DeviceMesh::stop_backends(bool graceful) noexcept {
   if (finished_ || !world_) return;
-  for (Group* group : {world_.get(), sp_.get(), dp_.get()}) {
+  for (Group* group : {world_.get(), sp_.get(), dp_.get(), sp_a2a_.get(), sp_ring_.get()}) {
     if (group == nullptr || !group->backend_handle()) continue;
     if (group != world_.get() && group->backend_handle() == world_->backend_handle()) continue;
     try {  // NCCL: destroys (or, when a rank is failing, aborts) its communicators
@@ -102,8 +106,13 @@ void DeviceMesh::stop_backends(bool graceful) noexcept {
 }
 
 DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
-                              const config::CommOptions& opts, const at::Device& device) {
+                              const config::CommOptions& opts, const at::Device& device,
+                              int64_t sp_ring) {
   check_shape(env.world_size, dp, sp);
+  if (sp_ring < 1 || sp % sp_ring != 0) {
+    throw UserError("mesh.sp_ring: " + std::to_string(sp_ring) + " does not divide mesh.sp " +
+                    std::to_string(sp));
+  }
   check_comm_options(opts);
   activate_local_device(device, env);
   const std::string backend = resolve_backend(opts.backend, device);
@@ -113,10 +122,12 @@ DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
   mesh.dp_size_ = dp;
   mesh.sp_size_ = sp;
   mesh.device_ = device;
+  mesh.sp_ring_size_ = sp_ring;
   if (env.world_size == 1) {
     mesh.world_ = std::make_unique<Group>(Group::single("world", 0, device));
     mesh.sp_ = std::make_unique<Group>(Group::single("sp", 0, device));
     mesh.dp_ = std::make_unique<Group>(Group::single("dp", 0, device));
+    mesh.sp_ring_ = std::make_unique<Group>(Group::single("sp_ring", 0, device));
     return mesh;
   }
   mesh.backend_ = backend;
@@ -133,12 +144,24 @@ DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
   factory.world_backend = mesh.world_->backend_handle();
   mesh.sp_ = factory.make("sp", env.rank / static_cast<int>(sp), sp_group_ranks(env.rank, dp, sp));
   mesh.dp_ = factory.make("dp", env.rank % static_cast<int>(sp), dp_group_ranks(env.rank, dp, sp));
+  const int a2a = static_cast<int>(sp / sp_ring);
+  const int sp_base = env.rank / static_cast<int>(sp) * static_cast<int>(sp);
+  if (sp_ring > 1) {
+    std::vector<int> a2a_ranks, ring_ranks;
+    const int a2a_base = env.rank / a2a * a2a;
+    for (int a = 0; a < a2a; ++a) a2a_ranks.push_back(a2a_base + a);
+    for (int j = 0; j < sp_ring; ++j) ring_ranks.push_back(sp_base + env.rank % a2a + j * a2a);
+    mesh.sp_a2a_ = factory.make("sp_a2a", env.rank / a2a, a2a_ranks);
+    mesh.sp_ring_ = factory.make("sp_ring", sp_base + env.rank % a2a, ring_ranks);
+  } else {
+    mesh.sp_ring_ = std::make_unique<Group>(Group::single("sp_ring", env.rank, device));
+  }
   return mesh;
 }
 
 DeviceMesh DeviceMesh::create_for_test(int rank, int world, const std::string& store_path,
                                        int64_t dp, int64_t sp, double timeout_s,
-                                       const at::Device& device) {
+                                       const at::Device& device, int64_t sp_ring) {
   DistEnv env;
   env.rank = rank;
   env.world_size = world;
@@ -149,7 +172,7 @@ DeviceMesh DeviceMesh::create_for_test(int rank, int world, const std::string& s
   opts.timeout_s = timeout_s;
   opts.collective_timeout_s = timeout_s;
   opts.store = "file:" + store_path;
-  return create(env, dp, sp, opts, device);
+  return create(env, dp, sp, opts, device, sp_ring);
 }
 
 std::string DeviceMesh::describe() const {
@@ -160,6 +183,11 @@ std::string DeviceMesh::describe() const {
       << join(sp_->global_ranks()) << "], sp_rank " << sp_rank() << " of " << sp_size_ << "\n";
   out << "  rank " << rank_ << " dp group " << rank_ % sp_size_ << ": ranks ["
       << join(dp_->global_ranks()) << "], dp_rank " << dp_rank() << " of " << dp_size_ << "\n";
+  if (sp_ring_size_ > 1) {
+    out << "  rank " << rank_ << " sp = a2a " << (sp_a2a_ ? *sp_a2a_ : *sp_).size() << " x ring " << sp_ring_size_
+        << ": a2a ranks [" << join((sp_a2a_ ? *sp_a2a_ : *sp_).global_ranks()) << "], ring ranks ["
+        << join(sp_ring_->global_ranks()) << "]\n";
+  }
   return out.str();
 }
 

@@ -1,8 +1,11 @@
 // The dp x sp device mesh of a job: the world group plus this rank's sequence-parallel (SP) and
 // data-parallel (DP) groups, set up by one rendezvous. SP groups are contiguous ranks
-// [i*sp, (i+1)*sp); DP groups are strided {j, j+sp, j+2*sp, ...}.
+// [i*sp, (i+1)*sp); DP groups are strided {j, j+sp, j+2*sp, ...}. With ring attention
+// (sp = sp_a2a x sp_ring) each SP group splits further: its all-to-all groups are contiguous runs
+// of sp_a2a ranks, its ring groups the ranks sp_a2a apart.
 //
 //   world 8, dp 2 x sp 4:   sp groups {0,1,2,3} {4,5,6,7}    dp groups {0,4} {1,5} {2,6} {3,7}
+//   ... with sp_ring 2:     a2a groups {0,1} {2,3} {4,5} {6,7}  ring groups {0,2} {1,3} {4,6} {5,7}
 #pragma once
 #include <ATen/ATen.h>
 
@@ -41,14 +44,17 @@ class DeviceMesh {
   // UserError("comm.<field>: ...") for bad options; UserError naming LOCAL_RANK when a CUDA
   // device is not on this node; CommError when the peers cannot be reached within
   // opts.timeout_s (the configured value, waited for once).
+  // `sp_ring` (the resolved mesh.sp_ring) must divide sp; it adds the a2a and ring subgroups.
   static DeviceMesh create(const DistEnv& env, int64_t dp, int64_t sp,
-                           const config::CommOptions& opts, const at::Device& device);
+                           const config::CommOptions& opts, const at::Device& device,
+                           int64_t sp_ring = 1);
 
   // create() for tests: a single-node world of `world` ranks over a FileStore at `store_path`,
   // Gloo by default on CPU; `timeout_s` is both the rendezvous and the collective timeout.
   static DeviceMesh create_for_test(int rank, int world, const std::string& store_path, int64_t dp,
                                     int64_t sp, double timeout_s = 60.0,
-                                    const at::Device& device = at::Device(at::kCPU));
+                                    const at::Device& device = at::Device(at::kCPU),
+                                    int64_t sp_ring = 1);
 
   DeviceMesh(DeviceMesh&&) noexcept;
   DeviceMesh& operator=(DeviceMesh&&) noexcept;
@@ -63,6 +69,11 @@ class DeviceMesh {
   Group& world() { return *world_; }
   Group& sp() { return *sp_; }
   Group& dp() { return *dp_; }
+  // The all-to-all part of the SP group (sp() itself without a ring) and the ring part (a group
+  // of one without a ring).
+  Group& sp_a2a() { return sp_a2a_ ? *sp_a2a_ : *sp_; }
+  Group& sp_ring() { return *sp_ring_; }
+  int64_t sp_ring_size() const { return sp_ring_size_; }
 
   int rank() const { return rank_; }
   int world_size() const { return static_cast<int>(dp_size_ * sp_size_); }
@@ -104,7 +115,10 @@ class DeviceMesh {
   std::unique_ptr<Group> world_;
   std::unique_ptr<Group> sp_;
   std::unique_ptr<Group> dp_;
+  std::unique_ptr<Group> sp_a2a_;   // null without a ring (sp_a2a() is sp())
+  std::unique_ptr<Group> sp_ring_;  // size sp_ring_size_
   int rank_ = 0;
+  int64_t sp_ring_size_ = 1;
   int64_t dp_size_ = 1;
   int64_t sp_size_ = 1;
   at::Device device_ = at::Device(at::kCPU);

@@ -84,15 +84,25 @@ const std::map<std::string, std::string>& meanings() {
        "A Hugging Face model directory (config.json + *.safetensors): shapes from config.json, "
        "weights from the safetensors; not combinable with preset. \"\" = random init."},
       {"mesh.sp",
-       "Sequence-parallel degree: ranks that share one sequence (Ulysses all-to-all). SP groups "
-       "are contiguous ranks."},
+       "Sequence-parallel degree: ranks that share one sequence (Ulysses all-to-all, times "
+       "mesh.sp_ring ring attention). SP groups are contiguous ranks."},
       {"mesh.dp", "Data-parallel replicas; dp * sp must equal the number of ranks."},
       {"mesh.uneven_heads",
        "Allow an sp that does not divide the heads: each SP rank takes a contiguous range of "
        "ceil(hq/sp) or floor(hq/sp) query heads (the first hq % sp ranks the ceil) and the KV "
        "heads those use (a KV head used by several ranks is on each of them). Exact; the rank "
        "with the most heads sets the attention time. sp must not exceed hq. false = sp must "
-       "divide hq, and hkv % sp == 0 or sp % hkv == 0."},
+       "divide hq, and hkv % sp == 0 or sp % hkv == 0. With mesh.sp_ring these rules apply to "
+       "sp / sp_ring."},
+      {"mesh.sp_ring",
+       "How the SP group factors: sp = sp_a2a x sp_ring. The heads go all-to-all over sp_a2a "
+       "ranks (contiguous ranks of the SP group), then attention runs as ring attention over the "
+       "sp_ring ranks that hold the same heads: the sequence is cut into 2 sp_ring chunks, ring "
+       "rank j holds chunks j and 2 sp_ring - 1 - j (zig-zag, so every rank does the same causal "
+       "work), and K/V blocks pass around the ring while the previous block computes. This lets "
+       "sp exceed the head count. 1 = all-to-all only; auto = the largest sp_a2a the heads allow "
+       "(evenly, or unevenly with mesh.uneven_heads). Must divide sp; with a ring the sequence is "
+       "padded to a multiple of 2 sp."},
       {"sequence.length",
        "Tokens per sequence (sl); padded up to a multiple of sp with ignored labels."},
       {"sequence.micro_batch", "Sequences per rank per micro-step (bs)."},

@@ -53,6 +53,7 @@ void for_each_field(C& c, Visit&& visit) {
   visit("mesh", "sp", c.mesh.sp);
   visit("mesh", "dp", c.mesh.dp);
   visit("mesh", "uneven_heads", c.mesh.uneven_heads);
+  visit("mesh", "sp_ring", c.mesh.sp_ring);
   visit("sequence", "length", c.sequence.length);
   visit("sequence", "micro_batch", c.sequence.micro_batch);
   visit("sequence", "grad_accum", c.sequence.grad_accum);

@@ -52,6 +52,12 @@ struct ModelOptions {
   std::string load;                 // HF model dir (config.json + *.safetensors), "" = random init
 };
 
+// A count: N >= 1, or auto (= 0 here) resolved at run time (tile counts, mesh.sp_ring).
+struct TileCount {
+  int64_t value = 1;  // 0 means auto
+  bool is_auto() const { return value == 0; }
+};
+
 // world = dp * sp. SP groups are contiguous ranks [i*sp, (i+1)*sp); DP groups are strided.
 struct MeshOptions {
   int64_t sp = 1;
@@ -60,6 +66,11 @@ struct MeshOptions {
   // of ceil or floor(hq/sp) query heads (the first hq % sp ranks the ceil) and the KV heads those
   // use. false = sp must divide hq, and hkv % sp == 0 or sp % hkv == 0.
   bool uneven_heads = false;
+  // How the SP group factors: sp = sp_a2a x sp_ring. The heads are exchanged all-to-all over
+  // sp_a2a ranks (contiguous within the SP group); attention then runs as zig-zag ring attention
+  // over the sp_ring groups of ranks that hold the same heads. 1 = all-to-all only; auto = the
+  // largest sp_a2a the heads allow (evenly, or unevenly with uneven_heads). Must divide sp.
+  TileCount sp_ring;
 };
 
 struct SequenceOptions {
@@ -74,12 +85,6 @@ struct DataOptions {
   std::string token_dtype = "uint16";  // uint16 | uint32 (tokens:PATH only)
   bool pack = false;                   // pack documents with per-document position ids
   int64_t eod_token = -1;              // document separator for packing; -1 = none
-};
-
-// A tile count: N >= 1, or auto (= 0 here) resolved at run time.
-struct TileCount {
-  int64_t value = 1;  // 0 means auto
-  bool is_auto() const { return value == 0; }
 };
 
 struct MemoryOptions {

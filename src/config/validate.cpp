@@ -2,11 +2,13 @@
 // failing check throws; checks are ordered so that later ones may rely on earlier ones.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string>
 
 #include "common/error.h"
+#include "config/mesh_factors.h"
 #include "config/model_family.h"
 #include "config/run_config.h"
 #include "config/yaml_values.h"
@@ -118,7 +120,8 @@ void validate_model(ModelOptions& m) {
   }
 }
 
-// Mesh vs world and vs the model's head counts.
+// Mesh vs world and vs the model's head counts. The head rules apply to the all-to-all degree
+// sp / sp_ring; with sp_ring 1 that is sp itself.
 void validate_mesh(const RunConfig& c, int world_size) {
   const int64_t sp = c.mesh.sp, hq = c.model.num_heads, hkv = c.model.num_kv_heads;
   at_least("mesh.sp", sp, 1);
@@ -128,21 +131,37 @@ void validate_mesh(const RunConfig& c, int world_size) {
             "dp*sp = " + show(c.mesh.dp * sp) + " does not match the world size " +
                 show(int64_t{world_size}));
   }
+  if (!c.mesh.sp_ring.is_auto()) at_least("mesh.sp_ring", c.mesh.sp_ring.value, 1);
+  const int64_t ring = resolved_sp_ring(c.mesh, hq, hkv);
+  require(sp % ring == 0, "mesh.sp_ring",
+          show(ring) + " does not divide mesh.sp " + show(sp) + " (sp = sp_a2a x sp_ring)");
+  const int64_t a2a = sp / ring;
+  if (ring > 1) {
+    require(heads_allow_a2a(hq, hkv, a2a, c.mesh.uneven_heads), "mesh.sp_ring",
+            show(ring) + " leaves an all-to-all over sp / sp_ring = " + show(a2a) +
+                " ranks, which model.num_heads " + show(hq) + " / num_kv_heads " + show(hkv) +
+                (c.mesh.uneven_heads ? " cannot split (more ranks than query heads)"
+                                     : " do not split evenly (mesh.uneven_heads: true splits "
+                                       "them unevenly)"));
+    return;
+  }
+  const std::string ring_hint = " or mesh.sp_ring: auto (ring attention over the rest)";
   if (c.mesh.uneven_heads) {
     // Any split of the heads, as long as every rank gets a query head.
     require(sp <= hq, "mesh.sp",
             show(sp) + " exceeds model.num_heads " + show(hq) +
-                ": with mesh.uneven_heads every rank still needs at least one query head");
+                ": with mesh.uneven_heads every rank still needs at least one query head; set "
+                "mesh.sp_ring: auto (ring attention over the rest)");
     return;
   }
   require(hq % sp == 0, "mesh.sp",
           show(sp) + " does not divide model.num_heads " + show(hq) +
               " (Ulysses gives each rank num_heads/sp query heads; mesh.uneven_heads: true "
-              "splits them unevenly)");
+              "splits them unevenly" + ring_hint + ")");
   require(hkv % sp == 0 || sp % hkv == 0, "mesh.sp",
           show(sp) + " and model.num_kv_heads " + show(hkv) +
               " do not fit: need num_kv_heads % sp == 0 or sp % num_kv_heads == 0, or "
-              "mesh.uneven_heads: true");
+              "mesh.uneven_heads: true" + ring_hint);
 }
 
 void validate_run(const RunConfig& c) {
@@ -154,7 +173,10 @@ void validate_run(const RunConfig& c) {
   // transformers' dynamic NTK scaling rescales the frequencies by the longest position a forward
   // has seen so far (per model replica, across steps), which an SP shard or a packed batch does
   // not see; below max_position_embeddings it leaves them unscaled, and so does ulysses-train.
-  const int64_t padded_length = (c.sequence.length + c.mesh.sp - 1) / c.mesh.sp * c.mesh.sp;
+  const int64_t multiple = sequence_multiple(
+      c.mesh.sp, std::max<int64_t>(1, resolved_sp_ring(c.mesh, c.model.num_heads,
+                                                       std::max<int64_t>(1, c.model.num_kv_heads))));
+  const int64_t padded_length = (c.sequence.length + multiple - 1) / multiple * multiple;
   require(c.model.rope_scaling_type != "dynamic" ||
               padded_length <= c.model.max_position_embeddings,
           "model.rope_scaling_type",

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "common/error.h"
+#include "config/mesh_factors.h"
 #include "data/labeled_sample.h"
+#include "data/sequence_layout.h"
 
 namespace ulysses::data {
 namespace {
@@ -21,7 +23,7 @@ void require_positive(int64_t value, const char* key) {
 
 DataLoader::DataLoader(const config::DataOptions& data, const config::SequenceOptions& seq,
                        int64_t vocab_size, int64_t dp_size, int64_t dp_rank, int64_t sp_size,
-                       int64_t sp_rank, const std::string& source_key)
+                       int64_t sp_rank, const std::string& source_key, int64_t sp_ring)
     : pack_(data.pack),
       length_(seq.length),
       micro_batch_(seq.micro_batch),
@@ -37,7 +39,11 @@ DataLoader::DataLoader(const config::DataOptions& data, const config::SequenceOp
               " of ", dp_size);
   TORCH_CHECK(sp_size >= 1 && sp_rank >= 0 && sp_rank < sp_size, "DataLoader: sp rank ", sp_rank,
               " of ", sp_size);
-  padded_length_ = data::padded_length(length_, sp_size);
+  TORCH_CHECK(sp_ring >= 1 && sp_size % sp_ring == 0, "DataLoader: sp_ring ", sp_ring, " of sp ",
+              sp_size);
+  padded_length_ = data::padded_length(length_, config::sequence_multiple(sp_size, sp_ring));
+  shard_positions_ = data::shard_positions(padded_length_, sp_size, sp_ring, sp_rank);
+  contiguous_shard_ = sp_ring == 1;
   global_batch_ = dp_size * micro_batch_ * grad_accum_;
   source_ = open_token_source(data, length_, vocab_size, source_key);
 }
@@ -66,6 +72,10 @@ int64_t DataLoader::sample_index(int64_t step, int64_t micro, int64_t row) const
 Batch DataLoader::micro_batch(int64_t step, int64_t micro) const {
   const int64_t local = local_length();  // sl/sp
   const int64_t begin = sp_rank_ * local;
+  // This rank's positions of a full [P] row: a slice, or a gather for a zig-zag shard.
+  const auto shard = [&](const at::Tensor& row) {
+    return contiguous_shard_ ? row.narrow(0, begin, local) : row.index_select(0, shard_positions_);
+  };
   const auto options = at::TensorOptions().dtype(at::kLong);
   Batch batch;
   batch.input_ids = at::empty({micro_batch_, local}, options);                    // [bs, sl/sp]
@@ -79,9 +89,9 @@ Batch DataLoader::micro_batch(int64_t step, int64_t micro) const {
     const LabeledSample sample =
         label_sample(source_->tokens(index), pack_ ? source_->document_starts(index) : no_documents,
                      padded_length_);
-    batch.input_ids[row].copy_(sample.input_ids.narrow(0, begin, local));
-    batch.labels[row].copy_(sample.labels.narrow(0, begin, local));
-    batch.position_ids[row].copy_(sample.position_ids.narrow(0, begin, local));
+    batch.input_ids[row].copy_(shard(sample.input_ids));
+    batch.labels[row].copy_(shard(sample.labels));
+    batch.position_ids[row].copy_(shard(sample.position_ids));
     if (pack_) batch.doc_ids[row].copy_(sample.doc_ids);
   }
   if (pack_) batch.documents = std::make_shared<const DocumentRuns>(document_runs(batch.doc_ids));

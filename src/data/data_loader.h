@@ -1,9 +1,10 @@
 // The training (and evaluation) data of one rank. Step s (1-based) uses global samples
 // [(s-1)*G, s*G), G = dp * micro_batch * grad_accum (a resumed run continues the stream where the
 // checkpoint left it: continue_from). DP rank d takes the d-th block of mb*ga of
-// them, micro-step m the m-th block of mb within that; SP rank r takes positions
-// [r*P/sp, (r+1)*P/sp) of each sample, P = ceil(L/sp)*sp. Labels are shifted before sharding, so
-// every shard but the last keeps its true last label. Batches are a pure function of
+// them, micro-step m the m-th block of mb within that; SP rank r takes the positions
+// shard_positions(P, sp, sp_ring, r) of each sample (sequence_layout.h: [r*P/sp, (r+1)*P/sp)
+// without a ring), P = L padded to a multiple of sp, or of 2 sp with a ring. Labels are shifted
+// before sharding, so every shard keeps its true labels. Batches are a pure function of
 // (config, step, micro, ranks): no state to save for resume.
 #pragma once
 #include <cstdint>
@@ -22,10 +23,12 @@ class DataLoader {
   // eval_data_options(...) and source_key "eval.source". Throws UserError naming the field or file
   // on bad input: unknown source, missing/short/corrupt file, sequence.length, micro_batch or
   // grad_accum < 1, vocab_size < 1, bad token_dtype or eod_token.
-  // REQUIRES: 1 <= dp_size, 0 <= dp_rank < dp_size, 1 <= sp_size, 0 <= sp_rank < sp_size.
+  // `sp_ring` is the resolved mesh.sp_ring (config/mesh_factors.h).
+  // REQUIRES: 1 <= dp_size, 0 <= dp_rank < dp_size, 1 <= sp_size, 0 <= sp_rank < sp_size,
+  // sp_size % sp_ring == 0.
   DataLoader(const config::DataOptions& data, const config::SequenceOptions& seq,
              int64_t vocab_size, int64_t dp_size, int64_t dp_rank, int64_t sp_size, int64_t sp_rank,
-             const std::string& source_key = "data.source");
+             const std::string& source_key = "data.source", int64_t sp_ring = 1);
 
   // This rank's micro-batch `micro` of step `step`: bs = micro_batch samples, each cut to this SP
   // rank's sl/sp positions; doc_ids (full [bs, sl]) and their documents (document_runs, found
@@ -34,11 +37,14 @@ class DataLoader {
   // REQUIRES: step >= 1, 0 <= micro < grad_accum.
   Batch micro_batch(int64_t step /*1-based*/, int64_t micro /*0..grad_accum-1*/) const;
 
-  // P: the sequence length padded to a multiple of sp (sl in the shape vocabulary).
+  // P: the sequence length padded to a multiple of sp, or 2 sp with a ring (sl in the shape
+  // vocabulary).
   int64_t padded_length() const { return padded_length_; }
   int64_t sequence_length() const { return length_; }                 // L, before padding
   int64_t global_batch_size() const { return global_batch_; }         // G samples per step
   int64_t local_length() const { return padded_length_ / sp_size_; }  // sl/sp
+  // The global positions this rank's shard holds, in shard order: [sl/sp] int64 on CPU.
+  const at::Tensor& shard_positions() const { return shard_positions_; }
 
   // Count of valid labels over the whole global batch of `step` (all dp ranks, micro-steps,
   // shards): the loss denominator. Equal on every rank. REQUIRES: step >= 1.
@@ -67,6 +73,8 @@ class DataLoader {
   int64_t dp_rank_;
   int64_t sp_size_;
   int64_t sp_rank_;
+  at::Tensor shard_positions_;  // [sl/sp] int64
+  bool contiguous_shard_;       // shard_positions_ is one run (no ring)
   int64_t first_step_ = 1;      // step whose first sample is samples_before_
   int64_t samples_before_ = 0;  // global samples consumed before first_step_
 };

@@ -17,8 +17,9 @@ struct LabeledSample {
   int64_t valid_tokens = 0;  // labels != -100
 };
 
-// P = ceil(length / sp) * sp. REQUIRES: length >= 1, sp >= 1.
-int64_t padded_length(int64_t length, int64_t sp);
+// P = ceil(length / multiple) * multiple (config::sequence_multiple). REQUIRES: length >= 1,
+// multiple >= 1.
+int64_t padded_length(int64_t length, int64_t multiple);
 
 // Builds the row of an L-token sample: input_ids[j] = tokens[j]; labels[j] = tokens[j+1] for
 // j < L-1 unless j+1 begins a document, labels[L-1] = -100; position_ids count from 0 and restart

@@ -37,11 +37,11 @@ constexpr const char* category_name(Category category) {
 }
 
 // The category of a scope known by its phase name alone, so that ScopedPhase("a2a") needs no
-// second argument: a2a, grad_sync, all_reduce, all_gather, broadcast, barrier -> kComm;
+// second argument: a2a, ring, grad_sync, all_reduce, all_gather, broadcast, barrier -> kComm;
 // optimizer -> kOptimizer; names starting with "offload" -> kOffload; anything else -> kCompute.
 constexpr Category default_category(std::string_view name) {
   for (std::string_view comm :
-       {"a2a", "grad_sync", "all_reduce", "all_gather", "broadcast", "barrier"})
+       {"a2a", "ring", "grad_sync", "all_reduce", "all_gather", "broadcast", "barrier"})
     if (name == comm) return Category::kComm;
   if (name == "optimizer") return Category::kOptimizer;
   if (name.substr(0, 7) == "offload") return Category::kOffload;

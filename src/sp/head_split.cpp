@@ -7,10 +7,6 @@
 
 namespace ulysses::sp {
 
-bool heads_split_evenly(int64_t hq, int64_t hkv, int64_t sp) {
-  return hq % sp == 0 && (hkv % sp == 0 || sp % hkv == 0);
-}
-
 RankHeads uneven_rank_heads(int64_t hq, int64_t hkv, int64_t sp, int64_t rank) {
   TORCH_CHECK(sp >= 1 && sp <= hq && hkv >= 1 && hq % hkv == 0 && rank >= 0 && rank < sp,
               "uneven_rank_heads: hq ", hq, ", hkv ", hkv, ", sp ", sp, ", rank ", rank);

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "config/mesh_factors.h"
+
 namespace ulysses::sp {
 
 // One rank's heads: query heads [q_begin, q_begin + q_count) and the KV heads they use,
@@ -14,7 +16,7 @@ struct RankHeads {
 };
 
 // True when the even exchange applies: hq % sp == 0 and (hkv % sp == 0 or sp % hkv == 0).
-bool heads_split_evenly(int64_t hq, int64_t hkv, int64_t sp);
+using config::heads_split_evenly;
 
 // Group rank `rank`'s heads in the uneven split: the first hq % sp ranks take ceil(hq/sp) query
 // heads, the others floor(hq/sp), in rank order; a KV head used by several ranks is on each of

@@ -9,21 +9,9 @@
 #include "profile/phase_timer.h"
 #include "sp/all_to_all.h"
 #include "sp/head_split.h"
+#include "sp/ring_attention.h"
 
 namespace ulysses::sp {
-namespace {
-
-// Full-sequence attention over this rank's heads, or (skip_all_but_last debug mode) zeros that
-// keep the graph connected.
-at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const model::AttentionContext& ctx, model::AttentionBackend backend) {
-  if (!ctx.run_core) return q * 0;
-  profile::ScopedPhase phase("attention");
-  return model::local_attention(q, k, v, ctx.doc_ids, backend, ctx.documents.get());
-}
-
-}  // namespace
-
 int64_t kv_replication(int64_t hq, int64_t hkv, int64_t sp) {
   if (hq % sp != 0) {
     throw UserError("model.num_heads: " + std::to_string(hq) +
@@ -38,12 +26,26 @@ int64_t kv_replication(int64_t hq, int64_t hkv, int64_t sp) {
 }
 
 UlyssesAttention::UlyssesAttention(comm::Group& group, model::AttentionBackend backend,
-                                   bool uneven_heads)
-    : group_(group), backend_(backend), uneven_heads_(uneven_heads) {}
+                                   bool uneven_heads, comm::Group* ring)
+    : group_(group),
+      ring_(ring != nullptr && ring->size() > 1 ? ring : nullptr),
+      backend_(backend),
+      uneven_heads_(uneven_heads) {}
 
 std::string UlyssesAttention::name() const {
-  return "ulysses(sp=" + std::to_string(group_.size()) + ", " +
+  const std::string ring = ring_ ? ", ring " + std::to_string(ring_->size()) : "";
+  return "ulysses(sp=" + std::to_string(group_.size()) + ring + ", " +
          model::attention_backend_name(backend_) + ")";
+}
+
+// Attention over the exchanged block for this rank's heads: over the whole sequence locally, or
+// over the ring; or (skip_all_but_last debug mode) zeros that keep the graph connected.
+at::Tensor UlyssesAttention::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const model::AttentionContext& ctx) const {
+  if (!ctx.run_core) return q * 0;
+  if (ring_ != nullptr) return ring_attention(q, k, v, ctx.doc_ids, *ring_);
+  profile::ScopedPhase phase("attention");
+  return model::local_attention(q, k, v, ctx.doc_ids, backend_, ctx.documents.get());
 }
 
 at::Tensor UlyssesAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -87,7 +89,7 @@ at::Tensor UlyssesAttention::forward(const at::Tensor& q, const at::Tensor& k, c
   at::Tensor k_full = full.narrow(2, hq_local, hkv_local);         // [bs, sl, hkv'/sp, hd]
   at::Tensor v_full = full.narrow(2, hq_local + hkv_local, hkv_local);
 
-  const at::Tensor out_full = attend(q_full, k_full, v_full, ctx, backend_);  // [bs, sl, hq/sp, hd]
+  const at::Tensor out_full = attend(q_full, k_full, v_full, ctx);  // [bs, sl, hq/sp, hd]
 
   // [bs, sl, hq/sp, hd] -> [sp(dest = sequence chunk), bs, sl/sp, hq/sp, hd]
   at::Tensor to_send = out_full.reshape({bs, sp, local_sl, hq_local, hd}).permute({1, 0, 2, 3, 4});
@@ -155,7 +157,7 @@ at::Tensor UlyssesAttention::forward_uneven(const at::Tensor& q, const at::Tenso
     v_full = v_full.index_select(2, index);
   }
 
-  const at::Tensor out_full = attend(q_full, k_full, v_full, ctx, backend_);  // [bs, sl, hq_r, hd]
+  const at::Tensor out_full = attend(q_full, k_full, v_full, ctx);  // [bs, sl, hq_r, hd]
 
   // [bs, sl, hq_r, hd] -> [sp(dest = sequence chunk), bs, sl/sp, hq_r, hd], flat
   at::Tensor to_send = out_full.reshape({bs, sp, local_sl, mine.q_count, hd})

@@ -18,11 +18,14 @@ int64_t kv_replication(int64_t hq, int64_t hkv, int64_t sp);
 
 class UlyssesAttention : public model::AttentionCore {
  public:
-  // `group` is the SP group (size sp); it must outlive this object and every autograd graph
-  // built through it. `backend` is the resolved local attention backend. `uneven_heads`
-  // (mesh.uneven_heads) allows head counts the even exchange cannot split.
+  // `group` is the group the heads are exchanged over (the SP group, or its all-to-all part with
+  // a ring); it must outlive this object and every autograd graph built through it. `backend` is
+  // the resolved local attention backend. `uneven_heads` (mesh.uneven_heads) allows head counts
+  // the even exchange cannot split. `ring` (the SP group's ring part, or null / a group of one
+  // for none): attention over the exchanged block runs as ring attention over it
+  // (ring_attention.h) instead of locally; the block is then this ring rank's zig-zag block.
   UlyssesAttention(comm::Group& group, model::AttentionBackend backend,
-                   bool uneven_heads = false);
+                   bool uneven_heads = false, comm::Group* ring = nullptr);
 
   // q [bs, sl/sp, hq, hd], k/v [bs, sl/sp, hkv, hd] with RoPE applied at global positions
   //   -> packed exchange [sp, bs, sl/sp, (hq + 2 hkv')/sp, hd] -> [sp, bs, sl/sp, ...]
@@ -43,7 +46,11 @@ class UlyssesAttention : public model::AttentionCore {
   at::Tensor forward_uneven(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const model::AttentionContext& ctx);
 
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const model::AttentionContext& ctx) const;
+
   comm::Group& group_;
+  comm::Group* ring_;  // null: no ring
   model::AttentionBackend backend_;
   bool uneven_heads_;
 };

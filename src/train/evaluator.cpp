@@ -57,7 +57,7 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
   const int64_t sp_rank = bypass_sp ? 0 : mesh.sp_rank();
   const bool contributes = !bypass_sp || mesh.sp_rank() == 0;
   data::DataLoader loader(data, seq, config.model.vocab_size, mesh.dp_size(), mesh.dp_rank(),
-                          sp_size, sp_rank);
+                          sp_size, sp_rank, "eval.source", bypass_sp ? 1 : mesh.sp_ring_size());
 
   const std::vector<int64_t> edges = position_bucket_edges(loader.padded_length());
   const int64_t num_buckets = static_cast<int64_t>(edges.size()) - 1;
@@ -88,7 +88,7 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
     }
     const int64_t local_len = hidden.size(1);
     // Position of each local token within its sample, for bucketing.
-    at::Tensor positions = at::arange(local_len, at::kLong) + sp_rank * local_len;  // [T]
+    const at::Tensor& positions = loader.shard_positions();  // [T]
     at::Tensor bucket_of = at::searchsorted(edge_tensor, positions, /*out_int32=*/false,
                                             /*right=*/true);  // [T]
     constexpr int64_t kTile = 1024;  // logits [bs, kTile, V] at a time

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "config/field_table.h"
+#include "config/mesh_factors.h"
 #include "config/yaml_values.h"
 #include "sp/head_split.h"
 
@@ -74,16 +75,23 @@ std::string describe_run(const config::RunConfig& config, const ResolvedRun& run
       << " parameters\n";
   out << p << "  mesh dp " << run.dp << " x sp " << run.sp << " (world " << run.world_size
       << "), device " << run.device << ", attention " << run.attention << "\n";
-  if (run.sp > 1 && config.mesh.uneven_heads &&
-      !sp::heads_split_evenly(m.num_heads, m.num_kv_heads, run.sp)) {
+  const int64_t ring = config::resolved_sp_ring(config.mesh, m.num_heads, m.num_kv_heads);
+  const int64_t a2a = run.sp / ring;
+  if (ring > 1) {
+    out << p << "  sp " << run.sp << " = all-to-all " << a2a << " x ring " << ring
+        << " (mesh.sp_ring): ring blocks of " << run.local_length * a2a
+        << " positions, two zig-zag chunks each\n";
+  }
+  if (a2a > 1 && config.mesh.uneven_heads &&
+      !sp::heads_split_evenly(m.num_heads, m.num_kv_heads, a2a)) {
     std::string query, kv;
-    for (int64_t r = 0; r < run.sp; ++r) {
-      const sp::RankHeads heads = sp::uneven_rank_heads(m.num_heads, m.num_kv_heads, run.sp, r);
+    for (int64_t r = 0; r < a2a; ++r) {
+      const sp::RankHeads heads = sp::uneven_rank_heads(m.num_heads, m.num_kv_heads, a2a, r);
       if (r > 0) query += ", ", kv += ", ";
       query += std::to_string(heads.q_count);
       kv += std::to_string(heads.kv_count);
     }
-    out << p << "  heads split unevenly over sp (mesh.uneven_heads): query " << query << "; kv "
+    out << p << "  heads split unevenly over the all-to-all (mesh.uneven_heads): query " << query << "; kv "
         << kv << " per rank\n";
   }
   out << p << "  sequence " << config.sequence.length << " tokens (padded " << run.padded_length

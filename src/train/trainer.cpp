@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "config/mesh_factors.h"
 #include "config/run_config.h"
 #include "data/data_loader.h"
 #include "memory/activation_checkpoint.h"
@@ -132,8 +133,15 @@ model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::Devic
   const model::AttentionBackend backend =
       model::resolve_attention_backend(config.attention.backend, device);
   if (mesh.sp_size() > 1) {
+    const int64_t sp_ring = config::resolved_sp_ring(config.mesh, config.model.num_heads,
+                                                     config.model.num_kv_heads);
+    if (mesh.sp_ring_size() != sp_ring) {
+      throw UserError("mesh.sp_ring: the run resolves it to " + std::to_string(sp_ring) +
+                      " but the process mesh was built with " +
+                      std::to_string(mesh.sp_ring_size()));
+    }
     model->set_attention_core(std::make_shared<sp::UlyssesAttention>(
-        mesh.sp(), backend, config.mesh.uneven_heads));
+        mesh.sp_a2a(), backend, config.mesh.uneven_heads, &mesh.sp_ring()));
   } else {
     model->set_attention_core(std::make_shared<model::LocalAttentionCore>(backend));
   }
@@ -248,7 +256,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), optim, placement);
   }
   data::DataLoader loader(config.data, config.sequence, config.model.vocab_size, mesh.dp_size(),
-                          mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank());
+                          mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank(), "data.source",
+                          mesh.sp_ring_size());
   const int64_t global_samples = loader.global_batch_size();
   const int64_t tokens_per_step = global_samples * loader.padded_length();
 

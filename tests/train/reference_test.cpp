@@ -2,9 +2,9 @@
 // (compute_gradients on real Gloo ranks, fp32) equal the plain-ATen fp64 computation of
 // reference_llama.h on the whole global batch (full logits -> cross_entropy(mean) -> backward),
 // with no project code in between. Also runs the Ulysses path through SDPA (auto and the forced CPU
-// flash kernel) with packed documents (doc masks) and GQA replication, and the Qwen2 and Qwen3
+// flash kernel) with packed documents (doc masks) and GQA replication, the Qwen2 and Qwen3
 // families (their biases and q/k norms moved off their init, so that a dropped term shows) on the
-// five meshes.
+// five meshes, and ring attention (mesh.sp_ring), also beyond the head count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,7 +38,19 @@ struct RefCase {
   std::string expect_core = "";  // when set, the mesh model's attention core name must equal it
   // model.family; other than llama: testing::set_family's shapes, 1-D parameters perturbed
   std::string family = "llama";
+  int64_t sp_ring = 1;        // mesh.sp_ring: sp = sp / sp_ring all-to-all x sp_ring ring
+  bool uneven_heads = false;  // mesh.uneven_heads
 };
+
+// Ring attention (mesh.sp_ring) on a dp x sp mesh: sp / ring all-to-all ranks x ring ranks.
+RefCase ring_case(const std::string& name, int64_t dp, int64_t sp, int64_t ring, int64_t hq,
+                  int64_t hkv, bool pack = false) {
+  RefCase rc{name, dp, sp, hq, hkv};
+  rc.sp_ring = ring;
+  rc.pack = pack;
+  rc.micro_batch = pack ? 2 : 1;
+  return rc;
+}
 
 // The family's tiny model (hq 4, hkv 2, h 32) on a dp x sp mesh: at sp 4 each KV head sits on 2
 // ranks (replication) and each rank holds one query head (sp == hq).
@@ -70,18 +82,21 @@ TEST_P(ReferenceEquivalence, MeshGradientsMatchPlainAtenReference) {
     c.data.pack = rc.pack;
     c.model.tie_embeddings = rc.tied;
     c.attention.backend = rc.backend;
+    c.mesh.sp_ring.value = rc.sp_ring;
+    c.mesh.uneven_heads = rc.uneven_heads;
     testing::set_family(c.model, rc.family);
     const bool perturb = rc.family != "llama";
 
     // The mesh run: this rank's micro-batches through compute_gradients.
-    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, rc.dp, rc.sp);
+    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, rc.dp, rc.sp,
+                                                  60.0, at::Device(at::kCPU), rc.sp_ring);
     model::LlamaForCausalLM model = train::build_model(c, mesh, at::Device(at::kCPU));
     if (perturb) testing::perturb_vector_parameters(*model);
     if (!rc.expect_core.empty()) {
       EXPECT_EQ(model->attention_core()->name(), rc.expect_core);
     }
     data::DataLoader loader(c.data, c.sequence, c.model.vocab_size, rc.dp, mesh.dp_rank(), rc.sp,
-                            mesh.sp_rank());
+                            mesh.sp_rank(), "data.source", rc.sp_ring);
     std::vector<data::Batch> batches;
     for (int64_t m = 0; m < rc.grad_accum; ++m) batches.push_back(loader.micro_batch(1, m));
     train::StepLoss got = train::compute_gradients(model, batches, mesh);
@@ -148,7 +163,20 @@ INSTANTIATE_TEST_SUITE_P(
         family_case("qwen2", 1, 1), family_case("qwen2", 1, 2), family_case("qwen2", 1, 4),
         family_case("qwen2", 2, 1), family_case("qwen2", 2, 2), family_case("qwen3", 1, 1),
         family_case("qwen3", 1, 2), family_case("qwen3", 1, 4), family_case("qwen3", 2, 1),
-        family_case("qwen3", 2, 2)),
+        family_case("qwen3", 2, 2),
+        // Ring attention (zig-zag blocks, K/V passed around the ring): sp 4 = 2 x 2 and
+        // sp 8 = 2 x 4 with 4 query heads (sp > heads), a ring alone, dp 2 x 2 x 2, packed
+        // documents whose boundaries fall inside and across ring blocks, and a ring after an
+        // uneven all-to-all (7 query heads over 3 ranks x ring 2).
+        ring_case("ring_a2a2_x2_1x4", 1, 4, 2, 4, 2), ring_case("ring_a2a2_x4_1x8", 1, 8, 4, 4, 2),
+        ring_case("ring_only_x4_1x4", 1, 4, 4, 4, 2), ring_case("ring_a2a2_x2_2x4", 2, 4, 2, 4, 2),
+        ring_case("ring_packed_a2a2_x2_1x4", 1, 4, 2, 4, 2, true),
+        ring_case("ring_packed_a2a2_x4_1x8", 1, 8, 4, 4, 1, true),
+        [] {
+          RefCase rc = ring_case("ring_uneven_a2a3_x2_1x6", 1, 6, 2, 7, 1);
+          rc.uneven_heads = true;
+          return rc;
+        }()),
     [](const ::testing::TestParamInfo<RefCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "comm/mesh.h"
 #include "common/remove_tree.h"
 #include "config/options.h"
+#include "config/mesh_factors.h"
 #include "support/multi_rank.h"
 #include "train/trainer.h"
 
@@ -21,8 +22,9 @@ namespace ulysses::testing {
 // rank's run must return 0.
 inline void train_on_ranks(const config::RunConfig& c) {
   run_ranks(static_cast<int>(c.mesh.dp * c.mesh.sp), [&](const RankContext& ctx) {
-    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, c.mesh.dp,
-                                                  c.mesh.sp);
+    auto mesh = comm::DeviceMesh::create_for_test(
+        ctx.rank, ctx.world, ctx.store_path, c.mesh.dp, c.mesh.sp, 60.0, at::Device(at::kCPU),
+        config::resolved_sp_ring(c.mesh, c.model.num_heads, c.model.num_kv_heads));
     EXPECT_EQ(train::run_training(c, mesh, at::Device(at::kCPU)), 0);
   });
 }

@@ -1,0 +1,275 @@
+// Zig-zag ring attention: forward with online softmax, backward with travelling K/V gradients
+// (see ring_attention.h).
+#include "sp/ring_attention.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "profile/phase_timer.h"
+
+namespace ulysses::sp {
+namespace {
+
+// How a query chunk sees a key chunk under the causal mask.
+enum class Visibility { kNone, kDiagonal, kFull };
+
+Visibility visibility(int64_t query_chunk, int64_t key_chunk) {
+  if (key_chunk < query_chunk) return Visibility::kFull;
+  return key_chunk == query_chunk ? Visibility::kDiagonal : Visibility::kNone;
+}
+
+// The two chunks of ring rank `r`'s block, in block order.
+std::array<int64_t, 2> block_chunks(int64_t r, int64_t ring_size) {
+  return {r, 2 * ring_size - 1 - r};
+}
+
+// Sends `t` (flat) to the next ring rank and receives the previous rank's: the K/V pass.
+comm::Group::Pending shift_start(comm::Group& ring, const at::Tensor& t) {
+  const int64_t n = t.numel(), size = ring.size(), me = ring.rank();
+  std::vector<int64_t> send(size, 0), receive(size, 0);
+  send[(me + 1) % size] = n;
+  receive[(me + size - 1) % size] = n;
+  return ring.all_to_all_start(t.reshape({-1}), receive, send);
+}
+
+at::Tensor shift_wait(comm::Group::Pending& pending, c10::IntArrayRef shape) {
+  profile::ScopedPhase phase("ring");
+  return pending.wait().view(shape);
+}
+
+// -inf (a row that sees nothing yet) -> 0, so that exp(x - safe) is 0 rather than NaN.
+at::Tensor finite_or_zero(const at::Tensor& lse) {
+  return at::where(at::isinf(lse), at::zeros_like(lse), lse);
+}
+
+// Everything one block pair needs: the rows of a query chunk and a key chunk, and which of the
+// key positions each query row sees (undefined = all).
+struct PairMask {
+  Visibility visibility = Visibility::kNone;
+  at::Tensor allowed;  // [bs or 1, 1, 1, C, C] bool, or undefined
+};
+
+// The mask of query chunk `qc` against key chunk `kc` (chunks of C positions), or kNone when no
+// query row sees any key. doc_host is the documents on the host (skipping pairs without touching
+// the device); doc_ids the same on the compute device.
+PairMask pair_mask(int64_t qc, int64_t kc, int64_t chunk, const at::Tensor& doc_ids,
+                   const at::Tensor& doc_host, const at::Device& device) {
+  PairMask mask;
+  mask.visibility = visibility(qc, kc);
+  if (mask.visibility == Visibility::kNone) return mask;
+  if (doc_ids.defined()) {
+    // Document ids never decrease along a sample: the query chunk's first document after the key
+    // chunk's last one (in every row) means no row sees any key of this chunk.
+    const at::Tensor first_query_doc = doc_host.select(1, qc * chunk);            // [bs]
+    const at::Tensor last_key_doc = doc_host.select(1, (kc + 1) * chunk - 1);      // [bs]
+    if (first_query_doc.gt(last_key_doc).all().item<bool>()) {
+      mask.visibility = Visibility::kNone;
+      return mask;
+    }
+    const at::Tensor dq = doc_ids.narrow(1, qc * chunk, chunk).to(device);  // [bs, C]
+    const at::Tensor dk = doc_ids.narrow(1, kc * chunk, chunk).to(device);  // [bs, C]
+    mask.allowed = dq.unsqueeze(2).eq(dk.unsqueeze(1));          // [bs, C, C]
+  }
+  if (mask.visibility == Visibility::kDiagonal) {
+    const at::Tensor causal =
+        at::ones({chunk, chunk}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
+    mask.allowed = mask.allowed.defined() ? mask.allowed.logical_and(causal) : causal;
+  }
+  if (mask.allowed.defined()) {
+    if (mask.allowed.dim() == 2) mask.allowed = mask.allowed.unsqueeze(0);
+    mask.allowed = mask.allowed.view({mask.allowed.size(0), 1, 1, chunk, chunk});
+  }
+  return mask;
+}
+
+// Scores of query rows [bs, hkv, g, C, hd] against keys [bs, hkv, 1, C, hd], masked with -inf.
+at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const PairMask& mask,
+                         double scale) {
+  at::Tensor scores = at::matmul(q, k.transpose(-1, -2)).mul_(scale);  // [bs, hkv, g, C, C]
+  if (mask.allowed.defined()) {
+    scores.masked_fill_(mask.allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  return scores;
+}
+
+// The state of one rank's block in compute layout: heads first, queries grouped by KV head.
+struct Layout {
+  int64_t bs, length, hq, hkv, hd, group;
+  at::ScalarType compute;
+};
+
+// [bs, L, hq, hd] -> [bs, hkv, g, L, hd] in the compute dtype.
+at::Tensor queries_first(const at::Tensor& q, const Layout& l) {
+  return q.to(l.compute)
+      .reshape({l.bs, l.length, l.hkv, l.group, l.hd})
+      .permute({0, 2, 3, 1, 4})
+      .contiguous();
+}
+
+// [bs, L, hkv, hd] x 2 -> one [2, bs, hkv, L, hd] buffer in the compute dtype (what travels).
+at::Tensor pack_kv(const at::Tensor& k, const at::Tensor& v, const Layout& l) {
+  return at::stack({k, v}).to(l.compute).permute({0, 1, 3, 2, 4}).contiguous();
+}
+
+// One key chunk of a packed [2, bs, hkv, L, hd] buffer, with a unit query-group dim.
+at::Tensor key_chunk(const at::Tensor& kv, int which, int64_t index, int64_t chunk) {
+  return kv[which].narrow(2, index * chunk, chunk).unsqueeze(2);  // [bs, hkv, 1, C, hd]
+}
+
+// The documents go into the function wrapped: autograd takes every tensor argument for an input
+// that may need a gradient, which an undefined one cannot be.
+struct Documents {
+  at::Tensor ids;  // [bs, P] or undefined
+};
+
+struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, Documents documents,
+                            int64_t group_address) {
+    const at::Tensor& doc_ids = documents.ids;
+    comm::Group& ring = *reinterpret_cast<comm::Group*>(group_address);
+    const int64_t size = ring.size(), me = ring.rank();
+    const bool low_precision = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+    const Layout l{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.size(2) / k.size(2),
+                   low_precision ? at::kFloat : q.scalar_type()};
+    const int64_t chunk = l.length / 2;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(l.hd));
+    const at::Tensor doc_host = doc_ids.defined() ? doc_ids.to(at::kCPU) : at::Tensor();
+
+    const at::Tensor queries = queries_first(q, l);  // [bs, hkv, g, L, hd]
+    at::Tensor out = at::zeros_like(queries);        // [bs, hkv, g, L, hd]
+    at::Tensor lse = at::full({l.bs, l.hkv, l.group, l.length},
+                              -std::numeric_limits<double>::infinity(),
+                              queries.options());  // [bs, hkv, g, L]
+    at::Tensor kv = pack_kv(k, v, l);               // [2, bs, hkv, L, hd], block of rank `source`
+    const std::array<int64_t, 2> mine = block_chunks(me, size);
+    for (int64_t step = 0; step < size; ++step) {
+      const int64_t source = (me - step + size) % size;
+      comm::Group::Pending next;
+      const bool more = step + 1 < size;
+      if (more) next = shift_start(ring, kv);
+      {
+        profile::ScopedPhase phase("attention");
+        const std::array<int64_t, 2> theirs = block_chunks(source, size);
+        for (int qi = 0; qi < 2; ++qi) {
+          for (int ki = 0; ki < 2; ++ki) {
+            const PairMask mask = pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
+            if (mask.visibility == Visibility::kNone) continue;
+            const at::Tensor rows = queries.narrow(3, qi * chunk, chunk);  // [bs, hkv, g, C, hd]
+            const at::Tensor scores =
+                masked_scores(rows, key_chunk(kv, 0, ki, chunk), mask, scale);
+            const at::Tensor block_lse = at::logsumexp(scores, -1);  // [bs, hkv, g, C]
+            const at::Tensor probs = at::exp(scores - finite_or_zero(block_lse).unsqueeze(-1));
+            const at::Tensor block_out = at::matmul(probs, key_chunk(kv, 1, ki, chunk));
+            // Online softmax: merge (block_out, block_lse) into the rows' running result.
+            at::Tensor out_rows = out.narrow(3, qi * chunk, chunk);
+            at::Tensor lse_rows = lse.narrow(3, qi * chunk, chunk);
+            const at::Tensor high = finite_or_zero(at::maximum(lse_rows, block_lse));
+            const at::Tensor merged =
+                high + at::log(at::exp(lse_rows - high) + at::exp(block_lse - high));
+            const at::Tensor base = finite_or_zero(merged);
+            out_rows.copy_(out_rows * at::exp(lse_rows - base).unsqueeze(-1) +
+                           block_out * at::exp(block_lse - base).unsqueeze(-1));
+            lse_rows.copy_(merged);
+          }
+        }
+      }
+      if (more) kv = shift_wait(next, kv.sizes());
+    }
+    const at::Tensor result =
+        out.permute({0, 3, 1, 2, 4}).reshape({l.bs, l.length, l.hq, l.hd}).to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, result, lse});
+    ctx->saved_data["group"] = group_address;
+    ctx->saved_data["doc_ids"] = doc_ids;
+    return result;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &result = saved[3],
+                     &lse = saved[4];
+    comm::Group& ring = *reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
+    const at::Tensor doc_ids = ctx->saved_data["doc_ids"].toTensor();
+    const int64_t size = ring.size(), me = ring.rank();
+    const Layout l{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.size(2) / k.size(2),
+                   lse.scalar_type()};
+    const int64_t chunk = l.length / 2;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(l.hd));
+    const at::Tensor doc_host = doc_ids.defined() ? doc_ids.to(at::kCPU) : at::Tensor();
+
+    const at::Tensor queries = queries_first(q, l);           // [bs, hkv, g, L, hd]
+    const at::Tensor grad_out = queries_first(grads[0], l);   // [bs, hkv, g, L, hd]
+    // D = rowsum(dO * O): the softmax backward's per-row term.
+    const at::Tensor delta =
+        (grad_out * queries_first(result, l)).sum(-1, /*keepdim=*/true);  // [bs, hkv, g, L, 1]
+    const at::Tensor lse_base = finite_or_zero(lse).unsqueeze(-1);        // [bs, hkv, g, L, 1]
+    at::Tensor grad_q = at::zeros_like(queries);                          // [bs, hkv, g, L, hd]
+    at::Tensor kv = pack_kv(k, v, l);                                     // [2, bs, hkv, L, hd]
+    at::Tensor grad_kv = at::zeros_like(kv);  // for the block held now; travels with it
+    const std::array<int64_t, 2> mine = block_chunks(me, size);
+    for (int64_t step = 0; step < size; ++step) {
+      const int64_t source = (me - step + size) % size;
+      comm::Group::Pending next;
+      const bool more = step + 1 < size;
+      if (more) next = shift_start(ring, kv);
+      {
+        profile::ScopedPhase phase("attention");
+        const std::array<int64_t, 2> theirs = block_chunks(source, size);
+        for (int qi = 0; qi < 2; ++qi) {
+          for (int ki = 0; ki < 2; ++ki) {
+            const PairMask mask = pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
+            if (mask.visibility == Visibility::kNone) continue;
+            const at::Tensor rows = queries.narrow(3, qi * chunk, chunk);  // [bs, hkv, g, C, hd]
+            const at::Tensor keys = key_chunk(kv, 0, ki, chunk);           // [bs, hkv, 1, C, hd]
+            const at::Tensor values = key_chunk(kv, 1, ki, chunk);
+            const at::Tensor d_rows = grad_out.narrow(3, qi * chunk, chunk);
+            const at::Tensor probs =
+                at::exp(masked_scores(rows, keys, mask, scale) -
+                        lse_base.narrow(3, qi * chunk, chunk));  // [bs, hkv, g, C, C]
+            grad_kv[1].narrow(2, ki * chunk, chunk)
+                .add_(at::matmul(probs.transpose(-1, -2), d_rows).sum(2));
+            const at::Tensor d_scores =
+                probs * (at::matmul(d_rows, values.transpose(-1, -2)) -
+                         delta.narrow(3, qi * chunk, chunk));  // [bs, hkv, g, C, C]
+            grad_q.narrow(3, qi * chunk, chunk).add_(at::matmul(d_scores, keys), scale);
+            grad_kv[0].narrow(2, ki * chunk, chunk)
+                .add_(at::matmul(d_scores.transpose(-1, -2), rows).sum(2), scale);
+          }
+        }
+      }
+      // The block's gradient follows the block to the next rank; after the last step it reaches
+      // this rank's own block, summed over every rank.
+      comm::Group::Pending passed = shift_start(ring, grad_kv);
+      if (more) kv = shift_wait(next, kv.sizes());
+      grad_kv = shift_wait(passed, kv.sizes());
+    }
+    const at::Tensor dq =
+        grad_q.permute({0, 3, 1, 2, 4}).reshape({l.bs, l.length, l.hq, l.hd}).to(q.scalar_type());
+    const at::Tensor dkv = grad_kv.permute({0, 1, 3, 2, 4});  // [2, bs, L, hkv, hd]
+    return {dq, dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& doc_ids, comm::Group& ring) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+                  q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.size(2) % k.size(2) == 0 &&
+                  q.size(1) % 2 == 0,
+              "ring_attention: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  TORCH_CHECK(!doc_ids.defined() || (doc_ids.dim() == 2 && doc_ids.size(0) == q.size(0) &&
+                                     doc_ids.size(1) == q.size(1) * ring.size()),
+              "ring_attention: doc_ids ", doc_ids.sizes(), " for blocks of ", q.size(1),
+              " positions over ", ring.size(), " ranks");
+  return RingAttentionFunction::apply(q, k, v, Documents{doc_ids},
+                                      reinterpret_cast<int64_t>(&ring));
+}
+
+}  // namespace ulysses::sp

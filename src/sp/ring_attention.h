@@ -1,0 +1,28 @@
+// Ring attention over the sequence: each rank of a ring group holds one block of the sequence
+// (all its positions for the heads this rank computes) and the K/V blocks travel around the ring,
+// each step's transfer overlapping the attention on the block that arrived before. Blocks are
+// zig-zag (data/sequence_layout.h): with R ranks the sample is 2R chunks of C positions, and ring
+// rank j holds chunk j then chunk 2R-1-j, so every rank does the same causal work.
+//
+// Exact: block results merge by their log-sum-exp (online softmax); the backward recomputes each
+// block's probabilities from the final log-sum-exp and passes the K/V gradients around the ring
+// with the blocks, so they arrive at their owner summed over every rank.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "comm/group.h"
+
+namespace ulysses::sp {
+
+// Causal attention of this ring rank's block against the whole sequence, differentiable.
+//   q [bs, 2C, hq, hd], k/v [bs, 2C, hkv, hd] (RoPE applied; chunk j then chunk 2R-1-j of a
+//   [2RC]-position sample; R = ring.size(), j = ring.rank()) -> [bs, 2C, hq, hd].
+// GQA by grouping (query head i uses KV head i / (hq / hkv)); scale 1/sqrt(hd). `doc_ids`
+// [bs, 2RC] (the whole sample's document ids, packed batches) limits attention to the same
+// document; undefined = one document. Scores and softmax in fp32 for fp16/bf16 inputs, else in
+// the input dtype. Every member of `ring` calls it with the same shapes; `ring` must outlive the
+// autograd graph.
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& doc_ids, comm::Group& ring);
+
+}  // namespace ulysses::sp
