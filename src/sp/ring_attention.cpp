@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "profile/phase_timer.h"
@@ -50,7 +51,8 @@ at::Tensor finite_or_zero(const at::Tensor& lse) {
 // key positions each query row sees (undefined = all).
 struct PairMask {
   Visibility visibility = Visibility::kNone;
-  at::Tensor allowed;  // [bs or 1, 1, 1, C, C] bool, or undefined
+  at::Tensor allowed;       // [bs or 1, 1, 1, C, C] bool, or undefined
+  bool documents = false;   // `allowed` separates documents (not only causal)
 };
 
 // The mask of query chunk `qc` against key chunk `kc` (chunks of C positions), or kNone when no
@@ -73,6 +75,7 @@ PairMask pair_mask(int64_t qc, int64_t kc, int64_t chunk, const at::Tensor& doc_
     const at::Tensor dq = doc_ids.narrow(1, qc * chunk, chunk).to(device);  // [bs, C]
     const at::Tensor dk = doc_ids.narrow(1, kc * chunk, chunk).to(device);  // [bs, C]
     mask.allowed = dq.unsqueeze(2).eq(dk.unsqueeze(1));          // [bs, C, C]
+    mask.documents = true;
   }
   if (mask.visibility == Visibility::kDiagonal) {
     const at::Tensor causal =
@@ -97,27 +100,118 @@ at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const PairMas
 }
 
 // The state of one rank's block in compute layout: heads first, queries grouped by KV head.
+// Blocks enter the kernels in `block` (the input dtype for the fused kernels, else `compute`);
+// results accumulate in `compute` (fp32 for fp16/bf16 inputs, else the input dtype).
 struct Layout {
   int64_t bs, length, hq, hkv, hd, group;
-  at::ScalarType compute;
+  at::ScalarType block, compute;
+  bool fused;  // SDPA's flash kernel for every pair without a document mask
 };
 
-// [bs, L, hq, hd] -> [bs, hkv, g, L, hd] in the compute dtype.
+Layout layout_of(const at::Tensor& q, const at::Tensor& k, bool fused_requested) {
+  const bool low_precision = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  // CUDA's flash kernel takes fp16/bf16 only; the CPU one every floating dtype.
+  const bool fused = fused_requested && (q.is_cpu() || (q.is_cuda() && low_precision));
+  const at::ScalarType compute = low_precision ? at::kFloat : q.scalar_type();
+  return {q.size(0),         q.size(1), q.size(2), k.size(2), q.size(3), q.size(2) / k.size(2),
+          fused ? q.scalar_type() : compute, compute, fused};
+}
+
+// [bs, L, hq, hd] -> [bs, hkv, g, L, hd] in the block dtype.
 at::Tensor queries_first(const at::Tensor& q, const Layout& l) {
-  return q.to(l.compute)
+  return q.to(l.block)
       .reshape({l.bs, l.length, l.hkv, l.group, l.hd})
       .permute({0, 2, 3, 1, 4})
       .contiguous();
 }
 
-// [bs, L, hkv, hd] x 2 -> one [2, bs, hkv, L, hd] buffer in the compute dtype (what travels).
-at::Tensor pack_kv(const at::Tensor& k, const at::Tensor& v, const Layout& l) {
-  return at::stack({k, v}).to(l.compute).permute({0, 1, 3, 2, 4}).contiguous();
+// [bs, L, hkv, hd] x 2 -> one [2, bs, hkv, L, hd] buffer in the input dtype (what travels).
+at::Tensor pack_kv(const at::Tensor& k, const at::Tensor& v) {
+  return at::stack({k, v}).permute({0, 1, 3, 2, 4}).contiguous();
 }
 
-// One key chunk of a packed [2, bs, hkv, L, hd] buffer, with a unit query-group dim.
-at::Tensor key_chunk(const at::Tensor& kv, int which, int64_t index, int64_t chunk) {
-  return kv[which].narrow(2, index * chunk, chunk).unsqueeze(2);  // [bs, hkv, 1, C, hd]
+// One key chunk of a packed [2, bs, hkv, L, hd] buffer in the block dtype, with a unit
+// query-group dim.
+at::Tensor key_chunk(const at::Tensor& kv, int which, int64_t index, int64_t chunk,
+                     const Layout& l) {
+  return kv[which].narrow(2, index * chunk, chunk).unsqueeze(2).to(l.block);  // [bs,hkv,1,C,hd]
+}
+
+// The fused kernels' layout: [bs, hkv, g, C, hd] -> [bs, hq, C, hd]; keys expanded to every
+// query head of their group.
+at::Tensor heads_flat(const at::Tensor& t, const Layout& l) {
+  return t.expand({l.bs, l.hkv, l.group, t.size(3), l.hd})
+      .reshape({l.bs, l.hq, t.size(3), l.hd})
+      .contiguous();
+}
+
+// One pair's result for the rows of a query chunk: out [bs, hkv, g, C, hd] and log-sum-exp
+// [bs, hkv, g, C], both in the compute dtype.
+struct BlockResult {
+  at::Tensor out, lse;
+};
+
+BlockResult block_forward(const at::Tensor& rows, const at::Tensor& keys, const at::Tensor& values,
+                          const PairMask& mask, double scale, const Layout& l) {
+  const int64_t chunk = rows.size(3);
+  if (l.fused && !mask.documents) {
+    const bool causal = mask.visibility == Visibility::kDiagonal;
+    const at::Tensor q = heads_flat(rows, l), k = heads_flat(keys, l), v = heads_flat(values, l);
+    at::Tensor out, lse;
+    if (q.is_cpu()) {
+      std::tie(out, lse) =
+          at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, {}, scale);
+    } else {
+      auto result = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale);
+      out = std::get<0>(result), lse = std::get<1>(result);
+    }
+    return {out.to(l.compute).view({l.bs, l.hkv, l.group, chunk, l.hd}),
+            lse.to(l.compute).view({l.bs, l.hkv, l.group, chunk})};
+  }
+  const at::Tensor scores =
+      masked_scores(rows.to(l.compute), keys.to(l.compute), mask, scale);  // [bs,hkv,g,C,C]
+  at::Tensor lse = at::logsumexp(scores, -1);                              // [bs, hkv, g, C]
+  const at::Tensor probs = at::exp(scores - finite_or_zero(lse).unsqueeze(-1));
+  return {at::matmul(probs, values.to(l.compute)), lse};
+}
+
+// Adds one pair's gradients: to the rows' dq [bs, hkv, g, C, hd] and the key chunk's dk, dv
+// [bs, hkv, C, hd] (compute dtype). `out` and `lse` are the rows' final results (the fused
+// kernels take out in the input dtype), `delta` rowsum(dO * O) [bs, hkv, g, C, 1].
+void block_backward(const at::Tensor& rows, const at::Tensor& keys, const at::Tensor& values,
+                    const at::Tensor& grad_rows, const at::Tensor& out, const at::Tensor& lse,
+                    const at::Tensor& delta, const PairMask& mask, double scale, const Layout& l,
+                    at::Tensor grad_q, at::Tensor grad_k, at::Tensor grad_v) {
+  const int64_t chunk = rows.size(3);
+  if (l.fused && !mask.documents) {
+    const bool causal = mask.visibility == Visibility::kDiagonal;
+    const at::Tensor q = heads_flat(rows, l), k = heads_flat(keys, l), v = heads_flat(values, l);
+    const at::Tensor dout = heads_flat(grad_rows, l), o = heads_flat(out, l);
+    const at::Tensor lse_flat = lse.reshape({l.bs, l.hq, chunk}).contiguous();
+    at::Tensor dq, dk, dv;
+    if (q.is_cpu()) {
+      std::tie(dq, dk, dv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+          dout, q, k, v, o, lse_flat, 0.0, causal, {}, scale);
+    } else {
+      const at::Tensor none = at::empty({0}, q.options().dtype(at::kLong));
+      std::tie(dq, dk, dv) = at::_scaled_dot_product_flash_attention_backward(
+          dout, q, k, v, o, lse_flat, at::Tensor(), at::Tensor(), chunk, chunk, 0.0, causal, none,
+          none, scale);
+    }
+    const std::array<int64_t, 5> grouped = {l.bs, l.hkv, l.group, chunk, l.hd};
+    grad_q.add_(dq.view(grouped));
+    grad_k.add_(dk.view(grouped).sum(2));
+    grad_v.add_(dv.view(grouped).sum(2));
+    return;
+  }
+  const at::Tensor q = rows.to(l.compute), k = keys.to(l.compute), v = values.to(l.compute);
+  const at::Tensor dout = grad_rows.to(l.compute);
+  const at::Tensor probs = at::exp(masked_scores(q, k, mask, scale) -
+                                   finite_or_zero(lse).unsqueeze(-1));  // [bs, hkv, g, C, C]
+  grad_v.add_(at::matmul(probs.transpose(-1, -2), dout).sum(2));
+  const at::Tensor d_scores = probs * (at::matmul(dout, v.transpose(-1, -2)) - delta);
+  grad_q.add_(at::matmul(d_scores, k), scale);
+  grad_k.add_(at::matmul(d_scores.transpose(-1, -2), q).sum(2), scale);
 }
 
 // The documents go into the function wrapped: autograd takes every tensor argument for an input
@@ -129,23 +223,21 @@ struct Documents {
 struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, Documents documents,
-                            int64_t group_address) {
+                            int64_t group_address, bool fused) {
     const at::Tensor& doc_ids = documents.ids;
     comm::Group& ring = *reinterpret_cast<comm::Group*>(group_address);
     const int64_t size = ring.size(), me = ring.rank();
-    const bool low_precision = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-    const Layout l{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.size(2) / k.size(2),
-                   low_precision ? at::kFloat : q.scalar_type()};
+    const Layout l = layout_of(q, k, fused);
     const int64_t chunk = l.length / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(l.hd));
     const at::Tensor doc_host = doc_ids.defined() ? doc_ids.to(at::kCPU) : at::Tensor();
 
     const at::Tensor queries = queries_first(q, l);  // [bs, hkv, g, L, hd]
-    at::Tensor out = at::zeros_like(queries);        // [bs, hkv, g, L, hd]
+    at::Tensor out = at::zeros(queries.sizes(), queries.options().dtype(l.compute));
     at::Tensor lse = at::full({l.bs, l.hkv, l.group, l.length},
                               -std::numeric_limits<double>::infinity(),
-                              queries.options());  // [bs, hkv, g, L]
-    at::Tensor kv = pack_kv(k, v, l);               // [2, bs, hkv, L, hd], block of rank `source`
+                              out.options());  // [bs, hkv, g, L]
+    at::Tensor kv = pack_kv(k, v);  // [2, bs, hkv, L, hd], the block of rank `source`
     const std::array<int64_t, 2> mine = block_chunks(me, size);
     for (int64_t step = 0; step < size; ++step) {
       const int64_t source = (me - step + size) % size;
@@ -157,23 +249,21 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
         const std::array<int64_t, 2> theirs = block_chunks(source, size);
         for (int qi = 0; qi < 2; ++qi) {
           for (int ki = 0; ki < 2; ++ki) {
-            const PairMask mask = pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
+            const PairMask mask =
+                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
             if (mask.visibility == Visibility::kNone) continue;
-            const at::Tensor rows = queries.narrow(3, qi * chunk, chunk);  // [bs, hkv, g, C, hd]
-            const at::Tensor scores =
-                masked_scores(rows, key_chunk(kv, 0, ki, chunk), mask, scale);
-            const at::Tensor block_lse = at::logsumexp(scores, -1);  // [bs, hkv, g, C]
-            const at::Tensor probs = at::exp(scores - finite_or_zero(block_lse).unsqueeze(-1));
-            const at::Tensor block_out = at::matmul(probs, key_chunk(kv, 1, ki, chunk));
-            // Online softmax: merge (block_out, block_lse) into the rows' running result.
+            const BlockResult block = block_forward(
+                queries.narrow(3, qi * chunk, chunk), key_chunk(kv, 0, ki, chunk, l),
+                key_chunk(kv, 1, ki, chunk, l), mask, scale, l);
+            // Online softmax: merge the block's result into the rows' running one.
             at::Tensor out_rows = out.narrow(3, qi * chunk, chunk);
             at::Tensor lse_rows = lse.narrow(3, qi * chunk, chunk);
-            const at::Tensor high = finite_or_zero(at::maximum(lse_rows, block_lse));
+            const at::Tensor high = finite_or_zero(at::maximum(lse_rows, block.lse));
             const at::Tensor merged =
-                high + at::log(at::exp(lse_rows - high) + at::exp(block_lse - high));
+                high + at::log(at::exp(lse_rows - high) + at::exp(block.lse - high));
             const at::Tensor base = finite_or_zero(merged);
             out_rows.copy_(out_rows * at::exp(lse_rows - base).unsqueeze(-1) +
-                           block_out * at::exp(block_lse - base).unsqueeze(-1));
+                           block.out * at::exp(block.lse - base).unsqueeze(-1));
             lse_rows.copy_(merged);
           }
         }
@@ -185,6 +275,7 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     ctx->save_for_backward({q, k, v, result, lse});
     ctx->saved_data["group"] = group_address;
     ctx->saved_data["doc_ids"] = doc_ids;
+    ctx->saved_data["fused"] = fused;
     return result;
   }
 
@@ -196,21 +287,21 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     comm::Group& ring = *reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
     const at::Tensor doc_ids = ctx->saved_data["doc_ids"].toTensor();
     const int64_t size = ring.size(), me = ring.rank();
-    const Layout l{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.size(2) / k.size(2),
-                   lse.scalar_type()};
+    const Layout l = layout_of(q, k, ctx->saved_data["fused"].toBool());
     const int64_t chunk = l.length / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(l.hd));
     const at::Tensor doc_host = doc_ids.defined() ? doc_ids.to(at::kCPU) : at::Tensor();
 
-    const at::Tensor queries = queries_first(q, l);           // [bs, hkv, g, L, hd]
-    const at::Tensor grad_out = queries_first(grads[0], l);   // [bs, hkv, g, L, hd]
+    const at::Tensor queries = queries_first(q, l);          // [bs, hkv, g, L, hd]
+    const at::Tensor grad_out = queries_first(grads[0], l);  // [bs, hkv, g, L, hd]
+    const at::Tensor outputs = queries_first(result, l);     // [bs, hkv, g, L, hd]
     // D = rowsum(dO * O): the softmax backward's per-row term.
-    const at::Tensor delta =
-        (grad_out * queries_first(result, l)).sum(-1, /*keepdim=*/true);  // [bs, hkv, g, L, 1]
-    const at::Tensor lse_base = finite_or_zero(lse).unsqueeze(-1);        // [bs, hkv, g, L, 1]
-    at::Tensor grad_q = at::zeros_like(queries);                          // [bs, hkv, g, L, hd]
-    at::Tensor kv = pack_kv(k, v, l);                                     // [2, bs, hkv, L, hd]
-    at::Tensor grad_kv = at::zeros_like(kv);  // for the block held now; travels with it
+    const at::Tensor delta = (grad_out.to(l.compute) * outputs.to(l.compute))
+                                 .sum(-1, /*keepdim=*/true);  // [bs, hkv, g, L, 1]
+    at::Tensor grad_q = at::zeros(queries.sizes(), queries.options().dtype(l.compute));
+    at::Tensor kv = pack_kv(k, v);  // [2, bs, hkv, L, hd]
+    // For the block held now, in the compute dtype; travels with it.
+    at::Tensor grad_kv = at::zeros(kv.sizes(), kv.options().dtype(l.compute));
     const std::array<int64_t, 2> mine = block_chunks(me, size);
     for (int64_t step = 0; step < size; ++step) {
       const int64_t source = (me - step + size) % size;
@@ -222,23 +313,15 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
         const std::array<int64_t, 2> theirs = block_chunks(source, size);
         for (int qi = 0; qi < 2; ++qi) {
           for (int ki = 0; ki < 2; ++ki) {
-            const PairMask mask = pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
+            const PairMask mask =
+                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
             if (mask.visibility == Visibility::kNone) continue;
-            const at::Tensor rows = queries.narrow(3, qi * chunk, chunk);  // [bs, hkv, g, C, hd]
-            const at::Tensor keys = key_chunk(kv, 0, ki, chunk);           // [bs, hkv, 1, C, hd]
-            const at::Tensor values = key_chunk(kv, 1, ki, chunk);
-            const at::Tensor d_rows = grad_out.narrow(3, qi * chunk, chunk);
-            const at::Tensor probs =
-                at::exp(masked_scores(rows, keys, mask, scale) -
-                        lse_base.narrow(3, qi * chunk, chunk));  // [bs, hkv, g, C, C]
-            grad_kv[1].narrow(2, ki * chunk, chunk)
-                .add_(at::matmul(probs.transpose(-1, -2), d_rows).sum(2));
-            const at::Tensor d_scores =
-                probs * (at::matmul(d_rows, values.transpose(-1, -2)) -
-                         delta.narrow(3, qi * chunk, chunk));  // [bs, hkv, g, C, C]
-            grad_q.narrow(3, qi * chunk, chunk).add_(at::matmul(d_scores, keys), scale);
-            grad_kv[0].narrow(2, ki * chunk, chunk)
-                .add_(at::matmul(d_scores.transpose(-1, -2), rows).sum(2), scale);
+            const auto rows = [&](const at::Tensor& t) { return t.narrow(3, qi * chunk, chunk); };
+            block_backward(rows(queries), key_chunk(kv, 0, ki, chunk, l),
+                           key_chunk(kv, 1, ki, chunk, l), rows(grad_out), rows(outputs),
+                           rows(lse), rows(delta), mask, scale, l, rows(grad_q),
+                           grad_kv[0].narrow(2, ki * chunk, chunk),
+                           grad_kv[1].narrow(2, ki * chunk, chunk));
           }
         }
       }
@@ -246,20 +329,20 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
       // this rank's own block, summed over every rank.
       comm::Group::Pending passed = shift_start(ring, grad_kv);
       if (more) kv = shift_wait(next, kv.sizes());
-      grad_kv = shift_wait(passed, kv.sizes());
+      grad_kv = shift_wait(passed, grad_kv.sizes());
     }
     const at::Tensor dq =
         grad_q.permute({0, 3, 1, 2, 4}).reshape({l.bs, l.length, l.hq, l.hd}).to(q.scalar_type());
     const at::Tensor dkv = grad_kv.permute({0, 1, 3, 2, 4});  // [2, bs, L, hkv, hd]
-    return {dq, dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor(),
-            at::Tensor()};
+    return {dq,           dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& doc_ids, comm::Group& ring) {
+                          const at::Tensor& doc_ids, comm::Group& ring, bool fused) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
                   q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.size(2) % k.size(2) == 0 &&
                   q.size(1) % 2 == 0,
@@ -269,7 +352,7 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
               "ring_attention: doc_ids ", doc_ids.sizes(), " for blocks of ", q.size(1),
               " positions over ", ring.size(), " ranks");
   return RingAttentionFunction::apply(q, k, v, Documents{doc_ids},
-                                      reinterpret_cast<int64_t>(&ring));
+                                      reinterpret_cast<int64_t>(&ring), fused);
 }
 
 }  // namespace ulysses::sp

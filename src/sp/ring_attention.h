@@ -19,10 +19,13 @@ namespace ulysses::sp {
 //   [2RC]-position sample; R = ring.size(), j = ring.rank()) -> [bs, 2C, hq, hd].
 // GQA by grouping (query head i uses KV head i / (hq / hkv)); scale 1/sqrt(hd). `doc_ids`
 // [bs, 2RC] (the whole sample's document ids, packed batches) limits attention to the same
-// document; undefined = one document. Scores and softmax in fp32 for fp16/bf16 inputs, else in
-// the input dtype. Every member of `ring` calls it with the same shapes; `ring` must outlive the
-// autograd graph.
+// document; undefined = one document. Softmax statistics and the merged output in fp32 for
+// fp16/bf16 inputs, else in the input dtype. Each pair of chunks runs through SDPA's flash kernel
+// (forward returning its log-sum-exp, backward taking the final one) when `fused` and the kernel
+// takes the inputs (CPU: any floating dtype; CUDA: fp16/bf16) and the pair needs no document
+// mask; otherwise through scores materialised per pair of chunks ([bs, hq, C, C]).
+// Every member of `ring` calls it with the same shapes; `ring` must outlive the autograd graph.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& doc_ids, comm::Group& ring);
+                          const at::Tensor& doc_ids, comm::Group& ring, bool fused = false);
 
 }  // namespace ulysses::sp

@@ -43,7 +43,9 @@ std::string UlyssesAttention::name() const {
 at::Tensor UlyssesAttention::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const model::AttentionContext& ctx) const {
   if (!ctx.run_core) return q * 0;
-  if (ring_ != nullptr) return ring_attention(q, k, v, ctx.doc_ids, *ring_);
+  if (ring_ != nullptr) {
+    return ring_attention(q, k, v, ctx.doc_ids, *ring_, backend_ != model::AttentionBackend::kMath);
+  }
   profile::ScopedPhase phase("attention");
   return model::local_attention(q, k, v, ctx.doc_ids, backend_, ctx.documents.get());
 }

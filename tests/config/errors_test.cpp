@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "config/mesh_factors.h"
 #include "config/run_config.h"
 #include "config_test_util.h"
 
@@ -176,17 +177,46 @@ TEST(ConfigErrors, HeadCountsIncompatibleWithSp) {
       {"mesh: {sp: 3}\n",
        {},
        "mesh.sp: 3 does not divide model.num_heads 8 (Ulysses gives each rank num_heads/sp query "
-       "heads; mesh.uneven_heads: true splits them unevenly)"},
+       "heads; mesh.uneven_heads: true splits them unevenly or mesh.sp_ring: auto (ring attention "
+       "over the rest))"},
       {model + "mesh: {sp: 4}\n",
        {},
        "mesh.sp: 4 and model.num_kv_heads 3 do not fit: need num_kv_heads % sp == 0 or sp % "
-       "num_kv_heads == 0, or mesh.uneven_heads: true"},
+       "num_kv_heads == 0, or mesh.uneven_heads: true or mesh.sp_ring: auto (ring attention over "
+       "the rest)"},
       {"model: {num_kv_heads: 3}\n", {}, "model.num_kv_heads: 3 does not divide num_heads 8"},
   });
   // 12 % 3 == 0, 3 % 3 == 0 and 12 % 6 == 0, 6 % 3 == 0: fine.
   for (int sp : {3, 6, 12}) {
     parse_run_config_yaml(model + "mesh: {sp: " + std::to_string(sp) + "}\n");
   }
+}
+
+// mesh.sp_ring factors sp into an all-to-all the heads allow times a ring; auto picks the largest
+// all-to-all (7 heads at sp 8: 1 x 8 evenly, 4 x 2 unevenly; 32 heads over 8 KV heads at sp 64:
+// 32 x 2).
+TEST(ConfigErrors, RingFactorsMustDivideSpAndFitTheHeads) {
+  const std::string seven = "model: {hidden_size: 56, num_heads: 7, num_kv_heads: 1}\n";
+  expect_errors({
+      {seven + "mesh: {sp: 8, sp_ring: 3}\n",
+       {},
+       "mesh.sp_ring: 3 does not divide mesh.sp 8 (sp = sp_a2a x sp_ring)"},
+      {seven + "mesh: {sp: 8, sp_ring: 2}\n",
+       {},
+       "mesh.sp_ring: 2 leaves an all-to-all over sp / sp_ring = 4 ranks, which model.num_heads 7 "
+       "/ num_kv_heads 1 do not split evenly (mesh.uneven_heads: true splits them unevenly)"},
+  });
+  const auto ring_of = [](const std::string& yaml) {
+    const RunConfig c = parse_run_config_yaml(yaml);
+    return resolved_sp_ring(c.mesh, c.model.num_heads, c.model.num_kv_heads);
+  };
+  EXPECT_EQ(ring_of(seven + "mesh: {sp: 8, sp_ring: auto}\n"), 8);
+  EXPECT_EQ(ring_of(seven + "mesh: {sp: 8, sp_ring: auto, uneven_heads: true}\n"), 2);
+  EXPECT_EQ(ring_of(seven + "mesh: {sp: 7, sp_ring: auto}\n"), 1);
+  EXPECT_EQ(ring_of("model: {hidden_size: 256, num_heads: 32, num_kv_heads: 8}\n"
+                    "mesh: {sp: 64, sp_ring: auto}\n"),
+            2);
+  EXPECT_EQ(ring_of(seven + "mesh: {sp: 8, uneven_heads: true, sp_ring: 2}\n"), 2);
 }
 
 // mesh.uneven_heads lets sp split the heads unevenly (hq 7 at sp 2-7, hkv 3 at sp 4), as long as
@@ -197,14 +227,15 @@ TEST(ConfigErrors, UnevenHeadsAllowSpNotDividingHeads) {
       {seven + "mesh: {sp: 3}\n",
        {},
        "mesh.sp: 3 does not divide model.num_heads 7 (Ulysses gives each rank num_heads/sp query "
-       "heads; mesh.uneven_heads: true splits them unevenly)"},
+       "heads; mesh.uneven_heads: true splits them unevenly or mesh.sp_ring: auto (ring attention "
+       "over the rest))"},
       {seven + "mesh: {sp: 8, uneven_heads: true}\n",
        {},
        "mesh.sp: 8 exceeds model.num_heads 7: with mesh.uneven_heads every rank still needs at "
-       "least one query head"},
+       "least one query head; set mesh.sp_ring: auto (ring attention over the rest)"},
       {seven, {"mesh.sp=8", "mesh.uneven_heads=true"},
        "mesh.sp: 8 exceeds model.num_heads 7: with mesh.uneven_heads every rank still needs at "
-       "least one query head"},
+       "least one query head; set mesh.sp_ring: auto (ring attention over the rest)"},
   });
   for (int sp : {2, 3, 4, 7}) {
     const RunConfig c = parse_run_config_yaml(

@@ -2,7 +2,8 @@
 // - The kernel alone, in fp64: each ring rank's output and q/k/v gradients for its zig-zag block
 //   equal plain ATen causal attention over the whole sequence (scores, mask, softmax, written here
 //   without project code) within 1e-10, for rings of 2, 3 and 4 ranks, GQA, and packed documents
-//   whose boundaries fall inside and across blocks.
+//   whose boundaries fall inside and across blocks; through materialised scores and through SDPA's
+//   CPU flash kernel.
 // - Whole 3-step runs: loss and grad_norm every step and the final weights of sp 4 = 2 x 2,
 //   sp 8 = 2 x 4 with 4 query heads (sp > heads), and dp 2 x (2 x 2) with tiled MLP,
 //   checkpointing, the offloaded optimizer and ZeRO-3, equal the single process within the
@@ -58,6 +59,7 @@ struct KernelCase {
   std::string name;
   int64_t ring, hq, hkv;
   bool packed;
+  bool fused = false;  // SDPA's CPU flash kernel per pair of chunks
 };
 void PrintTo(const KernelCase& kc, std::ostream* os) { *os << kc.name; }
 
@@ -98,7 +100,7 @@ TEST_P(RingKernel, BlocksEqualPlainAttentionOverTheWholeSequence) {
     const at::Tensor bq = q.index_select(1, mine).requires_grad_();
     const at::Tensor bk = k.index_select(1, mine).requires_grad_();
     const at::Tensor bv = v.index_select(1, mine).requires_grad_();
-    const at::Tensor got = sp::ring_attention(bq, bk, bv, doc_ids, mesh.sp_ring());
+    const at::Tensor got = sp::ring_attention(bq, bk, bv, doc_ids, mesh.sp_ring(), kc.fused);
     got.backward(grad_out.index_select(1, mine));
 
     const auto check = [&](const char* what, const at::Tensor& a, const at::Tensor& b) {
@@ -118,7 +120,9 @@ INSTANTIATE_TEST_SUITE_P(Rings, RingKernel,
                                            KernelCase{"ring3_mqa", 3, 3, 1, false},
                                            KernelCase{"ring4_mha", 4, 2, 2, false},
                                            KernelCase{"ring2_packed", 2, 4, 2, true},
-                                           KernelCase{"ring4_packed_gqa", 4, 4, 2, true}),
+                                           KernelCase{"ring4_packed_gqa", 4, 4, 2, true},
+                                           KernelCase{"ring2_gqa_fused", 2, 4, 2, false, true},
+                                           KernelCase{"ring3_mqa_fused", 3, 3, 1, false, true}),
                          [](const ::testing::TestParamInfo<KernelCase>& info) {
                            return info.param.name;
                          });

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "config/mesh_factors.h"
 #include "config/model_family.h"
 
 namespace ulysses::costmodel {
@@ -131,6 +132,17 @@ MemoryCoefficients default_memory_coefficients(const std::string& device_type) {
 
 int64_t dtype_bytes(const config::RunConfig& c) { return c.memory.precision == "bf16" ? 2 : 4; }
 
+int64_t ring_ranks(const config::RunConfig& c) {
+  const int64_t ring = config::resolved_sp_ring(c.mesh, c.model.num_heads,
+                                                std::max<int64_t>(1, c.model.num_kv_heads));
+  return ring >= 1 && c.mesh.sp % ring == 0 ? ring : 1;
+}
+
+int64_t padded_length(const config::RunConfig& c) {
+  const int64_t multiple = config::sequence_multiple(c.mesh.sp, ring_ranks(c));
+  return ceil_div(c.sequence.length, multiple) * multiple;
+}
+
 int64_t mlp_tiles(const config::RunConfig& c) {
   const int64_t t = ceil_div(c.sequence.length, c.mesh.sp);
   if (!c.memory.tiled_mlp.is_auto()) return c.memory.tiled_mlp.value;
@@ -196,13 +208,16 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const bool bf16 = c.memory.precision == "bf16";
   const int64_t d = dtype_bytes(c), p = parameter_count(m);
   const int64_t sp = c.mesh.sp, world = c.mesh.dp * c.mesh.sp, bs = c.sequence.micro_batch;
-  const int64_t sl = ceil_div(c.sequence.length, sp) * sp, t = sl / sp;
+  const int64_t sl = padded_length(c), t = sl / sp;
+  // sp = sp_a2a x sp_ring: after the all-to-all a rank holds its ring block, sp_a2a x T tokens of
+  // its heads (the whole sequence without a ring).
+  const int64_t ring = ring_ranks(c), a2a = sp / ring;
   const int64_t h = m.hidden_size, v = m.vocab_size, layers = m.num_layers;
   const int64_t hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
   const int64_t qd = m.num_heads * hd;
-  // The rank with the most heads; qd_a2a == qd (and kvd as above) when sp splits them evenly.
-  const sp::HeadLoad most = a2a_heads(m, sp);
-  const int64_t qd_a2a = sp * most.q * hd, kvd_a2a = sp * most.kv * hd;
+  // The rank with the most heads; qd_a2a == qd (and kvd as above) when sp_a2a splits them evenly.
+  const sp::HeadLoad most = a2a_heads(m, a2a);
+  const int64_t qd_a2a = a2a * most.q * hd, kvd_a2a = a2a * most.kv * hd;
   const int64_t ffn = m.intermediate_size;
   const int64_t tokens = bs * t;
   const ZeroShards z = zero_shards(c, k);
@@ -316,7 +331,8 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
       "]";
   const double scale = k.activation_scale;
   // Math attention keeps the softmax probabilities [bs, hq/sp, sl, sl] per layer.
-  const double probs = math ? static_cast<double>(bs) * most.q * sl * sl * d : 0.0;
+  // (Ring attention keeps none: it recomputes each pair of chunks in backward.)
+  const double probs = math && ring == 1 ? static_cast<double>(bs) * most.q * sl * sl * d : 0.0;
   // Backward of one layer adds its gradients: dq, dk, dv (qd + 2kvd), the hidden-state gradient
   // h, and for an untiled MLP the gate/up gradients 2 ffn; saved tensors are freed as it goes.
   const int64_t grad_elems = qd_a2a + 2 * kvd_a2a + h + (tiled_mlp ? 0 : 2 * ffn);
@@ -382,6 +398,22 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   if (math) {
     add("attention scores", 2.0 * probs, "2 x bs x hq/sp x sl^2 x " + ds + " (math backend)",
         Lifetime::kTransient);
+  }
+  if (ring > 1) {
+    // One layer's ring attention: the block's K/V and the next one arriving (d), their fp32
+    // gradients travelling in backward (two), and the fp32 output / dq accumulators of the
+    // block's queries (ring_attention.h). Pairs of chunks run through the flash kernel.
+    const double block_kv = static_cast<double>(tokens) * 2 * kvd_a2a;
+    const double block_q = static_cast<double>(tokens) * qd_a2a;
+    add("ring attention buffers", block_kv * (2.0 * d + 2 * 4.0) + block_q * 2 * 4.0,
+        "bs x T x (2kvd x (2 x " + ds + " + 2 x 4 B) + qd x 2 x 4 B) (K/V blocks in flight, "
+        "their fp32 gradients, fp32 accumulators)",
+        Lifetime::kTransient);
+    if (math) {  // scores, probabilities and their gradient of one pair of chunks, fp32
+      const double chunk = static_cast<double>(a2a) * t / 2;
+      add("ring pair scores", 3.0 * bs * most.q * chunk * chunk * 4,
+          "3 x bs x hq/sp_a2a x (sl / (2 sp_ring))^2 x 4 B (math backend)", Lifetime::kTransient);
+    }
   }
   if (c.data.pack) {
     const double mask = static_cast<double>(bs) * sl * sl;

@@ -129,6 +129,11 @@ int64_t loss_tiles(const config::RunConfig& c);
 // Bytes per element of the model dtype (memory.precision): 2 for bf16, 4 for fp32.
 int64_t dtype_bytes(const config::RunConfig& c);
 
+// mesh.sp_ring as the trainer resolves it (config/mesh_factors.h): 1 = all-to-all only.
+int64_t ring_ranks(const config::RunConfig& c);
+// sequence.length padded as the data loader pads it: to a multiple of sp, or of 2 sp with a ring.
+int64_t padded_length(const config::RunConfig& c);
+
 // The most query heads and KV heads one rank holds after the all-to-all at degree sp
 // (sp::max_rank_heads): hq / sp and max(hkv, sp) / sp when sp splits the heads evenly, else the
 // uneven split's largest (mesh.uneven_heads). Heads no mesh can split (sp > hq) count as

@@ -1,8 +1,8 @@
 // FLOPs and bytes of one step (see time_model.h). Per layer and token, forward: GEMMs
 // 2 x (h qd + 2 h kvd0 + qd h + 3 h ffn) FLOPs (kvd0 = hkv hd, before replication); causal
-// attention 2 x 2 x sl x qd / 2 per token of this rank (with an uneven head split, sp x the query
-// heads of the rank with the most of them x hd, the rank that sets the step time; model_flops
-// keeps the true qd); the LM head 2 x h x V. Backward costs twice the forward; checkpointing
+// attention 2 x 2 x sl x qd / 2 per token of this rank (with an uneven head split, sp_a2a x the
+// query heads of the rank with the most of them x hd, the rank that sets the step time; model_flops
+// keeps the true qd); ring attention (sp = sp_a2a x sp_ring) adds its K/V pass (ring_bytes); the LM head 2 x h x V. Backward costs twice the forward; checkpointing
 // (and ZeRO-3, which always recomputes) recomputes every layer's forward once more, tiled MLP its
 // MLP. Communication per ZeRO stage: see StepWork.
 // Family extras (Qwen2's q/k/v biases, Qwen3's q/k norms) add no FLOPs here, as in
@@ -20,7 +20,11 @@ StepWork step_work(const config::RunConfig& c) {
   const config::ModelOptions& m = c.model;
   const double sp = static_cast<double>(c.mesh.sp);
   const double world = static_cast<double>(c.mesh.dp * c.mesh.sp);
-  const int64_t t_local = (c.sequence.length + c.mesh.sp - 1) / c.mesh.sp;
+  // sp = sp_a2a x sp_ring: the heads split over sp_a2a ranks, the sequence over all sp.
+  const int64_t ring_degree = ring_ranks(c);
+  const int64_t a2a_degree = c.mesh.sp / ring_degree;
+  const double a2a = static_cast<double>(a2a_degree), ring_size = static_cast<double>(ring_degree);
+  const int64_t t_local = padded_length(c) / c.mesh.sp;
   const double sl = static_cast<double>(t_local) * sp;
   const double tokens = static_cast<double>(c.sequence.micro_batch * c.sequence.grad_accum) *
                         static_cast<double>(t_local);
@@ -28,11 +32,13 @@ StepWork step_work(const config::RunConfig& c) {
   const double hd = static_cast<double>(m.head_dim > 0 ? m.head_dim : m.hidden_size / m.num_heads);
   const double qd = static_cast<double>(m.num_heads) * hd;
   const double kvd0 = static_cast<double>(m.num_kv_heads) * hd;
-  // After the all-to-all, per local token: the heads of the rank with the most of them, x sp
-  // (qd_a2a == qd and kvd = max(hkv, sp) hd when sp splits the heads evenly; memory_model.h).
-  const sp::HeadLoad most = a2a_heads(m, c.mesh.sp);
-  const double qd_a2a = sp * static_cast<double>(most.q) * hd;
-  const double kvd = sp * static_cast<double>(most.kv) * hd;
+  // After the all-to-all, per local token: the heads of the rank with the most of them, x sp_a2a
+  // (qd_a2a == qd and kvd = max(hkv, sp_a2a) hd when sp_a2a splits the heads evenly;
+  // memory_model.h). A ring rank attends its block to the whole sequence, so the attention per
+  // local token is that of the all-to-all alone.
+  const sp::HeadLoad most = a2a_heads(m, a2a_degree);
+  const double qd_a2a = a2a * static_cast<double>(most.q) * hd;
+  const double kvd = a2a * static_cast<double>(most.kv) * hd;
   const double ffn = static_cast<double>(m.intermediate_size);
   const double layers = static_cast<double>(m.num_layers);
   const double d = static_cast<double>(dtype_bytes(c));
@@ -61,11 +67,17 @@ StepWork step_work(const config::RunConfig& c) {
   w.matmul_flops = tokens * (3 * (fwd_layer_gemm + head) + recompute_gemm);
   w.attention_flops = tokens * (3 * layers * core_charged + recompute_core);
   w.model_flops = tokens * (3 * (fwd_layer_gemm + head) + 3 * layers * core);
-  if (c.mesh.sp > 1) {
+  if (a2a_degree > 1) {
     // q, k, v over and the output back in forward; their gradients in backward; again in the
-    // recompute. A rank keeps 1/sp of what it sends.
-    const double per_layer = tokens * (qd_a2a + 2 * kvd + qd_a2a) * d * (sp - 1) / sp;
+    // recompute. A rank keeps 1/sp_a2a of what it sends.
+    const double per_layer = tokens * (qd_a2a + 2 * kvd + qd_a2a) * d * (a2a - 1) / a2a;
     w.a2a_bytes = layers * per_layer * (2 + (checkpointing ? 1 : 0));
+  }
+  if (ring_degree > 1) {
+    const double block_kv = tokens * 2 * kvd;  // elements of this rank's block's K and V
+    const double forward = (ring_size - 1) * block_kv * d;
+    const double backward = (ring_size - 1) * block_kv * d + ring_size * block_kv * 4.0;
+    w.ring_bytes = layers * (forward * (checkpointing ? 2 : 1) + backward);
   }
   const double params = static_cast<double>(parameter_count(m));
   const double ring = (world - 1) / world;
@@ -102,6 +114,9 @@ TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k) {
   const double attention = k.ms_per_tflop_attention >= 0 ? k.ms_per_tflop_attention : k.ms_per_tflop;
   p.compute_ms = w.matmul_flops / 1e12 * k.ms_per_tflop + w.attention_flops / 1e12 * attention;
   p.a2a_ms = w.a2a_bytes / 1e9 * k.ms_per_gb_a2a;
+  p.ring_ms = w.ring_bytes / 1e9 * (k.ms_per_gb_ring >= 0 ? k.ms_per_gb_ring : k.ms_per_gb_a2a);
+  // Each block's transfer runs while the block before it computes.
+  p.ring_exposed_ms = std::max(0.0, p.ring_ms - w.attention_flops / 1e12 * attention);
   p.allreduce_ms = w.allreduce_bytes / 1e9 * k.ms_per_gb_allreduce;
   p.offload_ms = w.offload_bytes / 1e9 * k.ms_per_gb_offload;
   p.zero_reduce_ms = w.zero_reduce_bytes / 1e9 * k.ms_per_gb_allreduce;
@@ -110,7 +125,7 @@ TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k) {
   p.step_ms = p.compute_ms +
               (1 - k.overlap) * (p.a2a_ms + p.allreduce_ms + p.zero_reduce_ms + p.zero_gather_ms +
                                  p.offload_ms) +
-              p.overhead_ms;
+              p.ring_exposed_ms + p.overhead_ms;
   return p;
 }
 

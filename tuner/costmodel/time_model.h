@@ -15,6 +15,11 @@ struct StepWork {
                                // GEMMs, incl. the LM head
   double attention_flops = 0;  // core attention (causal: half of QK^T and PV), fwd + bwd (+ rec)
   double a2a_bytes = 0;        // bytes this rank sends in Ulysses all-to-alls (0 at sp 1)
+  // Ring attention (mesh.sp_ring R > 1): bytes this rank sends to its ring neighbour. Per layer,
+  // with X = the K/V of its block (bs x T x sp_a2a x 2 kv heads x hd): forward (R - 1) X d,
+  // backward (R - 1) X d for the blocks plus R X x 4 B for their fp32 gradients, and the forward
+  // again when recomputing.
+  double ring_bytes = 0;
   double allreduce_bytes = 0;  // ring all-reduce bytes of the fp32 gradients once per step
                                // (zero.stage 0, 1; 0 at world 1): 2 (w - 1) / w x 4 P
   // ZeRO (world w > 1, G = grad_accum micro-batches, d = bytes of the model dtype; units:
@@ -44,6 +49,7 @@ struct TimeCoefficients {
   double ms_per_tflop = 1.0;            // 1000 / achieved GEMM TFLOP/s
   double ms_per_tflop_attention = -1.0;  // 1000 / achieved attention TFLOP/s; < 0 = as GEMMs
   double ms_per_gb_a2a = 0.0;    // 1000 / all-to-all GB/s at this sp (0 = free)
+  double ms_per_gb_ring = -1.0;  // 1000 / neighbour GB/s of the ring; < 0 = ms_per_gb_a2a
   double ms_per_gb_allreduce = 0.0;
   double ms_per_gb_offload = 0.0;  // 1000 / host-link GB/s
   double overlap = 0.0;          // fraction of communication + offload hidden behind compute
@@ -53,7 +59,11 @@ struct TimeCoefficients {
 struct TimePrediction {
   double compute_ms = 0, a2a_ms = 0, allreduce_ms = 0, offload_ms = 0, overhead_ms = 0;
   double zero_reduce_ms = 0, zero_gather_ms = 0;
-  // compute + (1 - overlap) x (a2a + allreduce + zero_reduce + zero_gather + offload) + overhead
+  // Ring attention's K/V pass, and the part of it the attention compute of the blocks does not
+  // hide: max(0, ring - attention compute).
+  double ring_ms = 0, ring_exposed_ms = 0;
+  // compute + (1 - overlap) x (a2a + allreduce + zero_reduce + zero_gather + offload)
+  //   + ring_exposed + overhead
   double step_ms = 0;
 };
 

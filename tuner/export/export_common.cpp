@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <regex>
 
+#include "common/error.h"
 #include "common/shell_quote.h"
+#include "config/mesh_factors.h"
 #include "config/model_family.h"
 #include "sp/head_split.h"
 
@@ -85,6 +87,16 @@ std::optional<std::string> uneven_heads_warning(const config::RunConfig& run) {
          " query heads (" + std::to_string(hkv) +
          " KV heads) unevenly, which only ulysses-train does: DeepSpeed's Ulysses needs sp to "
          "divide the query heads, so this export runs only at such an sp";
+}
+
+void refuse_ring(const config::RunConfig& run, const std::string& what) {
+  const int64_t ring =
+      config::resolved_sp_ring(run.mesh, run.model.num_heads, run.model.num_kv_heads);
+  if (ring <= 1) return;
+  throw UserError("mesh.sp_ring: " + std::to_string(ring) + " (ring attention over sp " +
+                  std::to_string(run.mesh.sp) + " = " + std::to_string(run.mesh.sp / ring) +
+                  " all-to-all x " + std::to_string(ring) + " ring) runs only in ulysses-train; " +
+                  what + " has Ulysses' all-to-all alone: export a configuration with sp_ring 1");
 }
 
 std::optional<std::string> local_torch_version() {

@@ -60,6 +60,11 @@ std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig
 // the query heads, which ulysses-train's uneven split does not. Starts with "mesh.uneven_heads: ".
 std::optional<std::string> uneven_heads_warning(const config::RunConfig& run);
 
+// Throws UserError("mesh.sp_ring: ...", one line naming `what`) when the run uses ring attention
+// (mesh.sp_ring resolves to more than 1): DeepSpeed's Ulysses, and ArcticTraining and Accelerate
+// over it, have no ring attention, so an export would run another model split.
+void refuse_ring(const config::RunConfig& run, const std::string& what);
+
 // The PyTorch version that `$ULYSSES_PYTHON` (else `python3` on PATH) imports here, e.g.
 // "2.13.0+cpu", or nullopt when none answers within 20 s.
 std::optional<std::string> local_torch_version();

@@ -251,7 +251,7 @@ void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
     for (const FeatureSet& candidate : r.features) {
       if (candidate.name == row.features) f = candidate;
     }
-    const config::RunConfig c = row_config(r, row.sp, f, row.seqlen);
+    const config::RunConfig c = row_config(r, row.sp, f, row.seqlen, row.sp_ring);
     const costmodel::MemoryPrediction m = costmodel::predict_memory(c, r.memory);
     report::Table t;
     for (const char* h : {"component", "GiB", "lifetime", "where", "formula"}) {
@@ -331,6 +331,10 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
   cmd->add_flag("--uneven-heads", o->uneven_heads,
                 "also meshes whose sp does not divide the heads (mesh.uneven_heads: each rank "
                 "takes ceil or floor(heads/sp) of them; the rank with the most sets the time)");
+  cmd->add_flag("--ring", o->ring,
+                "also meshes with ring attention (mesh.sp_ring): each sp factored as an all-to-all "
+                "over the heads times a ring over the sequence, for every ring degree the heads "
+                "allow; sp may then exceed the head count");
   cmd->add_flag("--components", o->components,
                 "also print each row's memory components (bytes, formula, lifetime, location)");
   cmd->add_option("--fit", o->fit_db, "calibrate on this results database's ok trials");
@@ -360,6 +364,7 @@ int run_plan(const PlanOptions& o) {
   r.zero_stage = o.zero;
   r.precision = o.precision;
   r.uneven_heads = o.uneven_heads;
+  r.ring = o.ring;
   for (const std::string& f : o.features) r.features.push_back(parse_features(f));
   if (r.features.empty()) r.features = default_feature_sets();
   r.memory = memory_coefficients(r.hardware);
@@ -397,7 +402,8 @@ int run_plan(const PlanOptions& o) {
                 {"zero_assumed", zero_assumed(r, rows, o.what_if_deepspeed)},
                 {"usable_device_bytes", usable_device_bytes(r.hardware)}, {"rows", json::array()}};
     for (const PlanRow& row : rows) {
-      out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"uneven_heads", row.uneven_heads},
+      out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"sp_ring", row.sp_ring},
+                             {"uneven_heads", row.uneven_heads},
                              {"features", row.features},
                              {"zero_stage", row.zero_stage},
                              {"valid", row.valid}, {"limit", row.limit}, {"seqlen", row.seqlen},
@@ -421,8 +427,12 @@ int run_plan(const PlanOptions& o) {
                                name != "largest model");
   }
   for (const PlanRow& row : rows) {
-    const std::string mesh = std::to_string(row.dp) + " x " + std::to_string(row.sp) +
-                             (row.uneven_heads ? " uneven" : "");
+    const std::string mesh =
+        std::to_string(row.dp) + " x " + std::to_string(row.sp) +
+        (row.sp_ring > 1 ? " (" + std::to_string(row.sp / row.sp_ring) + " a2a x " +
+                               std::to_string(row.sp_ring) + " ring)"
+                         : "") +
+        (row.uneven_heads ? " uneven" : "");
     if (!row.valid) {
       table.rows.push_back(
           {mesh, row.features, "-", "-", "-", "-", "-", "-", "-", "-", row.limit, "-"});

@@ -27,6 +27,7 @@ struct PlanOptions {
   bool json = false;
   bool what_if_deepspeed = false;      // bf16 gradients, all states sharded (ZeRO-3)
   bool uneven_heads = false;           // also meshes whose sp splits the heads unevenly
+  bool ring = false;                   // also meshes with ring attention (mesh.sp_ring)
   bool components = false;             // also print each row's memory terms with their formulas
   // --fit mode
   std::string fit_db;

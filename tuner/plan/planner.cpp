@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "config/mesh_factors.h"
 #include "config/run_config.h"
 #include "sp/head_split.h"
 
@@ -112,10 +113,11 @@ int64_t usable_device_bytes(const calibrate::HardwareProfile& hw) {
 }
 
 config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet& f,
-                             int64_t seqlen) {
+                             int64_t seqlen, int64_t sp_ring) {
   config::RunConfig c;
   c.model = r.model;
   c.mesh.sp = sp;
+  c.mesh.sp_ring.value = sp_ring;
   c.mesh.dp = r.world / sp;
   c.mesh.uneven_heads = r.uneven_heads;
   c.sequence.length = seqlen;
@@ -143,32 +145,45 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
   std::vector<PlanRow> rows;
   for (int64_t sp = 1; sp <= r.world; ++sp) {
     if (r.world % sp != 0) continue;
+    // The factorizations of this sp: the all-to-all alone, and with --ring every ring degree
+    // whose all-to-all degree the heads allow.
+    std::vector<int64_t> rings = {1};
+    for (int64_t ring = 2; r.ring && ring <= sp; ++ring) {
+      if (sp % ring == 0 && config::heads_allow_a2a(r.model.num_heads, r.model.num_kv_heads,
+                                                    sp / ring, r.uneven_heads)) {
+        rings.push_back(ring);
+      }
+    }
+    for (const int64_t sp_ring : rings)
     for (const FeatureSet& f : r.features) {
       PlanRow row;
-      row.sp = sp, row.dp = r.world / sp, row.features = f.name;
+      row.sp = sp, row.dp = r.world / sp, row.features = f.name, row.sp_ring = sp_ring;
       row.zero_stage = f.zero_stage >= 0 ? f.zero_stage : r.zero_stage;
-      row.uneven_heads =
-          r.uneven_heads && !sp::heads_split_evenly(r.model.num_heads, r.model.num_kv_heads, sp);
+      row.uneven_heads = r.uneven_heads && !sp::heads_split_evenly(r.model.num_heads,
+                                                                   r.model.num_kv_heads,
+                                                                   sp / sp_ring);
       PlanRequest req = r;
-      if (!r.time_calibrated) req.time = time_coefficients(r.hardware, r.precision, sp, r.world);
+      if (!r.time_calibrated) {
+        req.time = time_coefficients(r.hardware, r.precision, sp, r.world, sp_ring);
+      }
       try {
-        row_config(req, sp, f, sp);
+        row_config(req, sp, f, sp, sp_ring);
       } catch (const UserError& e) {
         row.valid = false;
         row.limit = row.max_limit = std::string("heads vs sp: ") + e.what();
         rows.push_back(row);
         continue;
       }
-      // Longest fitting length: doubling, then bisection, in units of sp x 1024 tokens. A model
-      // with a sliding window runs only lengths within it (config validation), so the window
-      // bounds the search as memory does.
-      const int64_t unit = sp * 1024;
+      // Longest fitting length: doubling, then bisection, in units of sp x 1024 tokens (2 sp x
+      // 1024 with a ring, whose blocks are two chunks). A model with a sliding window runs only
+      // lengths within it (config validation), so the window bounds the search as memory does.
+      const int64_t unit = config::sequence_multiple(sp, sp_ring) * 1024;
       const int64_t window = r.model.sliding_window;
       auto status = [&](int64_t len) {
         if (window > 0 && len > window) {
           return "model.sliding_window " + std::to_string(window);
         }
-        return check(req, row_config(req, sp, f, len), nullptr);
+        return check(req, row_config(req, sp, f, len, sp_ring), nullptr);
       };
       int64_t good = 0, bad = 0;
       std::string over;
@@ -205,7 +220,7 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
         rows.push_back(row);
         continue;
       }
-      const config::RunConfig c = row_config(req, sp, f, row.seqlen);
+      const config::RunConfig c = row_config(req, sp, f, row.seqlen, sp_ring);
       row.limit = check(req, c, &row);
       fill_time(req, c, &row);
       row.max_layers = max_layers_that_fit(req, c);

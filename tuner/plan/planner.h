@@ -50,6 +50,10 @@ struct PlanRequest {
   // mesh.uneven_heads in every row: an sp that does not divide the heads is a row too, charged
   // by the rank with the most heads (costmodel::a2a_heads).
   bool uneven_heads = false;
+  // Also rows with ring attention: every sp_ring > 1 that divides sp and leaves an all-to-all
+  // degree sp / sp_ring the heads allow (evenly, or unevenly with uneven_heads). Without it only
+  // sp_ring 1 (all-to-all alone).
+  bool ring = false;
 };
 
 // time_coefficients and memory_coefficients (the defaults of a hardware profile) are in
@@ -57,6 +61,7 @@ struct PlanRequest {
 
 struct PlanRow {
   int64_t dp = 1, sp = 1;
+  int64_t sp_ring = 1;      // mesh.sp_ring: sp = sp / sp_ring all-to-all x sp_ring ring
   std::string features;
   int64_t zero_stage = 0;   // the ZeRO stage the row assumes: its feature set's, else --zero
   bool uneven_heads = false;  // sp splits the heads unevenly (PlanRequest::uneven_heads)
@@ -89,6 +94,6 @@ std::vector<PlanRow> make_plan(const PlanRequest& r);
 // zero.stage is set after validation (a plan may describe a world the config validation would
 // reduce to stage 0).
 config::RunConfig row_config(const PlanRequest& r, int64_t sp, const FeatureSet& f,
-                             int64_t seqlen);
+                             int64_t seqlen, int64_t sp_ring = 1);
 
 }  // namespace ulysses::plan

@@ -1,6 +1,7 @@
 // Fitted coefficients <-> calibrations rows, and the sweep's predictions (see calibrated_model.h).
 #include "tuner/results/calibrated_model.h"
 
+#include <algorithm>
 #include <map>
 
 #include "common/error.h"
@@ -13,7 +14,7 @@ std::string default_precision(const calibrate::HardwareProfile& hw) {
 
 costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& hw,
                                               const std::string& precision, int64_t sp,
-                                              int64_t world) {
+                                              int64_t world, int64_t sp_ring) {
   const bool cuda = hw.device_type == "cuda";
   const double peak = hw.peak_tflops(precision.empty() ? default_precision(hw) : precision);
   costmodel::TimeCoefficients k;
@@ -25,7 +26,8 @@ costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& 
     const double gbps = ranks <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
     return gbps > 0 ? 1000.0 / (0.8 * gbps) : 0.0;
   };
-  k.ms_per_gb_a2a = link(sp);
+  k.ms_per_gb_a2a = link(sp / std::max<int64_t>(1, sp_ring));
+  k.ms_per_gb_ring = link(sp);
   k.ms_per_gb_allreduce = link(world);
   k.ms_per_gb_offload = hw.host_to_device_gbps > 0 ? 1000.0 / (0.8 * hw.host_to_device_gbps) : 0;
   k.overhead_ms = 5.0;
@@ -98,7 +100,7 @@ double predict_step_ms(const CalibratedModel& m, const calibrate::HardwareProfil
   const costmodel::TimeCoefficients k =
       m.time_calibrated ? m.time
                         : time_coefficients(hw, c.memory.precision, c.mesh.sp,
-                                            c.mesh.dp * c.mesh.sp);
+                                            c.mesh.dp * c.mesh.sp, costmodel::ring_ranks(c));
   return costmodel::predict_time(costmodel::step_work(c), k).step_ms;
 }
 
