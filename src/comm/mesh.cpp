@@ -8,8 +8,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/errors.h"
-#include "common/error.h"
 #include "comm/rendezvous.h"
+#include "common/error.h"
 
 namespace ulysses::comm {
 namespace {
@@ -184,8 +184,9 @@ std::string DeviceMesh::describe() const {
   out << "  rank " << rank_ << " dp group " << rank_ % sp_size_ << ": ranks ["
       << join(dp_->global_ranks()) << "], dp_rank " << dp_rank() << " of " << dp_size_ << "\n";
   if (sp_ring_size_ > 1) {
-    out << "  rank " << rank_ << " sp = a2a " << (sp_a2a_ ? *sp_a2a_ : *sp_).size() << " x ring " << sp_ring_size_
-        << ": a2a ranks [" << join((sp_a2a_ ? *sp_a2a_ : *sp_).global_ranks()) << "], ring ranks ["
+    const Group& a2a = sp_a2a_ ? *sp_a2a_ : *sp_;
+    out << "  rank " << rank_ << " sp = a2a " << a2a.size() << " x ring " << sp_ring_size_
+        << ": a2a ranks [" << join(a2a.global_ranks()) << "], ring ranks ["
         << join(sp_ring_->global_ranks()) << "]\n";
   }
   return out.str();

@@ -104,7 +104,8 @@ const std::map<std::string, std::string>& meanings() {
        "(evenly, or unevenly with mesh.uneven_heads). Must divide sp; with a ring the sequence is "
        "padded to a multiple of 2 sp."},
       {"sequence.length",
-       "Tokens per sequence (sl); padded up to a multiple of sp with ignored labels."},
+       "Tokens per sequence (sl); padded up to a multiple of sp (of 2 sp with mesh.sp_ring > 1) "
+       "with ignored labels."},
       {"sequence.micro_batch", "Sequences per rank per micro-step (bs)."},
       {"sequence.grad_accum",
        "Micro-steps per optimizer step; a step's global batch is dp * micro_batch * grad_accum "

@@ -173,9 +173,8 @@ void validate_run(const RunConfig& c) {
   // transformers' dynamic NTK scaling rescales the frequencies by the longest position a forward
   // has seen so far (per model replica, across steps), which an SP shard or a packed batch does
   // not see; below max_position_embeddings it leaves them unscaled, and so does ulysses-train.
-  const int64_t multiple = sequence_multiple(
-      c.mesh.sp, std::max<int64_t>(1, resolved_sp_ring(c.mesh, c.model.num_heads,
-                                                       std::max<int64_t>(1, c.model.num_kv_heads))));
+  const int64_t ring = resolved_sp_ring(c.mesh, c.model.num_heads, c.model.num_kv_heads);
+  const int64_t multiple = sequence_multiple(c.mesh.sp, ring);
   const int64_t padded_length = (c.sequence.length + multiple - 1) / multiple * multiple;
   require(c.model.rope_scaling_type != "dynamic" ||
               padded_length <= c.model.max_position_embeddings,

@@ -4,12 +4,15 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <tuple>
 #include <vector>
 
+#include "model/attention_core.h"
 #include "profile/phase_timer.h"
 
 namespace ulysses::sp {
@@ -47,34 +50,73 @@ at::Tensor finite_or_zero(const at::Tensor& lse) {
   return at::where(at::isinf(lse), at::zeros_like(lse), lse);
 }
 
-// Everything one block pair needs: the rows of a query chunk and a key chunk, and which of the
-// key positions each query row sees (undefined = all).
+// Where each sample's documents start, on the host: [bs, runs] int64, each row ascending and padded
+// with P, or undefined when there are no documents or the ids do not form runs (then every pair is
+// masked). The document of a position is the number of starts at or before it, minus one.
+at::Tensor run_starts(const at::Tensor& doc_ids, const DocumentRuns* runs) {
+  if (!doc_ids.defined()) return at::Tensor();
+  DocumentRuns found;
+  if (runs == nullptr) {
+    found = document_runs(doc_ids);  // one device-to-host copy when the batch did not bring them
+    runs = &found;
+  }
+  if (runs->empty()) return at::Tensor();
+  size_t most = 0;
+  for (const auto& row : *runs) most = std::max(most, row.size());
+  at::Tensor starts = at::full({doc_ids.size(0), static_cast<int64_t>(most)}, doc_ids.size(1),
+                               at::TensorOptions().dtype(at::kLong));
+  for (size_t b = 0; b < runs->size(); ++b) {
+    for (size_t i = 0; i < (*runs)[b].size(); ++i) {
+      starts[static_cast<int64_t>(b)][static_cast<int64_t>(i)] = (*runs)[b][i].first;
+    }
+  }
+  return starts;
+}
+
+int64_t document_at(const at::Tensor& starts, int64_t row, int64_t position) {
+  const at::Tensor r = starts[row];
+  const int64_t* begin = r.data_ptr<int64_t>();
+  return std::upper_bound(begin, begin + r.numel(), position) - begin - 1;
+}
+
+// Which key positions each query row of a pair of chunks sees (undefined = all).
 struct PairMask {
   Visibility visibility = Visibility::kNone;
-  at::Tensor allowed;       // [bs or 1, 1, 1, C, C] bool, or undefined
-  bool documents = false;   // `allowed` separates documents (not only causal)
+  at::Tensor allowed;      // [bs or 1, 1, 1, C, C] bool, or undefined
+  bool documents = false;  // `allowed` separates documents (not only causal)
 };
 
 // The mask of query chunk `qc` against key chunk `kc` (chunks of C positions), or kNone when no
-// query row sees any key. doc_host is the documents on the host (skipping pairs without touching
-// the device); doc_ids the same on the compute device.
+// query row sees any key. `starts` (run_starts, host) decides without touching the device: a pair
+// whose chunks lie after each other's documents is skipped, one inside a single document needs no
+// document mask; doc_ids (compute device) builds the mask of the others.
 PairMask pair_mask(int64_t qc, int64_t kc, int64_t chunk, const at::Tensor& doc_ids,
-                   const at::Tensor& doc_host, const at::Device& device) {
+                   const at::Tensor& starts, const at::Device& device) {
   PairMask mask;
   mask.visibility = visibility(qc, kc);
   if (mask.visibility == Visibility::kNone) return mask;
-  if (doc_ids.defined()) {
-    // Document ids never decrease along a sample: the query chunk's first document after the key
-    // chunk's last one (in every row) means no row sees any key of this chunk.
-    const at::Tensor first_query_doc = doc_host.select(1, qc * chunk);            // [bs]
-    const at::Tensor last_key_doc = doc_host.select(1, (kc + 1) * chunk - 1);      // [bs]
-    if (first_query_doc.gt(last_key_doc).all().item<bool>()) {
+  bool one_document = false;
+  if (doc_ids.defined() && starts.defined()) {
+    bool none = true;
+    one_document = true;
+    for (int64_t b = 0; b < starts.size(0); ++b) {
+      const int64_t first_query = document_at(starts, b, qc * chunk);
+      const int64_t last_query = document_at(starts, b, (qc + 1) * chunk - 1);
+      const int64_t first_key = document_at(starts, b, kc * chunk);
+      const int64_t last_key = document_at(starts, b, (kc + 1) * chunk - 1);
+      none = none && first_query > last_key;
+      one_document = one_document && first_query == last_query && first_key == last_key &&
+                     first_query == first_key;
+    }
+    if (none) {
       mask.visibility = Visibility::kNone;
       return mask;
     }
+  }
+  if (doc_ids.defined() && !one_document) {
     const at::Tensor dq = doc_ids.narrow(1, qc * chunk, chunk).to(device);  // [bs, C]
     const at::Tensor dk = doc_ids.narrow(1, kc * chunk, chunk).to(device);  // [bs, C]
-    mask.allowed = dq.unsqueeze(2).eq(dk.unsqueeze(1));          // [bs, C, C]
+    mask.allowed = dq.unsqueeze(2).eq(dk.unsqueeze(1));                     // [bs, C, C]
     mask.documents = true;
   }
   if (mask.visibility == Visibility::kDiagonal) {
@@ -110,8 +152,11 @@ struct Layout {
 
 Layout layout_of(const at::Tensor& q, const at::Tensor& k, bool fused_requested) {
   const bool low_precision = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-  // CUDA's flash kernel takes fp16/bf16 only; the CPU one every floating dtype.
-  const bool fused = fused_requested && (q.is_cpu() || (q.is_cuda() && low_precision));
+  // CUDA's flash kernel takes fp16/bf16 with a head size that is a multiple of 8 up to 256 (SDPA
+  // pads other sizes; called directly it refuses them); the CPU one every floating dtype and size.
+  const int64_t hd = q.size(3);
+  const bool fused = fused_requested &&
+                     (q.is_cpu() || (q.is_cuda() && low_precision && hd % 8 == 0 && hd <= 256));
   const at::ScalarType compute = low_precision ? at::kFloat : q.scalar_type();
   return {q.size(0),         q.size(1), q.size(2), k.size(2), q.size(3), q.size(2) / k.size(2),
           fused ? q.scalar_type() : compute, compute, fused};
@@ -145,6 +190,15 @@ at::Tensor heads_flat(const at::Tensor& t, const Layout& l) {
       .contiguous();
 }
 
+// The kernels a ring pair runs, as attention_kernels_used() names them, recorded once each.
+constexpr const char* kRingFlash = "ring_flash";
+constexpr const char* kRingMath = "ring_math";
+void record_once(const char* kernel) {
+  static std::atomic<bool> flash{false}, math{false};
+  std::atomic<bool>& seen = kernel == kRingFlash ? flash : math;
+  if (!seen.exchange(true)) model::record_attention_kernel(kernel);
+}
+
 // One pair's result for the rows of a query chunk: out [bs, hkv, g, C, hd] and log-sum-exp
 // [bs, hkv, g, C], both in the compute dtype.
 struct BlockResult {
@@ -155,6 +209,7 @@ BlockResult block_forward(const at::Tensor& rows, const at::Tensor& keys, const 
                           const PairMask& mask, double scale, const Layout& l) {
   const int64_t chunk = rows.size(3);
   if (l.fused && !mask.documents) {
+    record_once(kRingFlash);
     const bool causal = mask.visibility == Visibility::kDiagonal;
     const at::Tensor q = heads_flat(rows, l), k = heads_flat(keys, l), v = heads_flat(values, l);
     at::Tensor out, lse;
@@ -168,6 +223,7 @@ BlockResult block_forward(const at::Tensor& rows, const at::Tensor& keys, const 
     return {out.to(l.compute).view({l.bs, l.hkv, l.group, chunk, l.hd}),
             lse.to(l.compute).view({l.bs, l.hkv, l.group, chunk})};
   }
+  record_once(kRingMath);
   const at::Tensor scores =
       masked_scores(rows.to(l.compute), keys.to(l.compute), mask, scale);  // [bs,hkv,g,C,C]
   at::Tensor lse = at::logsumexp(scores, -1);                              // [bs, hkv, g, C]
@@ -217,7 +273,8 @@ void block_backward(const at::Tensor& rows, const at::Tensor& keys, const at::Te
 // The documents go into the function wrapped: autograd takes every tensor argument for an input
 // that may need a gradient, which an undefined one cannot be.
 struct Documents {
-  at::Tensor ids;  // [bs, P] or undefined
+  at::Tensor ids;                 // [bs, P] or undefined
+  const DocumentRuns* runs;       // their runs on the host, or null (found from ids)
 };
 
 struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
@@ -230,7 +287,7 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     const Layout l = layout_of(q, k, fused);
     const int64_t chunk = l.length / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(l.hd));
-    const at::Tensor doc_host = doc_ids.defined() ? doc_ids.to(at::kCPU) : at::Tensor();
+    const at::Tensor starts = run_starts(doc_ids, documents.runs);  // [bs, runs] host
 
     const at::Tensor queries = queries_first(q, l);  // [bs, hkv, g, L, hd]
     at::Tensor out = at::zeros(queries.sizes(), queries.options().dtype(l.compute));
@@ -250,7 +307,7 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
         for (int qi = 0; qi < 2; ++qi) {
           for (int ki = 0; ki < 2; ++ki) {
             const PairMask mask =
-                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
+                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, starts, q.device());
             if (mask.visibility == Visibility::kNone) continue;
             const BlockResult block = block_forward(
                 queries.narrow(3, qi * chunk, chunk), key_chunk(kv, 0, ki, chunk, l),
@@ -275,6 +332,7 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     ctx->save_for_backward({q, k, v, result, lse});
     ctx->saved_data["group"] = group_address;
     ctx->saved_data["doc_ids"] = doc_ids;
+    ctx->saved_data["starts"] = starts;
     ctx->saved_data["fused"] = fused;
     return result;
   }
@@ -290,7 +348,7 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     const Layout l = layout_of(q, k, ctx->saved_data["fused"].toBool());
     const int64_t chunk = l.length / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(l.hd));
-    const at::Tensor doc_host = doc_ids.defined() ? doc_ids.to(at::kCPU) : at::Tensor();
+    const at::Tensor starts = ctx->saved_data["starts"].toTensor();
 
     const at::Tensor queries = queries_first(q, l);          // [bs, hkv, g, L, hd]
     const at::Tensor grad_out = queries_first(grads[0], l);  // [bs, hkv, g, L, hd]
@@ -300,21 +358,26 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
                                  .sum(-1, /*keepdim=*/true);  // [bs, hkv, g, L, 1]
     at::Tensor grad_q = at::zeros(queries.sizes(), queries.options().dtype(l.compute));
     at::Tensor kv = pack_kv(k, v);  // [2, bs, hkv, L, hd]
-    // For the block held now, in the compute dtype; travels with it.
-    at::Tensor grad_kv = at::zeros(kv.sizes(), kv.options().dtype(l.compute));
+    // The gradient of the block held at each step, summed over the ranks that held it before,
+    // arrives from the previous rank while this step computes; this rank adds its own and passes
+    // the sum on while the next step computes. The pass after the last step brings this rank's
+    // own block's gradient, summed over every rank.
+    comm::Group::Pending passed;
     const std::array<int64_t, 2> mine = block_chunks(me, size);
     for (int64_t step = 0; step < size; ++step) {
       const int64_t source = (me - step + size) % size;
       comm::Group::Pending next;
       const bool more = step + 1 < size;
       if (more) next = shift_start(ring, kv);
+      // This rank's contribution to the gradient of the block held now, in the compute dtype.
+      at::Tensor grad_kv = at::zeros(kv.sizes(), kv.options().dtype(l.compute));
       {
         profile::ScopedPhase phase("attention");
         const std::array<int64_t, 2> theirs = block_chunks(source, size);
         for (int qi = 0; qi < 2; ++qi) {
           for (int ki = 0; ki < 2; ++ki) {
             const PairMask mask =
-                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, doc_host, q.device());
+                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, starts, q.device());
             if (mask.visibility == Visibility::kNone) continue;
             const auto rows = [&](const at::Tensor& t) { return t.narrow(3, qi * chunk, chunk); };
             block_backward(rows(queries), key_chunk(kv, 0, ki, chunk, l),
@@ -325,12 +388,11 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
           }
         }
       }
-      // The block's gradient follows the block to the next rank; after the last step it reaches
-      // this rank's own block, summed over every rank.
-      comm::Group::Pending passed = shift_start(ring, grad_kv);
+      if (step > 0) grad_kv.add_(shift_wait(passed, grad_kv.sizes()));
+      passed = shift_start(ring, grad_kv);
       if (more) kv = shift_wait(next, kv.sizes());
-      grad_kv = shift_wait(passed, grad_kv.sizes());
     }
+    const at::Tensor grad_kv = shift_wait(passed, kv.sizes());  // this rank's block, summed
     const at::Tensor dq =
         grad_q.permute({0, 3, 1, 2, 4}).reshape({l.bs, l.length, l.hq, l.hd}).to(q.scalar_type());
     const at::Tensor dkv = grad_kv.permute({0, 1, 3, 2, 4});  // [2, bs, L, hkv, hd]
@@ -342,7 +404,8 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& doc_ids, comm::Group& ring, bool fused) {
+                          const at::Tensor& doc_ids, const DocumentRuns* documents,
+                          comm::Group& ring, bool fused) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
                   q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.size(2) % k.size(2) == 0 &&
                   q.size(1) % 2 == 0,
@@ -351,7 +414,7 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                                      doc_ids.size(1) == q.size(1) * ring.size()),
               "ring_attention: doc_ids ", doc_ids.sizes(), " for blocks of ", q.size(1),
               " positions over ", ring.size(), " ranks");
-  return RingAttentionFunction::apply(q, k, v, Documents{doc_ids},
+  return RingAttentionFunction::apply(q, k, v, Documents{doc_ids, documents},
                                       reinterpret_cast<int64_t>(&ring), fused);
 }
 

@@ -44,7 +44,8 @@ at::Tensor UlyssesAttention::attend(const at::Tensor& q, const at::Tensor& k, co
                                     const model::AttentionContext& ctx) const {
   if (!ctx.run_core) return q * 0;
   if (ring_ != nullptr) {
-    return ring_attention(q, k, v, ctx.doc_ids, *ring_, backend_ != model::AttentionBackend::kMath);
+    return ring_attention(q, k, v, ctx.doc_ids, ctx.documents.get(), *ring_,
+                          backend_ != model::AttentionBackend::kMath);
   }
   profile::ScopedPhase phase("attention");
   return model::local_attention(q, k, v, ctx.doc_ids, backend_, ctx.documents.get());
@@ -53,6 +54,7 @@ at::Tensor UlyssesAttention::attend(const at::Tensor& q, const at::Tensor& k, co
 at::Tensor UlyssesAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const model::AttentionContext& ctx) {
   const int64_t sp = group_.size();
+  if (sp == 1) return attend(q, k, v, ctx);  // a ring alone: no heads to exchange
   const int64_t bs = q.size(0), local_sl = q.size(1), hq = q.size(2), hd = q.size(3);
   const int64_t hkv = k.size(2);
   if (uneven_heads_ && !heads_split_evenly(hq, hkv, sp)) return forward_uneven(q, k, v, ctx);

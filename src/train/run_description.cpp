@@ -91,7 +91,8 @@ std::string describe_run(const config::RunConfig& config, const ResolvedRun& run
       query += std::to_string(heads.q_count);
       kv += std::to_string(heads.kv_count);
     }
-    out << p << "  heads split unevenly over the all-to-all (mesh.uneven_heads): query " << query << "; kv "
+    out << p << "  heads split unevenly over the all-to-all (mesh.uneven_heads): query " << query
+        << "; kv "
         << kv << " per rank\n";
   }
   out << p << "  sequence " << config.sequence.length << " tokens (padded " << run.padded_length

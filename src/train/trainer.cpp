@@ -148,7 +148,9 @@ model::LlamaForCausalLM build_model(const config::RunConfig& config, comm::Devic
   model->set_skip_all_but_last(config.attention.skip_all_but_last);
   int64_t tiles = 1;
   if (config.memory.tiled_mlp.value != 1) {  // TiledMLP; auto is a MAX over the world
-    const int64_t local_seq_len = (config.sequence.length + mesh.sp_size() - 1) / mesh.sp_size();
+    const int64_t multiple = config::sequence_multiple(mesh.sp_size(), mesh.sp_ring_size());
+    const int64_t local_seq_len =
+        (config.sequence.length + multiple - 1) / multiple * multiple / mesh.sp_size();
     tiles = sp::resolve_mlp_tiles(config.memory.tiled_mlp, local_seq_len,
                                   model->options().hidden_size, mesh.world());
     model->set_mlp_runner(sp::tiled_mlp_runner(tiles));

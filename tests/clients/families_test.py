@@ -23,6 +23,12 @@ features and ZeRO 3; every step's loss and grad norm and every parameter's gradi
 transformers' fp64 training. Without mesh.uneven_heads the same run is refused (exit 2, one line
 naming the key).
 
+Case qwen2_ring: the tiny Qwen2 (4 query heads over 2 KV heads) trains 3 steps at sp 8, twice its
+query heads, as 2 all-to-all ranks x 4 ring ranks (mesh.sp_ring: 4; zig-zag blocks, K/V passed
+around the ring), and the gradient probe runs there with the memory features and ZeRO 3; every
+step's loss and grad norm and every parameter's gradient must match transformers' fp64 training.
+Without mesh.sp_ring the same run is refused (exit 2, one line naming the key).
+
 Case mistral_sliding_window: a Mistral config.json whose sliding_window is shorter than the
 sequence is refused (exit 2, one line naming sliding_window, no metrics); a window exactly as long
 as the sequence masks nothing, so it trains, with transformers' loss (which applies its window).
@@ -79,6 +85,9 @@ FAMILY_MODELS = {
 # 7 query heads over 1 KV head (hd 16): no sp in 2-6 divides them, so sp 3 needs mesh.uneven_heads.
 UNEVEN_MODEL = dict(FAMILY_MODELS["qwen2"], hidden_size=112, num_heads=7, num_kv_heads=1)
 UNEVEN_SP = 3
+# sp 8 over 4 query heads: 2 all-to-all ranks (2 query heads, 1 KV head each) x 4 ring ranks.
+RING_SP = 8
+RING = 4
 # Mistral v0.3 and later write "sliding_window": null; Mistral v0.1's 4096 would be accepted too
 # (no shorter than these sequences), the case mistral_sliding_window holds the boundary.
 FAMILY_EXTRA = {"mistral": dict(sliding_window=None)}
@@ -340,6 +349,57 @@ def uneven_heads_case(args, work):
                    mesh={"uneven_heads": True})
 
 
+def ring_case(args, work):
+    """sp 8 over 4 query heads as 2 all-to-all x 4 ring ranks (mesh.sp_ring) against
+    transformers: 3 steps, the gradient probe, and the refusal without the key."""
+    keys = FAMILY_MODELS["qwen2"]
+    tokens = os.path.join(work, "train.u16")
+    write_tokens(tokens, (STEPS * MICRO_BATCH + 1) * SEQ_LEN, keys["vocab_size"], seed=34)
+    model = make_hf_model(keys, seed=1234, perturb_seed=77)
+    hf_dir = os.path.join(work, "hf-init")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    ref_losses, ref_norms, _ = train_reference(hf_dir, tokens, torch.float64)
+    log(f"transformers fp64: losses {ref_losses}, grad norms {ref_norms}")
+
+    # sp 8 over 4 heads is refused before any rank starts without the key.
+    name = f"sp{RING_SP}-no-ring"
+    run_dir = os.path.join(work, name)
+    os.makedirs(run_dir)
+    sections = base_sections(work, name, hf_dir, tokens, RING_SP)
+    config_path = os.path.join(run_dir, "run.yaml")
+    write_run_config(config_path, sections, "tests/clients/families_test.py")
+    problems = hf_common.refused_run_problems(args.bin, config_path, sections, RING_SP, run_dir,
+                                              "mesh.sp_ring")
+    what = f"4 query heads at sp {RING_SP} without mesh.sp_ring"
+    log(f"{'ok  ' if not problems else 'FAIL'} {what}: refused" +
+        (": " + "; ".join(problems) if problems else ""))
+    FAILURES.extend(f"{what}: {p}" for p in problems)
+
+    t0 = time.monotonic()
+    name = f"sp{RING_SP}-ring{RING}"
+    run_dir = os.path.join(work, name)
+    os.makedirs(run_dir)
+    sections = base_sections(work, name, hf_dir, tokens, RING_SP)
+    sections["mesh"]["sp_ring"] = RING
+    config_path = os.path.join(run_dir, "run.yaml")
+    log(write_run_config(config_path, sections, "tests/clients/families_test.py"))
+    try:
+        run_trainer(args.bin, config_path, RING_SP, run_dir, quiet=True)
+        steps, _ = read_metrics(sections["output"]["dir"])
+        if sorted(steps) != list(range(1, STEPS + 1)):
+            raise Mismatch(f"metrics.jsonl has steps {sorted(steps)}")
+        for s in range(1, STEPS + 1):
+            compare(f"qwen2 {name} step {s} loss", steps[s]["loss"], ref_losses[s - 1], LOSS_RTOL)
+            compare(f"qwen2 {name} step {s} grad_norm (before clipping)",
+                    steps[s]["grad_norm"], ref_norms[s - 1], NORM_RTOL)
+    except Mismatch as e:
+        FAILURES.append(f"qwen2 {name}: {e}")
+        log(f"FAIL qwen2 {name}: {e}")
+    log(f"qwen2 {name}: {time.monotonic() - t0:.1f}s")
+    gradient_probe(args, work, "qwen2", hf_dir, tokens, model, sp=RING_SP,
+                   mesh={"sp_ring": RING})
+
+
 def sliding_window_case(args, work):
     keys = FAMILY_MODELS["mistral"]
     tokens = os.path.join(work, "train.u16")
@@ -382,7 +442,7 @@ def sliding_window_case(args, work):
             steps[1]["grad_norm"], ref_norms[0], NORM_RTOL)
 
 
-CASES = sorted(FAMILY_MODELS) + ["qwen2_uneven_heads", "mistral_sliding_window"]
+CASES = sorted(FAMILY_MODELS) + ["qwen2_uneven_heads", "qwen2_ring", "mistral_sliding_window"]
 
 
 def main():
@@ -393,6 +453,8 @@ def main():
             sliding_window_case(args, work)
         elif args.case == "qwen2_uneven_heads":
             uneven_heads_case(args, work)
+        elif args.case == "qwen2_ring":
+            ring_case(args, work)
         else:
             family_case(args, work, args.case)
     return run_case(f"families_{args.case}", body, FAILURES, keep=args.keep)

@@ -87,6 +87,9 @@ TEST_P(RingKernel, BlocksEqualPlainAttentionOverTheWholeSequence) {
       const at::Tensor row = at::tensor(ids, at::TensorOptions().dtype(at::kLong));
       doc_ids = at::stack({row, (row + 1).div(2, "floor")});  // two samples, different cuts
     }
+    // The fused cases take the documents as the batch brings them (found on the host); the others
+    // let the kernel find them.
+    const DocumentRuns runs = doc_ids.defined() ? document_runs(doc_ids) : DocumentRuns{};
     // The reference over the whole sequence.
     const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(),
                      rv = v.clone().requires_grad_();
@@ -100,7 +103,8 @@ TEST_P(RingKernel, BlocksEqualPlainAttentionOverTheWholeSequence) {
     const at::Tensor bq = q.index_select(1, mine).requires_grad_();
     const at::Tensor bk = k.index_select(1, mine).requires_grad_();
     const at::Tensor bv = v.index_select(1, mine).requires_grad_();
-    const at::Tensor got = sp::ring_attention(bq, bk, bv, doc_ids, mesh.sp_ring(), kc.fused);
+    const at::Tensor got = sp::ring_attention(bq, bk, bv, doc_ids, kc.fused ? &runs : nullptr,
+                                              mesh.sp_ring(), kc.fused);
     got.backward(grad_out.index_select(1, mine));
 
     const auto check = [&](const char* what, const at::Tensor& a, const at::Tensor& b) {
@@ -122,7 +126,10 @@ INSTANTIATE_TEST_SUITE_P(Rings, RingKernel,
                                            KernelCase{"ring2_packed", 2, 4, 2, true},
                                            KernelCase{"ring4_packed_gqa", 4, 4, 2, true},
                                            KernelCase{"ring2_gqa_fused", 2, 4, 2, false, true},
-                                           KernelCase{"ring3_mqa_fused", 3, 3, 1, false, true}),
+                                           KernelCase{"ring3_mqa_fused", 3, 3, 1, false, true},
+                                           // Pairs inside one document run fused, the others
+                                           // through their document mask.
+                                           KernelCase{"ring2_packed_fused", 2, 4, 2, true, true}),
                          [](const ::testing::TestParamInfo<KernelCase>& info) {
                            return info.param.name;
                          });

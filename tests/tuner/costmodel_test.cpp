@@ -283,6 +283,48 @@ TEST(CostModel, UnevenHeadsChargeTheRankWithTheMostHeads) {
   EXPECT_LT(memory(uneven), memory(even_32));
 }
 
+// Ring attention at sp 8 = 2 x 4 (Llama-3.1-8B, 32 query / 8 KV heads): the all-to-all runs over
+// 2 ranks, the ring passes each rank's K/V block ((R - 1) forward, (R - 1) + R fp32 gradients
+// backward, the forward again for the recompute), and attention per rank is the all-to-all's.
+TEST(CostModel, RingChargesTheKvPassAndTheSmallerAllToAll) {
+  config::RunConfig c;
+  c.model = config::load_model_preset("llama-3.1-8b");
+  c.mesh.sp = 8;
+  c.sequence.length = 65536;
+  c.memory.precision = "bf16";
+  c.train.device = "cuda";
+  c.memory.checkpointing = true;
+  config::RunConfig ring = c;
+  ring.mesh.sp_ring.value = 4;
+  const StepWork a2a = step_work(c), w = step_work(ring);
+  EXPECT_EQ(a2a.ring_bytes, 0);
+  const double tokens = 65536.0 / 8, hd = 128, kvd = 2 * 4 * hd;  // sp_a2a 2 x 4 KV heads each
+  const double block_kv = tokens * 2 * kvd;
+  const double per_layer = 3 * block_kv * 2 /*fwd*/ * 2 /*recompute*/ + 3 * block_kv * 2 +
+                           4 * block_kv * 4;  // backward: blocks, fp32 gradients
+  EXPECT_DOUBLE_EQ(w.ring_bytes, 32 * per_layer);
+  // The all-to-all over 2 ranks sends half of each tensor; over 8 ranks 7/8 of it.
+  const double qd = 32 * hd;
+  EXPECT_DOUBLE_EQ(w.a2a_bytes, 32 * tokens * (qd + 2 * kvd + qd) * 2 * 0.5 * 3);
+  EXPECT_DOUBLE_EQ(w.attention_flops, a2a.attention_flops);
+  EXPECT_DOUBLE_EQ(w.matmul_flops, a2a.matmul_flops);
+  // The pass hides behind the blocks' attention when it is shorter.
+  TimeCoefficients k;
+  k.ms_per_tflop = k.ms_per_tflop_attention = 1.0;
+  k.ms_per_gb_a2a = 1.0;
+  k.ms_per_gb_ring = 1e-6;
+  TimePrediction p = predict_time(w, k);
+  EXPECT_GT(p.ring_ms, 0);
+  EXPECT_EQ(p.ring_exposed_ms, 0);
+  k.ms_per_gb_ring = 1e6;
+  p = predict_time(w, k);
+  EXPECT_NEAR(p.ring_exposed_ms, p.ring_ms - w.attention_flops / 1e12, 1e-6 * p.ring_ms);
+  // Memory: the ring's buffers are a transient of their own.
+  const auto terms = by_name(predict_memory(ring, MemoryCoefficients{}));
+  EXPECT_EQ(terms.count("ring attention buffers"), 1u);
+  EXPECT_EQ(by_name(predict_memory(c, MemoryCoefficients{})).count("ring attention buffers"), 0u);
+}
+
 TEST(CostModelZero, Stage1ShardsMomentsAndMastersOverTheWorld) {
   const std::map<std::string, int64_t> m = by_name(predict_memory(tiny_zero(1), k_test()));
   EXPECT_EQ(m.at("weights"), 1704 * 4);

@@ -8,6 +8,8 @@
 // its tiled-MLP class lookup for Qwen2, Qwen3 and Mistral runs, Accelerate's launcher +
 // ParallelismConfig), in one Python process ($ULYSSES_PYTHON).
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -489,6 +491,35 @@ TEST(Export, UnevenHeadsWarnFirst) {
   }
   run.mesh.sp = 2;
   EXPECT_EQ(uneven_heads_warning(run), std::nullopt);
+}
+
+// Ring attention (mesh.sp_ring) is a model split DeepSpeed's Ulysses cannot run: every export
+// refuses it with one line naming the key; sp_ring 1 exports as before.
+TEST(Export, RingAttentionIsRefusedWithOneLine) {
+  config::RunConfig run = Case().run();
+  run.model.num_heads = 4, run.model.num_kv_heads = 2;
+  run.mesh.sp = 8;
+  run.mesh.dp = 1;
+  run.mesh.sp_ring.value = 4;
+  const std::vector<std::function<void()>> exports = {
+      [&] { deepspeed_config(run); }, [&] { arctic_recipe(run); },
+      [&] { accelerate_config(run, "ds_config.json", 1); }};
+  for (const auto& run_export : exports) {
+    try {
+      run_export();
+      ADD_FAILURE() << "a ring configuration was exported";
+    } catch (const UserError& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind("mesh.sp_ring: 4 (ring attention over sp 8 = 2 all-to-all x 4 ring) "
+                              "runs only in ulysses-train; ",
+                              0),
+                0u)
+          << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+  run.mesh.sp = 4, run.mesh.sp_ring.value = 1;
+  EXPECT_NO_THROW(deepspeed_config(run));
 }
 
 TEST(Export, ArcticWarmupRatioGivesExactlyTheWarmupSteps) {

@@ -295,6 +295,43 @@ TEST(Plan, UnevenHeadsListMeshesThatDoNotDivideTheHeads) {
   EXPECT_GT(rows[3].max_seqlen, rows[2].max_seqlen);
 }
 
+// Llama-3.1-8B (32 query heads over 8 KV heads) on 64 H100s: sp 64 exceeds the heads, so without
+// --ring its row is invalid; with --ring it is valid as 32 x 2, 16 x 4, 8 x 8, ... 1 x 64, each
+// sp's all-to-all row stays as it was, and the rings charge K/V bytes the all-to-all does not.
+TEST(Plan, RingListsFactorizationsBeyondTheHeadCount) {
+  PlanRequest r = llama8b(64, {parse_features("alst")});
+  r.hardware.nodes = 8, r.hardware.devices_per_node = 8;
+  r.seqlen = 8 * 1024 * 1024;
+  r.ring = true;
+  const std::vector<PlanRow> rows = make_plan(r);
+  std::vector<int64_t> rings_at_64;
+  for (const PlanRow& row : rows) {
+    if (row.sp != 64) continue;
+    rings_at_64.push_back(row.sp_ring);
+    if (row.sp_ring == 1) {
+      EXPECT_FALSE(row.valid);  // 64 ranks, 32 heads: the all-to-all alone cannot
+    } else {
+      EXPECT_TRUE(row.valid) << row.sp_ring << ": " << row.limit;
+      EXPECT_GT(row.step_ms, 0);
+    }
+  }
+  EXPECT_EQ(rings_at_64, (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64}));
+  // sp 8 on one node: the all-to-all row equals the plan without --ring.
+  r.ring = false;
+  const std::vector<PlanRow> plain = make_plan(r);
+  const auto find = [](const std::vector<PlanRow>& all, int64_t sp, int64_t ring) {
+    for (const PlanRow& row : all) {
+      if (row.sp == sp && row.sp_ring == ring) return row;
+    }
+    ADD_FAILURE() << "no row sp " << sp << " ring " << ring;
+    return PlanRow{};
+  };
+  EXPECT_EQ(find(rows, 8, 1).step_ms, find(plain, 8, 1).step_ms);
+  EXPECT_EQ(find(rows, 8, 1).peak_bytes, find(plain, 8, 1).peak_bytes);
+  // At sp 32 the all-to-all replicates each KV head over 4 ranks; 8 x 4 does not, and holds less.
+  EXPECT_LT(find(rows, 32, 4).peak_bytes, find(rows, 32, 1).peak_bytes);
+}
+
 // What `ulysses-tune plan` prints to stdout for `o`.
 std::string plan_output(const PlanOptions& o) {
   std::ostringstream captured;

@@ -144,13 +144,13 @@ int64_t padded_length(const config::RunConfig& c) {
 }
 
 int64_t mlp_tiles(const config::RunConfig& c) {
-  const int64_t t = ceil_div(c.sequence.length, c.mesh.sp);
+  const int64_t t = padded_length(c) / c.mesh.sp;
   if (!c.memory.tiled_mlp.is_auto()) return c.memory.tiled_mlp.value;
   return std::max<int64_t>(1, ceil_div(t, c.model.hidden_size));  // sp/tiled_mlp.h
 }
 
 int64_t loss_tiles(const config::RunConfig& c) {
-  const int64_t t = ceil_div(c.sequence.length, c.mesh.sp);
+  const int64_t t = padded_length(c) / c.mesh.sp;
   if (!c.memory.tiled_loss.is_auto()) return c.memory.tiled_loss.value;
   const int64_t bytes = c.sequence.micro_batch * t * c.model.vocab_size * 4;  // fp32 logits
   return std::clamp<int64_t>(ceil_div(bytes, int64_t{1} << 30), 1, t);  // sp/tiled_logits_loss.h
@@ -214,7 +214,6 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const int64_t ring = ring_ranks(c), a2a = sp / ring;
   const int64_t h = m.hidden_size, v = m.vocab_size, layers = m.num_layers;
   const int64_t hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
-  const int64_t qd = m.num_heads * hd;
   // The rank with the most heads; qd_a2a == qd (and kvd as above) when sp_a2a splits them evenly.
   const sp::HeadLoad most = a2a_heads(m, a2a);
   const int64_t qd_a2a = a2a * most.q * hd, kvd_a2a = a2a * most.kv * hd;
@@ -395,7 +394,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
             ") x bs x T x V (fp32 logits, log-softmax, its gradient)",
         Lifetime::kTransient);
   }
-  if (math) {
+  if (probs > 0) {
     add("attention scores", 2.0 * probs, "2 x bs x hq/sp x sl^2 x " + ds + " (math backend)",
         Lifetime::kTransient);
   }
@@ -409,13 +408,17 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         "bs x T x (2kvd x (2 x " + ds + " + 2 x 4 B) + qd x 2 x 4 B) (K/V blocks in flight, "
         "their fp32 gradients, fp32 accumulators)",
         Lifetime::kTransient);
-    if (math) {  // scores, probabilities and their gradient of one pair of chunks, fp32
+    // Pairs the flash kernel does not take materialise their scores, probabilities and score
+    // gradient in fp32: the math backend, fp32 on CUDA, and pairs that need a document mask.
+    const bool scores = math || c.data.pack || (!on_cpu && !bf16);
+    if (scores) {
       const double chunk = static_cast<double>(a2a) * t / 2;
       add("ring pair scores", 3.0 * bs * most.q * chunk * chunk * 4,
-          "3 x bs x hq/sp_a2a x (sl / (2 sp_ring))^2 x 4 B (math backend)", Lifetime::kTransient);
+          "3 x bs x hq/sp_a2a x (sl / (2 sp_ring))^2 x 4 B (pairs without the flash kernel)",
+          Lifetime::kTransient);
     }
   }
-  if (c.data.pack) {
+  if (c.data.pack && ring == 1) {  // (ring attention masks one pair of chunks at a time)
     const double mask = static_cast<double>(bs) * sl * sl;
     if (mask <= 64.0 * (1 << 20)) {
       add("document mask", mask, "bs x sl^2 x 1 B (dense below 64 MiB)", Lifetime::kSaved);

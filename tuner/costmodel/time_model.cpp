@@ -2,9 +2,10 @@
 // 2 x (h qd + 2 h kvd0 + qd h + 3 h ffn) FLOPs (kvd0 = hkv hd, before replication); causal
 // attention 2 x 2 x sl x qd / 2 per token of this rank (with an uneven head split, sp_a2a x the
 // query heads of the rank with the most of them x hd, the rank that sets the step time; model_flops
-// keeps the true qd); ring attention (sp = sp_a2a x sp_ring) adds its K/V pass (ring_bytes); the LM head 2 x h x V. Backward costs twice the forward; checkpointing
-// (and ZeRO-3, which always recomputes) recomputes every layer's forward once more, tiled MLP its
-// MLP. Communication per ZeRO stage: see StepWork.
+// keeps the true qd); the LM head 2 x h x V. Ring attention (sp = sp_a2a x sp_ring) adds its K/V
+// pass (ring_bytes). Backward costs twice the forward; checkpointing (and ZeRO-3, which always
+// recomputes) recomputes every layer's forward once more, tiled MLP its MLP. Communication per
+// ZeRO stage: see StepWork.
 // Family extras (Qwen2's q/k/v biases, Qwen3's q/k norms) add no FLOPs here, as in
 // profile/flops.h (elementwise), but their parameters travel in every gradient and weight
 // collective (parameter_count, layer_parameter_count).

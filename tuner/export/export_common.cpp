@@ -89,14 +89,18 @@ std::optional<std::string> uneven_heads_warning(const config::RunConfig& run) {
          "divide the query heads, so this export runs only at such an sp";
 }
 
-void refuse_ring(const config::RunConfig& run, const std::string& what) {
+std::optional<std::string> ring_unsupported(const config::RunConfig& run, const std::string& what) {
   const int64_t ring =
       config::resolved_sp_ring(run.mesh, run.model.num_heads, run.model.num_kv_heads);
-  if (ring <= 1) return;
-  throw UserError("mesh.sp_ring: " + std::to_string(ring) + " (ring attention over sp " +
-                  std::to_string(run.mesh.sp) + " = " + std::to_string(run.mesh.sp / ring) +
-                  " all-to-all x " + std::to_string(ring) + " ring) runs only in ulysses-train; " +
-                  what + " has Ulysses' all-to-all alone: export a configuration with sp_ring 1");
+  if (ring <= 1) return std::nullopt;
+  return "mesh.sp_ring: " + std::to_string(ring) + " (ring attention over sp " +
+         std::to_string(run.mesh.sp) + " = " + std::to_string(run.mesh.sp / ring) +
+         " all-to-all x " + std::to_string(ring) + " ring) runs only in ulysses-train; " + what +
+         " has Ulysses' all-to-all alone: export a configuration with sp_ring 1";
+}
+
+void refuse_ring(const config::RunConfig& run, const std::string& what) {
+  if (auto line = ring_unsupported(run, what)) throw UserError(*line);
 }
 
 std::optional<std::string> local_torch_version() {

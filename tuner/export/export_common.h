@@ -60,9 +60,12 @@ std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig
 // the query heads, which ulysses-train's uneven split does not. Starts with "mesh.uneven_heads: ".
 std::optional<std::string> uneven_heads_warning(const config::RunConfig& run);
 
-// Throws UserError("mesh.sp_ring: ...", one line naming `what`) when the run uses ring attention
-// (mesh.sp_ring resolves to more than 1): DeepSpeed's Ulysses, and ArcticTraining and Accelerate
-// over it, have no ring attention, so an export would run another model split.
+// When the run uses ring attention (mesh.sp_ring resolves to more than 1): one line saying that
+// `what` (DeepSpeed's Ulysses, and ArcticTraining and Accelerate over it) has no ring attention and
+// cannot run the configuration, starting with "mesh.sp_ring: "; nullopt otherwise.
+std::optional<std::string> ring_unsupported(const config::RunConfig& run, const std::string& what);
+
+// Throws UserError(ring_unsupported(run, what)) when there is such a line.
 void refuse_ring(const config::RunConfig& run, const std::string& what);
 
 // The PyTorch version that `$ULYSSES_PYTHON` (else `python3` on PATH) imports here, e.g.

@@ -12,6 +12,7 @@
 #include "tuner/export/accelerate_config.h"
 #include "tuner/export/arctic_recipe.h"
 #include "tuner/export/deepspeed_config.h"
+#include "tuner/export/export_common.h"
 
 namespace ulysses::exports {
 namespace {
@@ -53,6 +54,14 @@ void append_new(std::vector<std::string>& all, const std::vector<std::string>& m
 }  // namespace
 
 ExportFiles write_exports(const config::RunConfig& run, const std::string& dir, int64_t nodes) {
+  if (auto line = ring_unsupported(run, "DeepSpeed (and ArcticTraining and Accelerate over it)")) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw UserError(dir + ": cannot write (" + ec.message() + ")");
+    ExportFiles files;
+    files.warnings.push_back(*line);
+    return files;
+  }
   const DeepSpeedExport deepspeed = deepspeed_config(run);
   const ArcticRecipeExport arctic = arctic_recipe(run);
   const AccelerateExport accelerate = accelerate_config(run, kDeepSpeedConfigFile, nodes);

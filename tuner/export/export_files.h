@@ -16,6 +16,7 @@ inline constexpr char kAccelerateConfigFile[] = "accelerate_config.yaml";
 
 // Where write_exports put the files, and the warnings of all three exports.
 struct ExportFiles {
+  // Empty when the run has no such export (ring attention: ring_unsupported's warning instead).
   std::string deepspeed_path;   // DIR/ds_config.json
   std::string arctic_path;      // DIR/arctic_training.yaml
   std::string accelerate_path;  // DIR/accelerate_config.yaml
@@ -24,7 +25,8 @@ struct ExportFiles {
   std::vector<std::string> warnings;
 };
 
-// Creates `dir` (and parents) when missing and writes the three files: ds_config.json (indent 2,
+// Creates `dir` (and parents) when missing and writes the three files (none for a run with ring
+// attention, which none of those stacks runs: then one warning says so): ds_config.json (indent 2,
 // trailing newline), arctic_training.yaml, accelerate_config.yaml (deepspeed_config_file:
 // ds_config.json). Each file is written to a temporary name in `dir` and renamed, so no reader
 // ever sees a half-written file; existing files of these names are replaced.

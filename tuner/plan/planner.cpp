@@ -154,82 +154,83 @@ std::vector<PlanRow> make_plan(const PlanRequest& r) {
         rings.push_back(ring);
       }
     }
-    for (const int64_t sp_ring : rings)
-    for (const FeatureSet& f : r.features) {
-      PlanRow row;
-      row.sp = sp, row.dp = r.world / sp, row.features = f.name, row.sp_ring = sp_ring;
-      row.zero_stage = f.zero_stage >= 0 ? f.zero_stage : r.zero_stage;
-      row.uneven_heads = r.uneven_heads && !sp::heads_split_evenly(r.model.num_heads,
-                                                                   r.model.num_kv_heads,
-                                                                   sp / sp_ring);
-      PlanRequest req = r;
-      if (!r.time_calibrated) {
-        req.time = time_coefficients(r.hardware, r.precision, sp, r.world, sp_ring);
-      }
-      try {
-        row_config(req, sp, f, sp, sp_ring);
-      } catch (const UserError& e) {
-        row.valid = false;
-        row.limit = row.max_limit = std::string("heads vs sp: ") + e.what();
-        rows.push_back(row);
-        continue;
-      }
-      // Longest fitting length: doubling, then bisection, in units of sp x 1024 tokens (2 sp x
-      // 1024 with a ring, whose blocks are two chunks). A model with a sliding window runs only
-      // lengths within it (config validation), so the window bounds the search as memory does.
-      const int64_t unit = config::sequence_multiple(sp, sp_ring) * 1024;
-      const int64_t window = r.model.sliding_window;
-      auto status = [&](int64_t len) {
-        if (window > 0 && len > window) {
-          return "model.sliding_window " + std::to_string(window);
+    for (const int64_t sp_ring : rings) {
+      for (const FeatureSet& f : r.features) {
+        PlanRow row;
+        row.sp = sp, row.dp = r.world / sp, row.features = f.name, row.sp_ring = sp_ring;
+        row.zero_stage = f.zero_stage >= 0 ? f.zero_stage : r.zero_stage;
+        row.uneven_heads = r.uneven_heads && !sp::heads_split_evenly(r.model.num_heads,
+                                                                     r.model.num_kv_heads,
+                                                                     sp / sp_ring);
+        PlanRequest req = r;
+        if (!r.time_calibrated) {
+          req.time = time_coefficients(r.hardware, r.precision, sp, r.world, sp_ring);
         }
-        return check(req, row_config(req, sp, f, len, sp_ring), nullptr);
-      };
-      int64_t good = 0, bad = 0;
-      std::string over;
-      for (int64_t len = unit; len <= req.max_search_tokens; len *= 2) {
-        const std::string s = status(len);
-        if (s != "fits") {
-          bad = len, over = s;
-          break;
+        try {
+          row_config(req, sp, f, sp, sp_ring);
+        } catch (const UserError& e) {
+          row.valid = false;
+          row.limit = row.max_limit = std::string("heads vs sp: ") + e.what();
+          rows.push_back(row);
+          continue;
         }
-        good = len;
-      }
-      if (bad == 0) {
-        over = "search cap " + std::to_string(req.max_search_tokens) + " tokens";
-      } else {
-        while (bad - good > unit) {
-          const int64_t mid = (good + bad) / 2 / unit * unit;
-          const std::string s = status(mid);
-          if (s == "fits") {
-            good = mid;
-          } else {
-            bad = mid, over = s;
+        // Longest fitting length: doubling, then bisection, in units of sp x 1024 tokens (2 sp x
+        // 1024 with a ring, whose blocks are two chunks). A model with a sliding window runs only
+        // lengths within it (config validation), so the window bounds the search as memory does.
+        const int64_t unit = config::sequence_multiple(sp, sp_ring) * 1024;
+        const int64_t window = r.model.sliding_window;
+        auto status = [&](int64_t len) {
+          if (window > 0 && len > window) {
+            return "model.sliding_window " + std::to_string(window);
+          }
+          return check(req, row_config(req, sp, f, len, sp_ring), nullptr);
+        };
+        int64_t good = 0, bad = 0;
+        std::string over;
+        for (int64_t len = unit; len <= req.max_search_tokens; len *= 2) {
+          const std::string s = status(len);
+          if (s != "fits") {
+            bad = len, over = s;
+            break;
+          }
+          good = len;
+        }
+        if (bad == 0) {
+          over = "search cap " + std::to_string(req.max_search_tokens) + " tokens";
+        } else {
+          while (bad - good > unit) {
+            const int64_t mid = (good + bad) / 2 / unit * unit;
+            const std::string s = status(mid);
+            if (s == "fits") {
+              good = mid;
+            } else {
+              bad = mid, over = s;
+            }
           }
         }
-      }
-      row.max_seqlen = good;
-      row.max_limit = over;
-      // The figures at --seqlen, else at the longest fitting length, else at the shortest
-      // length tried (showing how far over it is).
-      row.seqlen = r.seqlen > 0 ? r.seqlen : (good > 0 ? good : unit);
-      if (window > 0 && row.seqlen > window) {  // --seqlen beyond the window, or no unit fits in it
-        row.valid = false;
-        row.limit = "model.sliding_window " + std::to_string(window) +
-                    ": longer sequences need sliding-window attention (not implemented)";
+        row.max_seqlen = good;
+        row.max_limit = over;
+        // The figures at --seqlen, else at the longest fitting length, else at the shortest
+        // length tried (showing how far over it is).
+        row.seqlen = r.seqlen > 0 ? r.seqlen : (good > 0 ? good : unit);
+        if (window > 0 && row.seqlen > window) {  // --seqlen beyond the window, or no unit fits in it
+          row.valid = false;
+          row.limit = "model.sliding_window " + std::to_string(window) +
+                      ": longer sequences need sliding-window attention (not implemented)";
+          rows.push_back(row);
+          continue;
+        }
+        const config::RunConfig c = row_config(req, sp, f, row.seqlen, sp_ring);
+        row.limit = check(req, c, &row);
+        fill_time(req, c, &row);
+        row.max_layers = max_layers_that_fit(req, c);
+        if (row.max_layers > 0) {
+          config::ModelOptions largest = r.model;
+          largest.num_layers = row.max_layers;
+          row.max_parameters = costmodel::parameter_count(largest);
+        }
         rows.push_back(row);
-        continue;
       }
-      const config::RunConfig c = row_config(req, sp, f, row.seqlen, sp_ring);
-      row.limit = check(req, c, &row);
-      fill_time(req, c, &row);
-      row.max_layers = max_layers_that_fit(req, c);
-      if (row.max_layers > 0) {
-        config::ModelOptions largest = r.model;
-        largest.num_layers = row.max_layers;
-        row.max_parameters = costmodel::parameter_count(largest);
-      }
-      rows.push_back(row);
     }
   }
   return rows;

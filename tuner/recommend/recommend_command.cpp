@@ -206,9 +206,12 @@ int run_recommend(const RecommendOptions& options) {
             << winner.dp << " x sp " << winner.sp << ", "
             << static_cast<int64_t>(winner.tokens_per_s_per_rank.value_or(0))
             << " tokens/s per rank, measured on backend " << report::trial_backend(winner)
-            << ")\nwrote " << out.string()
-            << "/{recommended.yaml, ds_config.json, " << exports::kArcticRecipeFile
-            << ", accelerate_config.yaml, launch.sh, launch.sbatch, WHY.md}\n";
+            << ")\nwrote " << out.string() << "/{recommended.yaml, "
+            << (files.deepspeed_path.empty()
+                    ? std::string()
+                    : std::string("ds_config.json, ") + exports::kArcticRecipeFile +
+                          ", accelerate_config.yaml, ")
+            << "launch.sh, launch.sbatch, WHY.md}\n";
   return kExitOk;
 }
 
