@@ -131,6 +131,22 @@ PairMask pair_mask(int64_t qc, int64_t kc, int64_t chunk, const at::Tensor& doc_
   return mask;
 }
 
+// Calls visit(qi, ki, mask) for each pair of this rank's chunk qi (0, 1) and the chunk ki of ring
+// rank `source`'s block that some query row sees, under the "attention" phase.
+template <class Visit>
+void for_each_visible_pair(int64_t me, int64_t source, int64_t size, int64_t chunk,
+                           const at::Tensor& doc_ids, const at::Tensor& starts,
+                           const at::Device& device, Visit&& visit) {
+  profile::ScopedPhase phase("attention");
+  const std::array<int64_t, 2> mine = block_chunks(me, size), theirs = block_chunks(source, size);
+  for (int qi = 0; qi < 2; ++qi) {
+    for (int ki = 0; ki < 2; ++ki) {
+      const PairMask mask = pair_mask(mine[qi], theirs[ki], chunk, doc_ids, starts, device);
+      if (mask.visibility != Visibility::kNone) visit(qi, ki, mask);
+    }
+  }
+}
+
 // Scores of query rows [bs, hkv, g, C, hd] against keys [bs, hkv, 1, C, hd], masked with -inf.
 at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const PairMask& mask,
                          double scale) {
@@ -295,36 +311,27 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
                               -std::numeric_limits<double>::infinity(),
                               out.options());  // [bs, hkv, g, L]
     at::Tensor kv = pack_kv(k, v);  // [2, bs, hkv, L, hd], the block of rank `source`
-    const std::array<int64_t, 2> mine = block_chunks(me, size);
     for (int64_t step = 0; step < size; ++step) {
       const int64_t source = (me - step + size) % size;
       comm::Group::Pending next;
       const bool more = step + 1 < size;
       if (more) next = shift_start(ring, kv);
-      {
-        profile::ScopedPhase phase("attention");
-        const std::array<int64_t, 2> theirs = block_chunks(source, size);
-        for (int qi = 0; qi < 2; ++qi) {
-          for (int ki = 0; ki < 2; ++ki) {
-            const PairMask mask =
-                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, starts, q.device());
-            if (mask.visibility == Visibility::kNone) continue;
-            const BlockResult block = block_forward(
-                queries.narrow(3, qi * chunk, chunk), key_chunk(kv, 0, ki, chunk, l),
-                key_chunk(kv, 1, ki, chunk, l), mask, scale, l);
-            // Online softmax: merge the block's result into the rows' running one.
-            at::Tensor out_rows = out.narrow(3, qi * chunk, chunk);
-            at::Tensor lse_rows = lse.narrow(3, qi * chunk, chunk);
-            const at::Tensor high = finite_or_zero(at::maximum(lse_rows, block.lse));
-            const at::Tensor merged =
-                high + at::log(at::exp(lse_rows - high) + at::exp(block.lse - high));
-            const at::Tensor base = finite_or_zero(merged);
-            out_rows.copy_(out_rows * at::exp(lse_rows - base).unsqueeze(-1) +
-                           block.out * at::exp(block.lse - base).unsqueeze(-1));
-            lse_rows.copy_(merged);
-          }
-        }
-      }
+      for_each_visible_pair(me, source, size, chunk, doc_ids, starts, q.device(),
+                            [&](int qi, int ki, const PairMask& mask) {
+        const BlockResult block = block_forward(
+            queries.narrow(3, qi * chunk, chunk), key_chunk(kv, 0, ki, chunk, l),
+            key_chunk(kv, 1, ki, chunk, l), mask, scale, l);
+        // Online softmax: merge the block's result into the rows' running one.
+        at::Tensor out_rows = out.narrow(3, qi * chunk, chunk);
+        at::Tensor lse_rows = lse.narrow(3, qi * chunk, chunk);
+        const at::Tensor high = finite_or_zero(at::maximum(lse_rows, block.lse));
+        const at::Tensor merged =
+            high + at::log(at::exp(lse_rows - high) + at::exp(block.lse - high));
+        const at::Tensor base = finite_or_zero(merged);
+        out_rows.copy_(out_rows * at::exp(lse_rows - base).unsqueeze(-1) +
+                       block.out * at::exp(block.lse - base).unsqueeze(-1));
+        lse_rows.copy_(merged);
+      });
       if (more) kv = shift_wait(next, kv.sizes());
     }
     const at::Tensor result =
@@ -363,7 +370,6 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     // the sum on while the next step computes. The pass after the last step brings this rank's
     // own block's gradient, summed over every rank.
     comm::Group::Pending passed;
-    const std::array<int64_t, 2> mine = block_chunks(me, size);
     for (int64_t step = 0; step < size; ++step) {
       const int64_t source = (me - step + size) % size;
       comm::Group::Pending next;
@@ -371,23 +377,15 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
       if (more) next = shift_start(ring, kv);
       // This rank's contribution to the gradient of the block held now, in the compute dtype.
       at::Tensor grad_kv = at::zeros(kv.sizes(), kv.options().dtype(l.compute));
-      {
-        profile::ScopedPhase phase("attention");
-        const std::array<int64_t, 2> theirs = block_chunks(source, size);
-        for (int qi = 0; qi < 2; ++qi) {
-          for (int ki = 0; ki < 2; ++ki) {
-            const PairMask mask =
-                pair_mask(mine[qi], theirs[ki], chunk, doc_ids, starts, q.device());
-            if (mask.visibility == Visibility::kNone) continue;
-            const auto rows = [&](const at::Tensor& t) { return t.narrow(3, qi * chunk, chunk); };
-            block_backward(rows(queries), key_chunk(kv, 0, ki, chunk, l),
-                           key_chunk(kv, 1, ki, chunk, l), rows(grad_out), rows(outputs),
-                           rows(lse), rows(delta), mask, scale, l, rows(grad_q),
-                           grad_kv[0].narrow(2, ki * chunk, chunk),
-                           grad_kv[1].narrow(2, ki * chunk, chunk));
-          }
-        }
-      }
+      for_each_visible_pair(me, source, size, chunk, doc_ids, starts, q.device(),
+                            [&](int qi, int ki, const PairMask& mask) {
+        const auto rows = [&](const at::Tensor& t) { return t.narrow(3, qi * chunk, chunk); };
+        block_backward(rows(queries), key_chunk(kv, 0, ki, chunk, l),
+                       key_chunk(kv, 1, ki, chunk, l), rows(grad_out), rows(outputs), rows(lse),
+                       rows(delta), mask, scale, l, rows(grad_q),
+                       grad_kv[0].narrow(2, ki * chunk, chunk),
+                       grad_kv[1].narrow(2, ki * chunk, chunk));
+      });
       if (step > 0) grad_kv.add_(shift_wait(passed, grad_kv.sizes()));
       passed = shift_start(ring, grad_kv);
       if (more) kv = shift_wait(next, kv.sizes());

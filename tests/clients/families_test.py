@@ -297,107 +297,54 @@ def family_case(args, work, family):
         ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
 
 
-def uneven_heads_case(args, work):
-    """7 query heads over sp 3 (mesh.uneven_heads) against transformers: 3 steps, the gradient
-    probe, and the refusal without the key."""
-    keys = UNEVEN_MODEL
+def head_split_case(args, work, keys, sp, mesh, label, token_seed):
+    """`keys`' model at `sp` with the `mesh` keys that make that sp possible, against transformers:
+    3 steps, the gradient probe, and the refusal without those keys (one line naming the first)."""
     tokens = os.path.join(work, "train.u16")
-    write_tokens(tokens, (STEPS * MICRO_BATCH + 1) * SEQ_LEN, keys["vocab_size"], seed=33)
+    write_tokens(tokens, (STEPS * MICRO_BATCH + 1) * SEQ_LEN, keys["vocab_size"], seed=token_seed)
     model = make_hf_model(keys, seed=1234, perturb_seed=77)
     hf_dir = os.path.join(work, "hf-init")
     model.save_pretrained(hf_dir, safe_serialization=True)
     ref_losses, ref_norms, _ = train_reference(hf_dir, tokens, torch.float64)
     log(f"transformers fp64: losses {ref_losses}, grad norms {ref_norms}")
 
-    # Refused before any rank starts without the key.
-    name = f"sp{UNEVEN_SP}-even-only"
+    # Refused before any rank starts without the keys.
+    key = "mesh." + next(iter(mesh))
+    name = f"sp{sp}-without-keys"
     run_dir = os.path.join(work, name)
     os.makedirs(run_dir)
-    sections = base_sections(work, name, hf_dir, tokens, UNEVEN_SP)
+    sections = base_sections(work, name, hf_dir, tokens, sp)
     config_path = os.path.join(run_dir, "run.yaml")
     write_run_config(config_path, sections, "tests/clients/families_test.py")
-    problems = hf_common.refused_run_problems(args.bin, config_path, sections, UNEVEN_SP, run_dir,
-                                              "mesh.uneven_heads")
-    what = f"7 query heads at sp {UNEVEN_SP} without mesh.uneven_heads"
+    problems = hf_common.refused_run_problems(args.bin, config_path, sections, sp, run_dir, key)
+    what = f"{keys['num_heads']} query heads at sp {sp} without {key}"
     log(f"{'ok  ' if not problems else 'FAIL'} {what}: refused" +
         (": " + "; ".join(problems) if problems else ""))
     FAILURES.extend(f"{what}: {p}" for p in problems)
 
     t0 = time.monotonic()
-    name = f"sp{UNEVEN_SP}-uneven"
+    name = f"sp{sp}-{label}"
     run_dir = os.path.join(work, name)
     os.makedirs(run_dir)
-    sections = base_sections(work, name, hf_dir, tokens, UNEVEN_SP)
-    sections["mesh"]["uneven_heads"] = True
+    sections = base_sections(work, name, hf_dir, tokens, sp)
+    sections["mesh"].update(mesh)
     config_path = os.path.join(run_dir, "run.yaml")
     log(write_run_config(config_path, sections, "tests/clients/families_test.py"))
+    what = f"{keys['family']} {keys['num_heads']}/{keys['num_kv_heads']} heads {name}"
     try:
-        run_trainer(args.bin, config_path, UNEVEN_SP, run_dir, quiet=True)
+        run_trainer(args.bin, config_path, sp, run_dir, quiet=True)
         steps, _ = read_metrics(sections["output"]["dir"])
         if sorted(steps) != list(range(1, STEPS + 1)):
             raise Mismatch(f"metrics.jsonl has steps {sorted(steps)}")
         for s in range(1, STEPS + 1):
-            compare(f"qwen2 7/1 heads {name} step {s} loss", steps[s]["loss"],
-                    ref_losses[s - 1], LOSS_RTOL)
-            compare(f"qwen2 7/1 heads {name} step {s} grad_norm (before clipping)",
-                    steps[s]["grad_norm"], ref_norms[s - 1], NORM_RTOL)
+            compare(f"{what} step {s} loss", steps[s]["loss"], ref_losses[s - 1], LOSS_RTOL)
+            compare(f"{what} step {s} grad_norm (before clipping)", steps[s]["grad_norm"],
+                    ref_norms[s - 1], NORM_RTOL)
     except Mismatch as e:
-        FAILURES.append(f"qwen2 7/1 heads {name}: {e}")
-        log(f"FAIL qwen2 7/1 heads {name}: {e}")
-    log(f"qwen2 7/1 heads {name}: {time.monotonic() - t0:.1f}s")
-    gradient_probe(args, work, "qwen2", hf_dir, tokens, model, sp=UNEVEN_SP,
-                   mesh={"uneven_heads": True})
-
-
-def ring_case(args, work):
-    """sp 8 over 4 query heads as 2 all-to-all x 4 ring ranks (mesh.sp_ring) against
-    transformers: 3 steps, the gradient probe, and the refusal without the key."""
-    keys = FAMILY_MODELS["qwen2"]
-    tokens = os.path.join(work, "train.u16")
-    write_tokens(tokens, (STEPS * MICRO_BATCH + 1) * SEQ_LEN, keys["vocab_size"], seed=34)
-    model = make_hf_model(keys, seed=1234, perturb_seed=77)
-    hf_dir = os.path.join(work, "hf-init")
-    model.save_pretrained(hf_dir, safe_serialization=True)
-    ref_losses, ref_norms, _ = train_reference(hf_dir, tokens, torch.float64)
-    log(f"transformers fp64: losses {ref_losses}, grad norms {ref_norms}")
-
-    # sp 8 over 4 heads is refused before any rank starts without the key.
-    name = f"sp{RING_SP}-no-ring"
-    run_dir = os.path.join(work, name)
-    os.makedirs(run_dir)
-    sections = base_sections(work, name, hf_dir, tokens, RING_SP)
-    config_path = os.path.join(run_dir, "run.yaml")
-    write_run_config(config_path, sections, "tests/clients/families_test.py")
-    problems = hf_common.refused_run_problems(args.bin, config_path, sections, RING_SP, run_dir,
-                                              "mesh.sp_ring")
-    what = f"4 query heads at sp {RING_SP} without mesh.sp_ring"
-    log(f"{'ok  ' if not problems else 'FAIL'} {what}: refused" +
-        (": " + "; ".join(problems) if problems else ""))
-    FAILURES.extend(f"{what}: {p}" for p in problems)
-
-    t0 = time.monotonic()
-    name = f"sp{RING_SP}-ring{RING}"
-    run_dir = os.path.join(work, name)
-    os.makedirs(run_dir)
-    sections = base_sections(work, name, hf_dir, tokens, RING_SP)
-    sections["mesh"]["sp_ring"] = RING
-    config_path = os.path.join(run_dir, "run.yaml")
-    log(write_run_config(config_path, sections, "tests/clients/families_test.py"))
-    try:
-        run_trainer(args.bin, config_path, RING_SP, run_dir, quiet=True)
-        steps, _ = read_metrics(sections["output"]["dir"])
-        if sorted(steps) != list(range(1, STEPS + 1)):
-            raise Mismatch(f"metrics.jsonl has steps {sorted(steps)}")
-        for s in range(1, STEPS + 1):
-            compare(f"qwen2 {name} step {s} loss", steps[s]["loss"], ref_losses[s - 1], LOSS_RTOL)
-            compare(f"qwen2 {name} step {s} grad_norm (before clipping)",
-                    steps[s]["grad_norm"], ref_norms[s - 1], NORM_RTOL)
-    except Mismatch as e:
-        FAILURES.append(f"qwen2 {name}: {e}")
-        log(f"FAIL qwen2 {name}: {e}")
-    log(f"qwen2 {name}: {time.monotonic() - t0:.1f}s")
-    gradient_probe(args, work, "qwen2", hf_dir, tokens, model, sp=RING_SP,
-                   mesh={"sp_ring": RING})
+        FAILURES.append(f"{what}: {e}")
+        log(f"FAIL {what}: {e}")
+    log(f"{what}: {time.monotonic() - t0:.1f}s")
+    gradient_probe(args, work, keys["family"], hf_dir, tokens, model, sp=sp, mesh=mesh)
 
 
 def sliding_window_case(args, work):
@@ -452,9 +399,11 @@ def main():
         if args.case == "mistral_sliding_window":
             sliding_window_case(args, work)
         elif args.case == "qwen2_uneven_heads":
-            uneven_heads_case(args, work)
+            head_split_case(args, work, UNEVEN_MODEL, UNEVEN_SP, {"uneven_heads": True}, "uneven",
+                            token_seed=33)
         elif args.case == "qwen2_ring":
-            ring_case(args, work)
+            head_split_case(args, work, FAMILY_MODELS["qwen2"], RING_SP, {"sp_ring": RING},
+                            f"ring{RING}", token_seed=34)
         else:
             family_case(args, work, args.case)
     return run_case(f"families_{args.case}", body, FAILURES, keep=args.keep)

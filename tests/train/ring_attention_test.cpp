@@ -189,17 +189,9 @@ TEST(RingAttentionRun, ThreeStepsEqualSingleProcess) {
     ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps)) << rc.name;
     ASSERT_EQ(base_steps.size(), static_cast<size_t>(kSteps)) << base.name;
     EXPECT_GT(base_steps[0].grad_norm, 1.0) << "clipping should be active on step 1";
-    double worst_loss = 0, worst_norm = 0, worst_weight = 0;
-    for (int64_t s = 0; s < kSteps; ++s) {
-      const std::string at = rc.name + " step " + std::to_string(s + 1);
-      EXPECT_NEAR(steps[s].loss, base_steps[s].loss, kLossRelTol * base_steps[s].loss) << at;
-      EXPECT_NEAR(steps[s].grad_norm, base_steps[s].grad_norm,
-                  kGradRelTol * base_steps[s].grad_norm)
-          << at;
-      worst_loss = std::max(worst_loss, std::abs(steps[s].loss / base_steps[s].loss - 1));
-      worst_norm =
-          std::max(worst_norm, std::abs(steps[s].grad_norm / base_steps[s].grad_norm - 1));
-    }
+    const testing::StepsDiff worst =
+        testing::expect_steps_match(steps, base_steps, kLossRelTol, kGradRelTol, rc.name);
+    double worst_weight = 0;
     const auto weights = model::load_safetensors(out_dir(rc) + last);
     const auto base_weights = model::load_safetensors(out_dir(base) + last);
     ASSERT_EQ(weights.size(), base_weights.size()) << rc.name;
@@ -209,8 +201,8 @@ TEST(RingAttentionRun, ThreeStepsEqualSingleProcess) {
       worst_weight = std::max(worst_weight, err);
     }
     std::printf("%s vs %s over %lld steps: loss rel err %.2g, grad_norm %.2g, final weights %.2g\n",
-                rc.name.c_str(), base.name.c_str(), static_cast<long long>(kSteps), worst_loss,
-                worst_norm, worst_weight);
+                rc.name.c_str(), base.name.c_str(), static_cast<long long>(kSteps), worst.loss,
+                worst.grad_norm, worst_weight);
   }
   ulysses::remove_tree(dir);
 }

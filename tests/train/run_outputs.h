@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,8 +13,8 @@
 
 #include "comm/mesh.h"
 #include "common/remove_tree.h"
-#include "config/options.h"
 #include "config/mesh_factors.h"
+#include "config/options.h"
 #include "support/multi_rank.h"
 #include "train/trainer.h"
 
@@ -58,6 +60,26 @@ inline std::vector<StepRecord> read_steps(const std::string& metrics_path) {
     }
   }
   return out;
+}
+
+// EXPECTs each step of `got` to match `want` (loss within relative loss_tol, grad_norm within
+// norm_tol), naming `what` and the step; returns the worst relative differences.
+struct StepsDiff {
+  double loss = 0.0, grad_norm = 0.0;
+};
+inline StepsDiff expect_steps_match(const std::vector<StepRecord>& got,
+                                    const std::vector<StepRecord>& want, double loss_tol,
+                                    double norm_tol, const std::string& what) {
+  StepsDiff worst;
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
+    const std::string at = what + " step " + std::to_string(s + 1);
+    EXPECT_NEAR(got[s].loss, want[s].loss, loss_tol * want[s].loss) << at;
+    EXPECT_NEAR(got[s].grad_norm, want[s].grad_norm, norm_tol * want[s].grad_norm) << at;
+    worst.loss = std::max(worst.loss, std::abs(got[s].loss / want[s].loss - 1));
+    worst.grad_norm = std::max(worst.grad_norm, std::abs(got[s].grad_norm / want[s].grad_norm - 1));
+  }
+  return worst;
 }
 
 }  // namespace ulysses::testing

@@ -174,17 +174,9 @@ TEST(UnevenHeadsRun, ThreeStepsEqualSingleProcess) {
       EXPECT_GT(base_steps[0].grad_norm, 1.0) << "clipping should be active on step 1";
       continue;
     }
-    double worst_loss = 0, worst_norm = 0, worst_weight = 0;
-    for (int64_t s = 0; s < kSteps; ++s) {
-      const std::string at = uc.name + " step " + std::to_string(s + 1);
-      EXPECT_NEAR(steps[s].loss, base_steps[s].loss, kLossRelTol * base_steps[s].loss) << at;
-      EXPECT_NEAR(steps[s].grad_norm, base_steps[s].grad_norm,
-                  kGradRelTol * base_steps[s].grad_norm)
-          << at;
-      worst_loss = std::max(worst_loss, std::abs(steps[s].loss / base_steps[s].loss - 1));
-      worst_norm =
-          std::max(worst_norm, std::abs(steps[s].grad_norm / base_steps[s].grad_norm - 1));
-    }
+    const testing::StepsDiff worst =
+        testing::expect_steps_match(steps, base_steps, kLossRelTol, kGradRelTol, uc.name);
+    double worst_weight = 0;
     ASSERT_EQ(weights.size(), base_weights.size()) << uc.name;
     for (const auto& [name, w] : base_weights) {
       const double err = testing::relative_error(weights.at(name), w);
@@ -192,8 +184,8 @@ TEST(UnevenHeadsRun, ThreeStepsEqualSingleProcess) {
       worst_weight = std::max(worst_weight, err);
     }
     std::printf("%s vs %s over %lld steps: loss rel err %.2g, grad_norm %.2g, final weights %.2g\n",
-                uc.name.c_str(), base_name.c_str(), static_cast<long long>(kSteps), worst_loss,
-                worst_norm, worst_weight);
+                uc.name.c_str(), base_name.c_str(), static_cast<long long>(kSteps), worst.loss,
+                worst.grad_norm, worst_weight);
   }
   ulysses::remove_tree(dir);
 }

@@ -8,8 +8,6 @@
 // its tiled-MLP class lookup for Qwen2, Qwen3 and Mistral runs, Accelerate's launcher +
 // ParallelismConfig), in one Python process ($ULYSSES_PYTHON).
 #include <gtest/gtest.h>
-
-#include <functional>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -21,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -518,6 +517,17 @@ TEST(Export, RingAttentionIsRefusedWithOneLine) {
       EXPECT_EQ(message.find('\n'), std::string::npos) << message;
     }
   }
+  // The files a recommendation writes: none of the three, one warning saying why.
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("ulysses-ring-exports-" + std::to_string(getpid())))
+                              .string();
+  const ExportFiles files = write_exports(run, dir, 1);
+  EXPECT_TRUE(files.deepspeed_path.empty() && files.arctic_path.empty() &&
+              files.accelerate_path.empty());
+  ASSERT_EQ(files.warnings.size(), 1u);
+  EXPECT_EQ(files.warnings[0].rfind("mesh.sp_ring: 4 ", 0), 0u) << files.warnings[0];
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
   run.mesh.sp = 4, run.mesh.sp_ring.value = 1;
   EXPECT_NO_THROW(deepspeed_config(run));
 }
