@@ -2,6 +2,9 @@
 // one packed all-to-all turns that into all sl positions of hq/sp heads, attention runs over the
 // full sequence locally, and one all-to-all turns the output back. With uneven heads allowed, an
 // sp that does not divide the heads gives each rank ceil or floor(hq/sp) of them (head_split.h).
+// With a ring (mesh.sp_ring) the exchange runs over the SP group's all-to-all part and assembles
+// this ring rank's zig-zag block instead of the whole sequence; attention over it is ring attention
+// (ring_attention.h).
 #pragma once
 #include <memory>
 

@@ -40,7 +40,7 @@ std::vector<int64_t> position_bucket_edges(int64_t length);
 // model's weights released) the forward goes unit by unit as in training: the embedding, each
 // layer and the head are gathered for their use and released, never the whole model at once;
 // ranks that evaluate nothing (without SP, all but the first of each SP group) walk the same
-// gathers. The caller releases what the last gather prefetched (release_all).
+// gathers. Nothing stays gathered on return (no prefetch runs after the head without autograd).
 EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& config,
                     comm::DeviceMesh& mesh, const at::Device& device,
                     ZeroPartition* partition = nullptr);

@@ -362,7 +362,7 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
 
   auto run_eval = [&](int64_t step) {
     EvalResult result = evaluate(model, config, mesh, device, partition.get());
-    if (partition) partition->release_all();  // stage 3: what the last gather prefetched
+    if (partition) partition->release_all();  // stage 3: a safety net, nothing should remain
     if (is_rank0) {
       nlohmann::json record = result.to_json();
       record["step"] = step;

@@ -5,6 +5,8 @@
 // Each result is checked (against the math backend, or a float64 reference) before timing.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "model/attention_core.h"
 #include "model/llama_mlp.h"
@@ -139,7 +141,8 @@ void mlp(benchmark::State& state, BenchContext* ctx, int64_t tokens, int64_t til
 void register_compute_benchmarks(BenchContext& ctx) {
   const config::ModelOptions& m = ctx.config.model;
   const int64_t sp = ctx.world_size();
-  const int64_t hq_local = m.num_heads / sp;
+  // At least one head a rank: beyond the head count a ring (mesh.sp_ring) splits the sequence.
+  const int64_t hq_local = std::max<int64_t>(1, m.num_heads / sp);
   const int64_t hkv_local = m.num_kv_heads % sp == 0 ? m.num_kv_heads / sp : 1;  // replicated KV
   // What attention.backend can run here; "auto" is SDPA's own choice (the default).
   std::vector<std::string> backends = {"math", "flash", "auto"};
