@@ -90,7 +90,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/ulysses-quick.XXXXXX") || exit 2
 if [ "$dry" = 1 ]; then
   mode=dry-run device=cpu dtype=fp32 hardware=cpu-local model=tiny gpu=""
   compare_model=$DRY_COMPARE_MODEL
-  compare_lengths=128,256 maxlen=(--start 512 --max-length 2048 --limit-gib 0.1 --granule 256)
+  compare_lengths=256 maxlen=(--start 512 --max-length 2048 --limit-gib 0.1 --granule 512)
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)
   export OMP_NUM_THREADS=1
   #          build unit smoke compare sweep maxlen deepspeed
