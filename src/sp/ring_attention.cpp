@@ -63,20 +63,18 @@ at::Tensor run_starts(const at::Tensor& doc_ids, const DocumentRuns* runs) {
   if (runs->empty()) return at::Tensor();
   size_t most = 0;
   for (const auto& row : *runs) most = std::max(most, row.size());
-  at::Tensor starts = at::full({doc_ids.size(0), static_cast<int64_t>(most)}, doc_ids.size(1),
-                               at::TensorOptions().dtype(at::kLong));
+  std::vector<int64_t> flat(runs->size() * most, doc_ids.size(1));  // [bs, most], padded with P
   for (size_t b = 0; b < runs->size(); ++b) {
-    for (size_t i = 0; i < (*runs)[b].size(); ++i) {
-      starts[static_cast<int64_t>(b)][static_cast<int64_t>(i)] = (*runs)[b][i].first;
-    }
+    for (size_t i = 0; i < (*runs)[b].size(); ++i) flat[b * most + i] = (*runs)[b][i].first;
   }
-  return starts;
+  return at::tensor(flat, at::TensorOptions().dtype(at::kLong))
+      .view({static_cast<int64_t>(runs->size()), static_cast<int64_t>(most)});
 }
 
 int64_t document_at(const at::Tensor& starts, int64_t row, int64_t position) {
-  const at::Tensor r = starts[row];
-  const int64_t* begin = r.data_ptr<int64_t>();
-  return std::upper_bound(begin, begin + r.numel(), position) - begin - 1;
+  const int64_t width = starts.size(1);
+  const int64_t* begin = starts.data_ptr<int64_t>() + row * width;
+  return std::upper_bound(begin, begin + width, position) - begin - 1;
 }
 
 // Which key positions each query row of a pair of chunks sees (undefined = all).
