@@ -6,7 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "data/dataset_writer.h"
+#include "data/sequence_layout.h"
 #include "data/token_source.h"
 #include "data_test_util.h"
 
@@ -258,6 +263,49 @@ TEST(DataLoaderLabels, ShiftedBeforeSharding) {
       EXPECT_EQ(last_labels[0][j].item<int64_t>() == -100, j >= real - 1) << "j=" << j;
     }
     EXPECT_EQ(shards[sp - 1].valid_tokens, 2 * (real - 1));
+  }
+}
+
+// With a ring (sp 4 = 2 all-to-all x 2 ring) each rank holds its piece of a zig-zag block: the
+// header's example (P 16: ranks hold 0-3, 12-15, 4-7, 8-11), and in general the shards together
+// are every position once, each rank's tokens, labels and positions those of a single-rank loader
+// at its positions, padded to a multiple of 2 sp.
+TEST(DataLoaderSharding, ZigZagRingBlocks) {
+  const auto positions = [](int64_t p, int64_t sp, int64_t ring, int64_t r) {
+    const at::Tensor t = shard_positions(p, sp, ring, r);
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  };
+  EXPECT_EQ(positions(16, 4, 2, 0), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(positions(16, 4, 2, 1), (std::vector<int64_t>{12, 13, 14, 15}));
+  EXPECT_EQ(positions(16, 4, 2, 2), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(positions(16, 4, 2, 3), (std::vector<int64_t>{8, 9, 10, 11}));
+  // sp 6 = 3 x 2 over 24: block 0 = 0-5 + 18-23 in three pieces of 4 (one piece straddles).
+  EXPECT_EQ(positions(24, 6, 2, 1), (std::vector<int64_t>{4, 5, 18, 19}));
+
+  config::DataOptions data;
+  data.seed = 5;
+  data.pack = true;
+  for (const auto& [sp, ring] : {std::pair<int64_t, int64_t>{4, 2}, {8, 4}, {4, 4}, {6, 2}}) {
+    SCOPED_TRACE("sp " + std::to_string(sp) + " ring " + std::to_string(ring));
+    const Batch whole = DataLoader(data, {30, 1, 1}, kVocab, 1, 0, 1, 0).micro_batch(1, 0);
+    std::vector<int> seen;
+    for (int64_t r = 0; r < sp; ++r) {
+      const DataLoader loader(data, {30, 1, 1}, kVocab, 1, 0, sp, r, "data.source", ring);
+      EXPECT_EQ(loader.padded_length() % (2 * sp), 0);
+      const Batch shard = loader.micro_batch(1, 0);
+      const at::Tensor at_positions = loader.shard_positions();
+      for (int64_t i = 0; i < at_positions.numel(); ++i) {
+        const int64_t p = at_positions[i].item<int64_t>();
+        seen.push_back(static_cast<int>(p));
+        if (p >= 30) continue;  // padding beyond the single-rank loader's 30
+        EXPECT_EQ(shard.input_ids[0][i].item<int64_t>(), whole.input_ids[0][p].item<int64_t>());
+        EXPECT_EQ(shard.labels[0][i].item<int64_t>(), whole.labels[0][p].item<int64_t>());
+        EXPECT_EQ(shard.position_ids[0][i].item<int64_t>(),
+                  whole.position_ids[0][p].item<int64_t>());
+      }
+    }
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], static_cast<int>(i));
   }
 }
 
