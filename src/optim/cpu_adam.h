@@ -43,7 +43,7 @@ struct FusedAdamWBuffer {
 // options.host_threads threads (at::get_num_threads() when it is 0). The inner loop is compiled for AVX-512, AVX2+FMA and the baseline
 // ISA and picked at run time (same results).
 // REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0; grad_scale finite
-// and > 0.
+// and > 0. REQUIRES (not checked): no two buffers share memory (threads update them at once).
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
                      const config::OptimOptions& options, double grad_scale = 1.0);
 

@@ -619,21 +619,28 @@ TEST(FusedAdamW, Fp64) {
   }
 }
 
-// Threads split the chunk list; the result does not depend on their number.
+// Threads split the chunk list (here 8 chunks of two buffers); the result does not depend on
+// their number. (Each buffer once per call: the same buffer twice in one call would be two
+// threads updating the same memory.)
 TEST(FusedAdamW, SameResultOnOneAndTwoThreads) {
   const int threads = at::get_num_threads();
-  std::vector<at::Tensor> results;
+  std::vector<std::vector<at::Tensor>> results;
   for (int t : {1, 2}) {
     at::set_num_threads(t);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
     const int64_t n = 3 * 65536 + 5;
-    FusedAdamWBuffer b{at::randn({n}, gen), at::zeros({n}), at::zeros({n}), at::randn({n}, gen),
-                       at::Tensor(), 1};
-    fused_adamw_cpu({b, b}, 1e-3, adamw_options());  // the same buffer twice: two updates
-    results.push_back(b.master);
+    std::vector<FusedAdamWBuffer> buffers;
+    for (int i = 0; i < 2; ++i) {
+      buffers.push_back({at::randn({n}, gen), at::zeros({n}), at::zeros({n}),
+                         at::randn({n}, gen), at::Tensor(), 1});
+    }
+    fused_adamw_cpu(buffers, 1e-3, adamw_options());
+    fused_adamw_cpu(buffers, 1e-3, adamw_options());  // a second step: moments non-zero
+    results.push_back({buffers[0].master, buffers[1].master});
   }
   at::set_num_threads(threads);
-  EXPECT_TRUE(torch::equal(results[0], results[1]));
+  EXPECT_TRUE(torch::equal(results[0][0], results[1][0]));
+  EXPECT_TRUE(torch::equal(results[0][1], results[1][1]));
 }
 
 // optim.host_threads, when set, is the pass's thread count whatever at::get_num_threads() says;
