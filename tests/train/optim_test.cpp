@@ -646,18 +646,23 @@ TEST(FusedAdamW, SameResultOnOneAndTwoThreads) {
 // optim.host_threads, when set, is the pass's thread count whatever at::get_num_threads() says;
 // the result is the same on any count (3 threads: shares of unequal chunk counts).
 TEST(FusedAdamW, HostThreadsOptionGivesTheSameResult) {
-  std::vector<at::Tensor> results;
+  std::vector<std::vector<at::Tensor>> results;
   for (int64_t t : {int64_t{1}, int64_t{3}}) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
     const int64_t n = 5 * 65536 + 11;
-    FusedAdamWBuffer b{at::randn({n}, gen), at::zeros({n}), at::zeros({n}), at::randn({n}, gen),
-                       at::Tensor(), 1};
+    std::vector<FusedAdamWBuffer> buffers;  // distinct buffers (threads update them at once)
+    for (int i = 0; i < 2; ++i) {
+      buffers.push_back({at::randn({n}, gen), at::zeros({n}), at::zeros({n}),
+                         at::randn({n}, gen), at::Tensor(), 1});
+    }
     config::OptimOptions options = adamw_options();
     options.host_threads = t;
-    fused_adamw_cpu({b, b}, 1e-3, options, 0.5);
-    results.push_back(b.master);
+    fused_adamw_cpu(buffers, 1e-3, options, 0.5);
+    fused_adamw_cpu(buffers, 1e-3, options, 0.5);
+    results.push_back({buffers[0].master, buffers[1].master});
   }
-  EXPECT_TRUE(torch::equal(results[0], results[1]));
+  EXPECT_TRUE(torch::equal(results[0][0], results[1][0]));
+  EXPECT_TRUE(torch::equal(results[0][1], results[1][1]));
 }
 
 // The host gradient norm (optimizer offload's clipping): each element squared in fp64, the
