@@ -77,17 +77,19 @@ int64_t document_at(const at::Tensor& starts, int64_t row, int64_t position) {
   return std::upper_bound(begin, begin + width, position) - begin - 1;
 }
 
-// Which key positions each query row of a pair of chunks sees (undefined = all).
+// Which key positions each query row of a pair of chunks sees: the causal visibility, and with
+// `documents` also only keys of the row's document. The mask itself is built only where scores
+// are materialised (masked_scores); the flash kernel takes the causal case as is.
 struct PairMask {
   Visibility visibility = Visibility::kNone;
-  at::Tensor allowed;      // [bs or 1, 1, 1, C, C] bool, or undefined
-  bool documents = false;  // `allowed` separates documents (not only causal)
+  bool documents = false;       // documents must be separated within the pair
+  at::Tensor query_docs, key_docs;  // [bs, C] document ids on the compute device, when documents
 };
 
 // The mask of query chunk `qc` against key chunk `kc` (chunks of C positions), or kNone when no
 // query row sees any key. `starts` (run_starts, host) decides without touching the device: a pair
 // whose chunks lie after each other's documents is skipped, one inside a single document needs no
-// document mask; doc_ids (compute device) builds the mask of the others.
+// document mask; the others carry their documents (doc_ids, on the compute device) for the mask.
 PairMask pair_mask(int64_t qc, int64_t kc, int64_t chunk, const at::Tensor& doc_ids,
                    const at::Tensor& starts, const at::Device& device) {
   PairMask mask;
@@ -112,19 +114,9 @@ PairMask pair_mask(int64_t qc, int64_t kc, int64_t chunk, const at::Tensor& doc_
     }
   }
   if (doc_ids.defined() && !one_document) {
-    const at::Tensor dq = doc_ids.narrow(1, qc * chunk, chunk).to(device);  // [bs, C]
-    const at::Tensor dk = doc_ids.narrow(1, kc * chunk, chunk).to(device);  // [bs, C]
-    mask.allowed = dq.unsqueeze(2).eq(dk.unsqueeze(1));                     // [bs, C, C]
     mask.documents = true;
-  }
-  if (mask.visibility == Visibility::kDiagonal) {
-    const at::Tensor causal =
-        at::ones({chunk, chunk}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
-    mask.allowed = mask.allowed.defined() ? mask.allowed.logical_and(causal) : causal;
-  }
-  if (mask.allowed.defined()) {
-    if (mask.allowed.dim() == 2) mask.allowed = mask.allowed.unsqueeze(0);
-    mask.allowed = mask.allowed.view({mask.allowed.size(0), 1, 1, chunk, chunk});
+    mask.query_docs = doc_ids.narrow(1, qc * chunk, chunk).to(device);  // [bs, C]
+    mask.key_docs = doc_ids.narrow(1, kc * chunk, chunk).to(device);    // [bs, C]
   }
   return mask;
 }
@@ -145,12 +137,22 @@ void for_each_visible_pair(int64_t me, int64_t source, int64_t size, int64_t chu
   }
 }
 
-// Scores of query rows [bs, hkv, g, C, hd] against keys [bs, hkv, 1, C, hd], masked with -inf.
+// Scores of query rows [bs, hkv, g, C, hd] against keys [bs, hkv, 1, C, hd], -inf where `mask`
+// hides the key.
 at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const PairMask& mask,
                          double scale) {
   at::Tensor scores = at::matmul(q, k.transpose(-1, -2)).mul_(scale);  // [bs, hkv, g, C, C]
-  if (mask.allowed.defined()) {
-    scores.masked_fill_(mask.allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  const int64_t chunk = scores.size(-1);
+  at::Tensor hidden;  // [bs or 1, C, C] bool
+  if (mask.documents) hidden = mask.query_docs.unsqueeze(2).ne(mask.key_docs.unsqueeze(1));
+  if (mask.visibility == Visibility::kDiagonal) {
+    const at::Tensor later =  // key after query
+        at::ones({1, chunk, chunk}, scores.options().dtype(at::kBool)).triu(1);
+    hidden = hidden.defined() ? hidden.logical_or(later) : later;
+  }
+  if (hidden.defined()) {
+    scores.masked_fill_(hidden.view({hidden.size(0), 1, 1, chunk, chunk}),
+                        -std::numeric_limits<double>::infinity());
   }
   return scores;
 }
