@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -23,22 +24,43 @@ int64_t peak_host_bytes() {
 }
 
 namespace {
-std::optional<int64_t> g_startup_baseline;  // record_startup_baseline (one per process)
+std::optional<int64_t> g_startup_baseline;       // record_startup_baseline (one per process)
+std::optional<int64_t> g_startup_address_space;  // the same moment's virtual size (CPU)
+
+// A "<name>: <n> kB" line of /proc/self/status in bytes; 0 when absent or unreadable.
+int64_t proc_status_bytes(const std::string& name) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  const std::string key = name + ":";
+  while (std::getline(status, line)) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+  }
+  return 0;
+}
+
 }  // namespace
 
 void record_startup_baseline(const c10::Device& device) {
   g_startup_baseline = device.is_cuda() ? 0 : peak_host_bytes();
+  g_startup_address_space.reset();
+  if (!device.is_cuda()) {
+    if (const int64_t size = virtual_memory_bytes(); size > 0) g_startup_address_space = size;
+  }
 }
 
 std::optional<int64_t> startup_baseline_bytes() { return g_startup_baseline; }
 
-int64_t virtual_memory_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7)) * 1024;  // "<n> kB"
+int64_t virtual_memory_bytes() { return proc_status_bytes("VmSize"); }
+
+std::optional<int64_t> peak_address_space_above_baseline() {
+  if (!g_startup_address_space) return std::nullopt;
+  int64_t peak = proc_status_bytes("VmPeak");
+  if (peak <= 0) return std::nullopt;
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    peak = std::min(peak, static_cast<int64_t>(limit.rlim_cur));
   }
-  return 0;
+  return std::max<int64_t>(0, peak - *g_startup_address_space);
 }
 
 DeviceMemory device_memory(const c10::Device& device) {

@@ -482,17 +482,21 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   }
   if (evaluating && config.train.steps == 0) run_eval(0);  // evaluation-only run
   // The tuner compares peaks against a per-rank limit: the largest rank's peak over every step
-  // (evaluation included) is what counts.
+  // (evaluation included) is what counts. On a CPU device the limit caps address space, not the
+  // resident peak: that peak too, and whether some rank could not measure it.
   const memory::DeviceMemory last = memory::device_memory(device);  // since the last reset
   const int64_t host_peak = memory::peak_host_bytes();
+  const std::optional<int64_t> address_space = memory::peak_address_space_above_baseline();
   at::Tensor peaks =
       at::tensor({host_peak,
                   std::max(run_peak_mem_bytes, device.is_cuda() ? last.footprint() : host_peak),
                   std::max(run_memory.peak_allocated, last.peak_allocated),
                   std::max(run_memory.peak_reserved, last.peak_reserved),
-                  std::max(run_memory.outside_allocator, last.outside_allocator)},
+                  std::max(run_memory.outside_allocator, last.outside_allocator),
+                  address_space.value_or(0), address_space ? int64_t{0} : int64_t{1}},
                  at::kLong)
-          .to(device);  // [5]: host, counted peak, allocated, reserved, outside the allocator
+          .to(device);  // [7]: host, counted peak, allocated, reserved, outside the allocator,
+                        // address space above the baseline, unmeasured (0 or 1)
   mesh.world().all_reduce(peaks, comm::ReduceOp::kMax);
   peaks = peaks.cpu();
   if (is_rank0 && metrics) {
@@ -501,6 +505,9 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
       extra.update({{"max_rank_peak_allocated_bytes", peaks[2].item<int64_t>()},
                     {"max_rank_peak_reserved_bytes", peaks[3].item<int64_t>()},
                     {"max_rank_outside_allocator_bytes", peaks[4].item<int64_t>()}});
+    }
+    if (peaks[6].item<int64_t>() == 0) {  // every rank measured its address space (CPU)
+      extra["max_rank_peak_address_space_bytes"] = peaks[5].item<int64_t>();
     }
     extra.update({{"max_rank_peak_host_bytes", peaks[0].item<int64_t>()},
                   {"max_rank_peak_mem_bytes", peaks[1].item<int64_t>()},

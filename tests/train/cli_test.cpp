@@ -107,7 +107,8 @@ std::string read_text(const std::filesystem::path& path) {
 }
 
 // summary.json names the start-up baseline the peak counts from, measured on CPU too: the
-// resident set before the model was built, below the run's peak.
+// resident set before the model was built, below the run's peak; and the peak address space above
+// the start-up address space, which a limit caps.
 TEST(TrainCli, SummaryRecordsTheMeasuredStartupBaseline) {
   const auto out = std::filesystem::temp_directory_path() / "ulysses-cli-test-baseline";
   for (const std::string limit : {"0", "2"}) {
@@ -126,6 +127,14 @@ TEST(TrainCli, SummaryRecordsTheMeasuredStartupBaseline) {
     const long long peak = std::stoll(summary.substr(peak_at + 18));
     EXPECT_GT(baseline, 10ll << 20) << summary;  // LibTorch alone is more than 10 MiB resident
     EXPECT_LT(baseline, peak) << summary;
+    // And the address space above the start-up size, what the limit caps on CPU: within it.
+    const auto space_at = summary.find("\"max_rank_peak_address_space_bytes\": ");
+    ASSERT_NE(space_at, std::string::npos) << summary;
+    const long long space = std::stoll(summary.substr(space_at + 37));
+    EXPECT_GT(space, 0) << summary;  // the model, its gradients and AdamW's moments at least
+    if (limit != "0") {
+      EXPECT_LE(space, std::stoll(limit) << 30) << summary;
+    }
   }
   ulysses::remove_tree(out);
 }

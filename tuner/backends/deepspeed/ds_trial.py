@@ -233,8 +233,12 @@ def main():
 
     # The process before the model: what peak_mem_bytes counts above (summary memory_baseline_bytes).
     baseline = proc_status_bytes("VmRSS")
+    # What memory.limit_gib caps on CPU: the address space above this size (summary
+    # max_rank_peak_address_space_bytes).
+    address_space_baseline = proc_status_bytes("VmSize")
+    cap = None
     if limit_gib > 0 and device == "cpu":
-        cap = proc_status_bytes("VmSize") + int(limit_gib * (1 << 30))
+        cap = address_space_baseline + int(limit_gib * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         global ADDRESS_SPACE_CAPPED
         ADDRESS_SPACE_CAPPED = True
@@ -456,8 +460,14 @@ def main():
             "peak_mem_bytes": peak, "peak_host_bytes": peak_rss_bytes(), "first_sample": first,
             "phases": step_phases})
 
+    # VmPeak counts from the process start; no mapping passes the cap once it is set.
+    address_space_peak = proc_status_bytes("VmPeak")
+    if cap is not None:
+        address_space_peak = min(address_space_peak, cap)
     peaks = torch.tensor([max(r["peak_mem_bytes"] for r in records),
-                          max(r["peak_host_bytes"] for r in records)], dtype=torch.float64)
+                          max(r["peak_host_bytes"] for r in records),
+                          max(0, address_space_peak - address_space_baseline)],
+                         dtype=torch.float64)
     dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
     if rank == 0:
         measured = records[warmup:] if len(records) > warmup else records
@@ -475,6 +485,7 @@ def main():
             "peak_host_bytes": max(r["peak_host_bytes"] for r in records),
             "max_rank_peak_mem_bytes": int(peaks[0]), "max_rank_peak_host_bytes": int(peaks[1]),
             "memory_baseline_bytes": baseline if device == "cpu" else 0,
+            **({"max_rank_peak_address_space_bytes": int(peaks[2])} if device == "cpu" else {}),
             "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
             "world_size": world, "dp": dp, "sp": sp, "sequence_length": length,
             "device": f"cuda:{local_rank}" if device == "cuda" else "cpu",
