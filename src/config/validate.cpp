@@ -136,13 +136,17 @@ void validate_mesh(const RunConfig& c, int world_size) {
   require(sp % ring == 0, "mesh.sp_ring",
           show(ring) + " does not divide mesh.sp " + show(sp) + " (sp = sp_a2a x sp_ring)");
   const int64_t a2a = sp / ring;
+  // Hints name only what can help: an uneven split needs at least one query head per rank.
   if (ring > 1) {
+    const std::string hint =
+        a2a > hq ? " (more ranks than query heads; mesh.sp_ring: auto takes the largest "
+                   "all-to-all they allow)"
+                 : " (mesh.uneven_heads: true splits them unevenly)";
     require(heads_allow_a2a(hq, hkv, a2a, c.mesh.uneven_heads), "mesh.sp_ring",
             show(ring) + " leaves an all-to-all over sp / sp_ring = " + show(a2a) +
                 " ranks, which model.num_heads " + show(hq) + " / num_kv_heads " + show(hkv) +
                 (c.mesh.uneven_heads ? " cannot split (more ranks than query heads)"
-                                     : " do not split evenly (mesh.uneven_heads: true splits "
-                                       "them unevenly)"));
+                                     : " do not split evenly" + hint));
     return;
   }
   const std::string ring_hint = " or mesh.sp_ring: auto (ring attention over the rest)";
@@ -156,8 +160,10 @@ void validate_mesh(const RunConfig& c, int world_size) {
   }
   require(hq % sp == 0, "mesh.sp",
           show(sp) + " does not divide model.num_heads " + show(hq) +
-              " (Ulysses gives each rank num_heads/sp query heads; mesh.uneven_heads: true "
-              "splits them unevenly" + ring_hint + ")");
+              (sp <= hq ? " (Ulysses gives each rank num_heads/sp query heads; "
+                              "mesh.uneven_heads: true splits them unevenly" + ring_hint + ")"
+                            : " (Ulysses gives each rank num_heads/sp query heads, and sp exceeds "
+                              "them; set mesh.sp_ring: auto (ring attention over the rest))"));
   require(hkv % sp == 0 || sp % hkv == 0, "mesh.sp",
           show(sp) + " and model.num_kv_heads " + show(hkv) +
               " do not fit: need num_kv_heads % sp == 0 or sp % num_kv_heads == 0, or "

@@ -219,6 +219,23 @@ TEST(ConfigErrors, RingFactorsMustDivideSpAndFitTheHeads) {
   EXPECT_EQ(ring_of(seven + "mesh: {sp: 8, uneven_heads: true, sp_ring: 2}\n"), 2);
 }
 
+// A hint names only what can help: an uneven split cannot give more ranks than query heads one
+// each, so an sp (or an all-to-all) beyond the heads is pointed at the ring alone.
+TEST(ConfigErrors, HintsBeyondTheHeadsNameTheRingOnly) {
+  const std::string three = "model: {hidden_size: 24, num_heads: 3, num_kv_heads: 1}\n";
+  expect_errors({
+      {three + "mesh: {sp: 4}\n",
+       {},
+       "mesh.sp: 4 does not divide model.num_heads 3 (Ulysses gives each rank num_heads/sp query "
+       "heads, and sp exceeds them; set mesh.sp_ring: auto (ring attention over the rest))"},
+      {three + "mesh: {sp: 8, sp_ring: 2}\n",
+       {},
+       "mesh.sp_ring: 2 leaves an all-to-all over sp / sp_ring = 4 ranks, which model.num_heads 3 "
+       "/ num_kv_heads 1 do not split evenly (more ranks than query heads; mesh.sp_ring: auto "
+       "takes the largest all-to-all they allow)"},
+  });
+}
+
 // mesh.uneven_heads lets sp split the heads unevenly (hq 7 at sp 2-7, hkv 3 at sp 4), as long as
 // every rank gets a query head.
 TEST(ConfigErrors, UnevenHeadsAllowSpNotDividingHeads) {

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "common/error.h"
 #include "common/paths.h"
@@ -151,6 +152,49 @@ TEST(Experiment, AutoSpIncludesUnevenSplitsWhenAsked) {
   std::string in_base = six;
   in_base.replace(in_base.find("base: {"), 7, "base: {mesh: {uneven_heads: true}, ");
   EXPECT_EQ(sp_values(in_base), (std::vector<std::string>{"1", "2", "3", "6"}));
+}
+
+// 3 query heads over 1 KV head on 4 ranks: sp 2 and 4 need a ring (or, sp 2, an uneven split).
+// mesh.sp: auto weighs every mesh.sp_ring value the space lists, whatever the base's, so sp 2
+// and 4 are meshes, and their points at the other sp_ring values are invalid with the reason.
+// A base that only the space's mesh.sp_ring makes valid is fine; one nothing makes valid is
+// refused with a hint that can help (uneven heads cannot give 4 ranks 3 query heads).
+TEST(Experiment, AutoSpWeighsEveryRingTheSpaceLists) {
+  const std::string three =
+      "name: t\nhardware: cpu-local\nworld_size: 4\nmemory_limit_gib: 2\n"
+      "base:\n  model: {hidden_size: 24, num_layers: 1, num_heads: 3, num_kv_heads: 1, "
+      "intermediate_size: 64, vocab_size: 128}\n  train: {device: cpu}\n";
+  const std::string lengths = "  sequence.length: [1024]\n";
+  const Experiment e = parse_experiment(
+      three + "space:\n  mesh.sp: auto\n  mesh.sp_ring: [1, 2, 4]\n" + lengths, "x.yaml",
+      profiles());
+  const search::Space s = build_space(e);
+  ASSERT_EQ(s.axes[0].key, "mesh.sp");
+  EXPECT_EQ(s.axes[0].values, (std::vector<std::string>{"1", "2", "4"}));
+  std::map<std::string, std::string> why;  // point -> "" or why it is invalid
+  for (const search::Point& p : search::all_points(s)) {
+    try {
+      plan_trial(e, s, p, 1024, false, "o");
+      why[search::describe(s, p)] = "";
+    } catch (const UserError& err) {
+      why[search::describe(s, p)] = err.what();
+    }
+  }
+  int valid = 0;
+  for (const auto& [point, reason] : why) valid += reason.empty();
+  EXPECT_EQ(valid, 3);  // sp 1 x sp_ring 1, sp 2 x 2, sp 4 x 4
+  EXPECT_EQ(why.at("mesh.sp=4 mesh.sp_ring=1"),
+            "mesh.sp: 4 does not divide model.num_heads 3 (Ulysses gives each rank "
+            "num_heads/sp query heads, and sp exceeds them; set mesh.sp_ring: auto (ring "
+            "attention over the rest))");
+  EXPECT_EQ(why.at("mesh.sp=4 mesh.sp_ring=2").rfind("mesh.sp_ring: 2 leaves an all-to-all", 0),
+            0u);
+
+  EXPECT_EQ(error_of(three + "  mesh: {sp: 4}\nspace:\n  mesh.sp_ring: [1, 4]\n" + lengths), "");
+  EXPECT_EQ(error_of(three + "  mesh: {sp: 4}\nspace:\n  memory.tiled_mlp: [1, 2]\n" + lengths),
+            "x.yaml: base: mesh.sp: 4 does not divide model.num_heads 3 (Ulysses gives each rank "
+            "num_heads/sp query heads, and sp exceeds them; set mesh.sp_ring: auto (ring attention "
+            "over the rest))");
 }
 
 TEST(Experiment, BadInputIsOneLineNamingTheKey) {

@@ -476,20 +476,43 @@ TEST(Export, DeepSpeedSchedulers) {
 }
 
 // A run whose sp splits the heads unevenly (mesh.uneven_heads) cannot run under DeepSpeed's
-// Ulysses: every export says so first; an even split at the same key says nothing.
-TEST(Export, UnevenHeadsWarnFirst) {
+// Ulysses: every export refuses it with one line naming the key, as it refuses a ring, and the
+// files a recommendation writes are none of the three; an even split at the same key exports.
+TEST(Export, UnevenHeadsAreRefusedWithOneLine) {
   config::RunConfig run = Case().run();
   run.model.num_heads = 8, run.model.num_kv_heads = 2;
   run.mesh.sp = 3;
   run.mesh.uneven_heads = true;
-  for (const auto& warnings : {deepspeed_config(run).warnings, arctic_recipe(run).warnings,
-                               accelerate_config(run, "ds_config.json", 1).warnings}) {
-    ASSERT_FALSE(warnings.empty());
-    EXPECT_EQ(warnings.front().rfind("mesh.uneven_heads: sp=3 splits the 8 query heads", 0), 0u)
-        << warnings.front();
+  const std::vector<std::function<void()>> exports = {
+      [&] { deepspeed_config(run); }, [&] { arctic_recipe(run); },
+      [&] { accelerate_config(run, "ds_config.json", 1); }};
+  for (const auto& run_export : exports) {
+    try {
+      run_export();
+      ADD_FAILURE() << "an uneven head split was exported";
+    } catch (const UserError& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind("mesh.uneven_heads: sp 3 splits 8 query heads / 2 KV heads "
+                              "unevenly, which runs only in ulysses-train; ",
+                              0),
+                0u)
+          << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
   }
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("ulysses-uneven-exports-" + std::to_string(getpid())))
+                              .string();
+  const ExportFiles files = write_exports(run, dir, 1);
+  EXPECT_TRUE(files.deepspeed_path.empty() && files.arctic_path.empty() &&
+              files.accelerate_path.empty());
+  ASSERT_EQ(files.warnings.size(), 1u);
+  EXPECT_EQ(files.warnings[0].rfind("mesh.uneven_heads: sp 3 ", 0), 0u) << files.warnings[0];
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
   run.mesh.sp = 2;
-  EXPECT_EQ(uneven_heads_warning(run), std::nullopt);
+  EXPECT_EQ(unsupported_mesh(run, "DeepSpeed"), std::nullopt);
+  EXPECT_NO_THROW(deepspeed_config(run));
 }
 
 // Ring attention (mesh.sp_ring) is a model split DeepSpeed's Ulysses cannot run: every export

@@ -334,5 +334,108 @@ TEST_F(SweepCliTest, BothBackendsRunEveryConfigurationAndTheReportComparesThem) 
   EXPECT_NE(first_line.find("measured on backend deepspeed"), std::string::npos) << first_line;
 }
 
+
+// 3 query heads over 1 KV head on 4 ranks, both backends: sp 2 splits the heads unevenly and sp 4
+// needs a ring (2 all-to-all x 2 ring), neither of which DeepSpeed's Ulysses runs. --dry-run and
+// the sweep call both DeepSpeed points invalid with the line the DeepSpeed export refuses with;
+// the sweep runs the native points, finishes with exit 0 and leaves no trial `running` (a row an
+// earlier run left `running` for an invalid point is settled by --resume). The uneven winner
+// exports to DeepSpeed no more than a ring one: `export` refuses it in one line, `recommend`
+// writes only ulysses-train's files and says why in WHY.md.
+TEST_F(SweepCliTest, MeshesDeepSpeedCannotRunAreInvalidOnItsBackendAndTheSweepFinishes) {
+  std::ofstream(experiment_) << R"(name: fake
+hardware: cpu-local
+world_size: 4
+memory_limit_gib: 1.0
+base:
+  model: {hidden_size: 24, num_layers: 1, num_heads: 3, num_kv_heads: 1, intermediate_size: 64,
+          vocab_size: 128}
+  train: {device: cpu, steps: 5}
+  mesh: {uneven_heads: true, sp_ring: auto}
+space:
+  mesh.sp: [2, 4]
+  sequence.length: [1024]
+objective: throughput
+budget: {trial_timeout_s: 30}
+trial: {warmup_steps: 1, steps: 2}
+backend: [native, deepspeed]
+search: {probe: false}
+)";
+  const std::string python = (fs::path(project_home()) / "tests/tuner/fake_python.sh").string();
+  const std::string uneven =
+      "mesh.uneven_heads: sp 2 splits 3 query heads / 1 KV head unevenly, which runs only in "
+      "ulysses-train; DeepSpeed needs sp to divide the query heads";
+  const std::string ring =
+      "mesh.sp_ring: 2 (ring attention over sp 4 = 2 all-to-all x 2 ring) runs only in "
+      "ulysses-train; DeepSpeed has Ulysses' all-to-all alone";
+
+  Result dry = tune(sweep_args("--dry-run"));
+  ASSERT_EQ(dry.status, 0) << dry.err;
+  EXPECT_NE(dry.out.find("invalid: " + uneven), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("invalid: " + ring), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("\n2 valid points;"), std::string::npos) << dry.out;
+
+  Result sweep = tune(sweep_args("--python '" + python + "'"));
+  ASSERT_EQ(sweep.status, 0) << sweep.out << sweep.err;
+  std::vector<store::TrialRecord> all = trials("fake");
+  int64_t native_ok = 0;
+  std::string invalid_key;
+  for (const store::TrialRecord& t : all) {
+    const bool ds = t.point.find("\"backend\":\"deepspeed\"") != std::string::npos;
+    if (!ds) {
+      EXPECT_EQ(t.status, "ok") << t.key << ": " << t.error;
+      native_ok += t.status == "ok";
+      continue;
+    }
+    ASSERT_EQ(t.status, "invalid") << t.key << ": " << t.error;
+    const bool sp4 = t.point.find("\"mesh.sp\":\"4\"") != std::string::npos;
+    EXPECT_EQ(t.reason.rfind(sp4 ? ring : uneven, 0), 0u) << t.key << ": " << t.reason;
+    if (sp4) invalid_key = t.key;
+  }
+  EXPECT_EQ(native_ok, 2);
+  EXPECT_EQ(count(all, "invalid"), 2);
+  {
+    store::Store store = store::Store::open(db_);
+    store::SweepStore sweeps(store.db());
+    const auto record = sweeps.find_sweep("fake");
+    ASSERT_TRUE(record.has_value());
+    EXPECT_EQ(record->status, "finished");
+    // What an earlier version left behind: the ring point on DeepSpeed `running`.
+    ASSERT_NE(invalid_key.find(" all lengths"), std::string::npos) << invalid_key;
+    store::TrialRecord stale;
+    stale.sweep_id = record->id;
+    stale.key = invalid_key.substr(0, invalid_key.find(" all lengths")) + " L=1024";
+    stale.seqlen = 1024;
+    stale.world_size = 4, stale.dp = stale.sp = 0;
+    sweeps.begin_trial(stale);
+  }
+  Result resumed = tune(sweep_args("--resume --python '" + python + "'"));
+  ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+  all = trials("fake");
+  for (const store::TrialRecord& t : all) EXPECT_NE(t.status, "running") << t.key;
+  EXPECT_EQ(count(all, "invalid"), 3);
+  EXPECT_EQ(count(all, "ok"), 2);
+
+  // The winner is native sp 2, the uneven split.
+  int64_t winner = 0;
+  for (const store::TrialRecord& t : all) {
+    if (t.status == "ok" && t.sp == 2) winner = t.id;
+  }
+  ASSERT_GT(winner, 0);
+  Result ex = tune("export --db '" + db_ + "' --trial " + std::to_string(winner) +
+                   " --format deepspeed");
+  EXPECT_EQ(ex.status, 2) << ex.out;
+  EXPECT_EQ(ex.err.rfind("error: " + uneven, 0), 0u) << ex.err;
+  EXPECT_EQ(std::count(ex.err.begin(), ex.err.end(), '\n'), 1) << ex.err;
+  const fs::path out = dir_ / "rec";
+  Result rec = tune("recommend --db '" + db_ + "' --out '" + out.string() + "'");
+  ASSERT_EQ(rec.status, 0) << rec.out << rec.err;
+  EXPECT_TRUE(fs::exists(out / "recommended.yaml"));
+  for (const char* file : {"ds_config.json", "arctic_training.yaml", "accelerate_config.yaml"}) {
+    EXPECT_FALSE(fs::exists(out / file)) << file;
+  }
+  EXPECT_NE(read_text(out / "WHY.md").find("mesh.uneven_heads: sp 2 splits"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ulysses::sweep

@@ -12,8 +12,11 @@
 //   base: {train: {device: cpu}}   # any run-config keys; the space overrides them
 //   space:
 //     mesh.sp: auto                # every sp that divides world_size and fits the heads
-//                                  # (with mesh.uneven_heads: true in base or [.., true] in
-//                                  # the space, also the sp that split them unevenly)
+//                                  # for some choice of the space's mesh keys (with
+//                                  # mesh.uneven_heads: true in base or [.., true] in the
+//                                  # space, also the sp that split them unevenly; with
+//                                  # mesh.sp_ring values, also those that need a ring); its
+//                                  # points with the other choices are `invalid`
 //     memory.tiled_mlp: [1, auto]
 //     memory.offload: [none, activations, optimizer, both]   # shorthand for the two offloads
 //     sequence.length: {search: max, from: 512, to: 8192, step: 512, curve: 3}   # or a list
@@ -31,7 +34,10 @@
 //                                  # at most ceil(world_size / devices_per_node)
 //   backend: native                # who trains each trial: native (ulysses-train), deepspeed
 //                                  # (transformers + DeepSpeed, backends/deepspeed/), or a list
-//                                  # of both: every configuration then runs on each
+//                                  # of both: every configuration then runs on each (one
+//                                  # the deepspeed backend cannot run, such as ring attention
+//                                  # or an uneven head split, is `invalid` there, with the
+//                                  # line its export refuses with)
 #pragma once
 #include <cstdint>
 #include <string>

@@ -66,6 +66,82 @@ config::RunConfig base_config(const Experiment& e, const std::vector<std::string
   }
 }
 
+// The run-config overrides that value `value` of axis `key` stands for (shorthands expanded).
+std::vector<std::string> value_overrides(const std::string& key, const std::string& value) {
+  if (auto it = shorthands().find(key); it != shorthands().end()) {
+    if (auto v = it->second.find(value); v != it->second.end()) return v->second;
+  }
+  return {key + "=" + value};
+}
+
+// The axes of `e` that `use` accepts, mesh.sp: auto as every sp that divides world_size.
+std::vector<AxisSpec> axes_where(const Experiment& e,
+                                 const std::function<bool(const std::string&)>& use) {
+  std::vector<AxisSpec> out;
+  for (const AxisSpec& axis : e.axes) {
+    if (!use(axis.key)) continue;
+    AxisSpec copy = axis;
+    if (axis.key == "mesh.sp" && axis.values == std::vector<std::string>{"auto"}) {
+      copy.values.clear();
+      for (int64_t sp = 1; sp <= e.world_size; ++sp) {
+        if (e.world_size % sp == 0) copy.values.push_back(std::to_string(sp));
+      }
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+// Calls `f` with the overrides of each combination of the values of `axes`, in order, until it
+// returns true or `limit` combinations were tried; true when one did.
+bool any_combination(const std::vector<AxisSpec>& axes, int64_t limit,
+                     const std::function<bool(const std::vector<std::string>&)>& f) {
+  std::vector<size_t> index(axes.size(), 0);
+  for (int64_t tried = 0; tried < limit; ++tried) {
+    std::vector<std::string> overrides;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      if (axes[i].values.empty()) return false;
+      const std::vector<std::string> more = value_overrides(axes[i].key, axes[i].values[index[i]]);
+      overrides.insert(overrides.end(), more.begin(), more.end());
+    }
+    if (f(overrides)) return true;
+    size_t i = 0;  // the next combination, the last axis fastest
+    for (; i < axes.size(); ++i) {
+      size_t& digit = index[axes.size() - 1 - i];
+      if (++digit < axes[axes.size() - 1 - i].values.size()) break;
+      digit = 0;
+    }
+    if (i == axes.size()) return false;  // every combination tried
+  }
+  return false;
+}
+
+// Combinations of the space's values tried before the base is refused: enough for any space
+// written by hand; the search itself goes over every point.
+constexpr int64_t kBaseCombinations = 4096;
+
+// The base must be a valid run config once the space sets its axes: a key it leaves invalid
+// (mesh.sp 4 over 3 heads with the space's mesh.sp_ring: [1, 2]) is fine when some choice of the
+// space's values makes the whole valid. Throws "<file>: base: <config error>" of the base alone
+// when none does.
+void check_base(const Experiment& e) {
+  try {
+    base_config(e, {});
+  } catch (const UserError&) {
+    const bool fixed = any_combination(
+        axes_where(e, [](const std::string&) { return true; }), kBaseCombinations,
+        [&](const std::vector<std::string>& overrides) {
+          try {
+            base_config(e, overrides);
+            return true;
+          } catch (const UserError&) {
+            return false;
+          }
+        });
+    if (!fixed) throw;
+  }
+}
+
 void check_axis_key(const Experiment& e, const AxisSpec& axis) {
   const std::string where = e.path + ": space." + axis.key + ": ";
   if (axis.key == "mesh.dp") throw UserError(where + "derived (world_size / mesh.sp), not an axis");
@@ -89,7 +165,7 @@ void check_axis_key(const Experiment& e, const AxisSpec& axis) {
 }  // namespace
 
 search::Space build_space(const Experiment& e) {
-  base_config(e, {});  // the base itself must be valid
+  check_base(e);
   search::Space space;
   space.lengths = e.lengths.values;
   space.search_max = e.lengths.search_max;
@@ -101,28 +177,30 @@ search::Space build_space(const Experiment& e) {
   for (const AxisSpec& spec : e.axes) {
     search::Axis axis{spec.key, spec.values, {}};
     if (spec.key == "mesh.sp" && spec.values.size() == 1 && spec.values[0] == "auto") {
-      // An sp that splits the heads unevenly is a valid mesh when the base sets
-      // mesh.uneven_heads or the space may set it (its trials with the key off are invalid).
-      std::vector<std::string> mesh_overrides;
-      for (const AxisSpec& other : e.axes) {
-        if (other.key != "mesh.uneven_heads") continue;
-        for (const std::string& v : other.values) {
-          if (truthy(v)) mesh_overrides = {"mesh.uneven_heads=true"};
-        }
-      }
+      // An sp is a mesh when some choice of the space's other mesh and model keys makes it one:
+      // an uneven split when mesh.uneven_heads may be true, a ring for any mesh.sp_ring value the
+      // space lists (auto included), the base's values where the space has no such axis. Its
+      // points with the other choices are invalid, each with its reason.
+      const std::vector<AxisSpec> others = axes_where(e, [](const std::string& key) {
+        return key != "mesh.sp" && (key.rfind("mesh.", 0) == 0 || key.rfind("model.", 0) == 0);
+      });
       axis.values.clear();
       for (int64_t sp = 1; sp <= e.world_size; ++sp) {
         if (e.world_size % sp != 0) continue;
-        try {
-          std::vector<std::string> overrides = mesh_overrides;
-          overrides.push_back("mesh.sp=" + std::to_string(sp));
-          overrides.push_back("mesh.dp=" + std::to_string(e.world_size / sp));
-          config::RunConfig c = base_config(e, overrides);
-          config::validate(c, static_cast<int>(e.world_size));
-          axis.values.push_back(std::to_string(sp));
-        } catch (const UserError&) {
-          // not a valid mesh for this model: auto leaves it out
-        }
+        const bool valid = any_combination(
+            others, kBaseCombinations, [&](const std::vector<std::string>& other) {
+              std::vector<std::string> overrides = other;
+              overrides.push_back("mesh.sp=" + std::to_string(sp));
+              overrides.push_back("mesh.dp=" + std::to_string(e.world_size / sp));
+              try {
+                config::RunConfig c = base_config(e, overrides);
+                config::validate(c, static_cast<int>(e.world_size));
+                return true;
+              } catch (const UserError&) {
+                return false;  // not a mesh with these values
+              }
+            });
+        if (valid) axis.values.push_back(std::to_string(sp));
       }
       if (axis.values.empty()) {
         throw UserError(e.path + ": space.mesh.sp: auto finds no sp that divides world_size " +

@@ -14,13 +14,18 @@ namespace ulysses::experiment {
 
 // The search space of `e`. Axis keys must be run-config keys (config/field table) or shorthands
 // (memory.offload: none|activations|optimizer|both); `mesh.sp: auto` becomes every sp that
-// divides world_size and fits the model's head counts. Axes whose memory order is known
+// divides world_size and makes a valid mesh for some choice of the space's other mesh.* and
+// model.* values (every mesh.sp_ring value it lists, auto included, and mesh.uneven_heads; the
+// base's value where it lists none): its points with the other choices are invalid, each with its
+// reason. Axes whose memory order is known
 // (tiles, checkpointing, offloads, micro-batch, ZeRO stage) get it; others are unordered (the
 // backend axis too, added first when the experiment lists more than native). ZeRO
 // stage and tiled loss save memory without necessarily costing time (Axis::saving_costs_time
 // false: no dominance along them).
 // Throws UserError "<file>: space.<key>: ..." for an unknown key, mesh.dp (derived), or a base
-// run config that is itself invalid ("<file>: base: <config error>").
+// run config that no choice of the space's values makes valid ("<file>: base: <the base's own
+// config error>"; a base that only the space's values make valid, such as mesh.sp 4 over 3 heads
+// with mesh.sp_ring: [1, 2] in the space, is fine).
 search::Space build_space(const Experiment& e);
 
 // The axis of the trial backend, first in the space when the experiment lists another backend

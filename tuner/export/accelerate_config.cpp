@@ -16,8 +16,7 @@ AccelerateExport accelerate_config(const config::RunConfig& run,
   TORCH_CHECK(nodes >= 1 && mesh.world % nodes == 0, "accelerate_config: ", nodes,
               " nodes do not divide the world of ", mesh.world);
   AccelerateExport exported;
-  refuse_ring(run, "Accelerate (over DeepSpeed's Ulysses)");
-  if (auto warning = uneven_heads_warning(run)) exported.warnings.push_back(*warning);
+  refuse_unsupported_mesh(run, "Accelerate (over DeepSpeed's Ulysses)");
   if (auto warning = ulysses_torch_version_warning(run)) exported.warnings.push_back(*warning);
   if (auto warning = alst_switches_warning(run, "An Accelerate config")) {
     exported.warnings.push_back(*warning);

@@ -36,7 +36,9 @@ struct AccelerateExport {
 // `deepspeed_config_file` is written as given; a relative path resolves against the directory
 // `accelerate launch` runs in.
 // `nodes`: the machines the run spans (the experiment's nodes; a run config does not say).
-// Warnings, in this order: uneven_heads_warning(run); ulysses_torch_version_warning(run);
+// Throws UserError(unsupported_mesh(run, ...)) for ring attention or an uneven head split
+// (export_common.h).
+// Warnings, in this order: ulysses_torch_version_warning(run);
 // alst_switches_warning(run, "An Accelerate config"); deepspeed_zero_warnings(run) (the file
 // runs the DeepSpeed config); "nodes=N: ..." when nodes > 1 (each machine's machine_rank and
 // the main process address are for the user to set).

@@ -86,9 +86,8 @@ HfSchedule hf_schedule(const config::RunConfig& run) {
 }
 
 std::vector<std::string> recipe_warnings(const config::RunConfig& run) {
-  refuse_ring(run, "ArcticTraining (DeepSpeed's Ulysses)");
+  refuse_unsupported_mesh(run, "ArcticTraining (DeepSpeed's Ulysses)");
   std::vector<std::string> warnings;
-  if (auto warning = uneven_heads_warning(run)) warnings.push_back(*warning);
   if (auto warning = ulysses_torch_version_warning(run)) warnings.push_back(*warning);
   for (const std::string& warning : deepspeed_zero_warnings(run)) warnings.push_back(warning);
   if (run.model.load.empty()) {

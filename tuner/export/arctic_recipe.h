@@ -44,8 +44,9 @@ struct ArcticRecipeExport {
 //     as deepspeed_config(run) writes them, gradient_clipping,
 //     seq_parallel_communication_data_type. ArcticTraining fills in the batch keys and bf16 itself
 //     (train_batch_size = micro_batch_size * gas * WORLD_SIZE / sequence_parallel_size).
+// Throws UserError(unsupported_mesh(run, ...)) for ring attention or an uneven head split
+// (export_common.h).
 // Warnings, in this order (each only when it applies):
-//   uneven_heads_warning(run);
 //   ulysses_torch_version_warning(run);
 //   deepspeed_zero_warnings(run);
 //   "model.load: ..." when the model is the placeholder (naming the family it must be);

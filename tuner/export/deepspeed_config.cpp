@@ -72,8 +72,7 @@ DeepSpeedExport deepspeed_config(const config::RunConfig& run) {
   const bool bf16 = run.memory.precision == "bf16";
   DeepSpeedExport out;
 
-  refuse_ring(run, "DeepSpeed");
-  if (auto warning = uneven_heads_warning(run)) out.warnings.push_back(*warning);
+  refuse_unsupported_mesh(run, "DeepSpeed");
   if (auto warning = ulysses_torch_version_warning(run)) out.warnings.push_back(*warning);
   if (auto warning = alst_switches_warning(run, "DeepSpeed JSON")) out.warnings.push_back(*warning);
   for (const std::string& warning : deepspeed_zero_warnings(run)) out.warnings.push_back(warning);

@@ -44,8 +44,9 @@ struct DeepSpeedExport {
 //               total_num_steps: train.steps}.
 //   DeepSpeed's schedulers, like HF's, use 0-based iterations: each step runs at the rate that
 //   ulysses-train uses one step earlier (the first warmup step at 0). Not warned about.
+// Throws UserError(unsupported_mesh(run, "DeepSpeed")) for ring attention or an uneven head split
+// (export_common.h): DeepSpeed's Ulysses runs neither.
 // Warnings, in this order (each present only when it applies):
-//   uneven_heads_warning(run) (sp does not split the heads evenly);
 //   ulysses_torch_version_warning(run) (1 < sp < world);
 //   alst_switches_warning(run, "DeepSpeed JSON") (tiled MLP/loss, activation offload,
 //     checkpointing);

@@ -12,7 +12,6 @@
 #include "common/shell_quote.h"
 #include "config/mesh_factors.h"
 #include "config/model_family.h"
-#include "sp/head_split.h"
 
 namespace ulysses::exports {
 namespace {
@@ -80,27 +79,25 @@ std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig
          " token count, then divide) instead of all_gather";
 }
 
-std::optional<std::string> uneven_heads_warning(const config::RunConfig& run) {
+std::optional<std::string> unsupported_mesh(const config::RunConfig& run, const std::string& what) {
   const int64_t sp = run.mesh.sp, hq = run.model.num_heads, hkv = run.model.num_kv_heads;
-  if (sp <= 1 || sp::heads_split_evenly(hq, hkv, sp)) return std::nullopt;
-  return "mesh.uneven_heads: sp=" + std::to_string(sp) + " splits the " + std::to_string(hq) +
-         " query heads (" + std::to_string(hkv) +
-         " KV heads) unevenly, which only ulysses-train does: DeepSpeed's Ulysses needs sp to "
-         "divide the query heads, so this export runs only at such an sp";
+  const int64_t ring = config::resolved_sp_ring(run.mesh, hq, hkv);
+  if (ring > 1) {
+    return "mesh.sp_ring: " + std::to_string(ring) + " (ring attention over sp " +
+           std::to_string(sp) + " = " + std::to_string(sp / ring) + " all-to-all x " +
+           std::to_string(ring) + " ring) runs only in ulysses-train; " + what +
+           " has Ulysses' all-to-all alone: export a configuration with sp_ring 1";
+  }
+  if (sp <= 1 || config::heads_split_evenly(hq, hkv, sp)) return std::nullopt;
+  return "mesh.uneven_heads: sp " + std::to_string(sp) + " splits " + std::to_string(hq) +
+         " query heads / " + std::to_string(hkv) + " KV head" + (hkv == 1 ? "" : "s") +
+         " unevenly, which runs only in ulysses-train; " + what +
+         " needs sp to divide the query heads (and to divide the KV heads or be a multiple of "
+         "them): export a configuration with such an sp";
 }
 
-std::optional<std::string> ring_unsupported(const config::RunConfig& run, const std::string& what) {
-  const int64_t ring =
-      config::resolved_sp_ring(run.mesh, run.model.num_heads, run.model.num_kv_heads);
-  if (ring <= 1) return std::nullopt;
-  return "mesh.sp_ring: " + std::to_string(ring) + " (ring attention over sp " +
-         std::to_string(run.mesh.sp) + " = " + std::to_string(run.mesh.sp / ring) +
-         " all-to-all x " + std::to_string(ring) + " ring) runs only in ulysses-train; " + what +
-         " has Ulysses' all-to-all alone: export a configuration with sp_ring 1";
-}
-
-void refuse_ring(const config::RunConfig& run, const std::string& what) {
-  if (auto line = ring_unsupported(run, what)) throw UserError(*line);
+void refuse_unsupported_mesh(const config::RunConfig& run, const std::string& what) {
+  if (auto line = unsupported_mesh(run, what)) throw UserError(*line);
 }
 
 std::optional<std::string> local_torch_version() {

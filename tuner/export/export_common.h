@@ -55,18 +55,22 @@ std::string hf_attention_implementation(const config::RunConfig& run);
 // (no Ulysses) or sp == world (the SP group is the world). Starts with "mesh: ".
 std::optional<std::string> ulysses_torch_version_warning(const config::RunConfig& run);
 
-// When mesh.sp does not split the heads evenly (mesh.uneven_heads, sp/head_split.h): one line
-// saying that DeepSpeed's Ulysses (and so ArcticTraining and Accelerate over it) needs sp to divide
-// the query heads, which ulysses-train's uneven split does not. Starts with "mesh.uneven_heads: ".
-std::optional<std::string> uneven_heads_warning(const config::RunConfig& run);
+// What DeepSpeed's Ulysses (and `what` over it: ArcticTraining, Accelerate, the deepspeed trial
+// backend) cannot run of the run's mesh, as one line; nullopt when it can run it. Ulysses has the
+// even all-to-all of the heads alone, so:
+//   ring attention (mesh.sp_ring resolves to more than 1): "mesh.sp_ring: 2 (ring attention over
+//     sp 4 = 2 all-to-all x 2 ring) runs only in ulysses-train; <what> has Ulysses' all-to-all
+//     alone: export a configuration with sp_ring 1";
+//   an sp that does not split the heads evenly (config::heads_split_evenly; mesh.uneven_heads):
+//     "mesh.uneven_heads: sp 2 splits 3 query heads / 1 KV head unevenly, which runs only in
+//     ulysses-train; <what> needs sp to divide the query heads ...: export a configuration with
+//     such an sp".
+// The exports refuse what this names (refuse_unsupported_mesh), and a sweep calls a point of the
+// deepspeed backend with such a mesh `invalid` with this line, so the two cannot differ.
+std::optional<std::string> unsupported_mesh(const config::RunConfig& run, const std::string& what);
 
-// When the run uses ring attention (mesh.sp_ring resolves to more than 1): one line saying that
-// `what` (DeepSpeed's Ulysses, and ArcticTraining and Accelerate over it) has no ring attention and
-// cannot run the configuration, starting with "mesh.sp_ring: "; nullopt otherwise.
-std::optional<std::string> ring_unsupported(const config::RunConfig& run, const std::string& what);
-
-// Throws UserError(ring_unsupported(run, what)) when there is such a line.
-void refuse_ring(const config::RunConfig& run, const std::string& what);
+// Throws UserError(unsupported_mesh(run, what)) when there is such a line.
+void refuse_unsupported_mesh(const config::RunConfig& run, const std::string& what);
 
 // The PyTorch version that `$ULYSSES_PYTHON` (else `python3` on PATH) imports here, e.g.
 // "2.13.0+cpu", or nullopt when none answers within 20 s.

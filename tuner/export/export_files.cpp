@@ -54,7 +54,7 @@ void append_new(std::vector<std::string>& all, const std::vector<std::string>& m
 }  // namespace
 
 ExportFiles write_exports(const config::RunConfig& run, const std::string& dir, int64_t nodes) {
-  if (auto line = ring_unsupported(run, "DeepSpeed (and ArcticTraining and Accelerate over it)")) {
+  if (auto line = unsupported_mesh(run, "DeepSpeed (and ArcticTraining and Accelerate over it)")) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw UserError(dir + ": cannot write (" + ec.message() + ")");

@@ -16,7 +16,8 @@ inline constexpr char kAccelerateConfigFile[] = "accelerate_config.yaml";
 
 // Where write_exports put the files, and the warnings of all three exports.
 struct ExportFiles {
-  // Empty when the run has no such export (ring attention: ring_unsupported's warning instead).
+  // Empty when the run has no such export (ring attention or an uneven head split:
+  // unsupported_mesh's line is the one warning instead).
   std::string deepspeed_path;   // DIR/ds_config.json
   std::string arctic_path;      // DIR/arctic_training.yaml
   std::string accelerate_path;  // DIR/accelerate_config.yaml
@@ -26,7 +27,8 @@ struct ExportFiles {
 };
 
 // Creates `dir` (and parents) when missing and writes the three files (none for a run with ring
-// attention, which none of those stacks runs: then one warning says so): ds_config.json (indent 2,
+// attention or an uneven head split, which none of those stacks runs: then one warning,
+// unsupported_mesh's line, says so): ds_config.json (indent 2,
 // trailing newline), arctic_training.yaml, accelerate_config.yaml (deepspeed_config_file:
 // ds_config.json). Each file is written to a temporary name in `dir` and renamed, so no reader
 // ever sees a half-written file; existing files of these names are replaced.

@@ -52,13 +52,10 @@ void dry_run(const experiment::Experiment& e, const search::Space& space) {
   std::printf("\n");
   int64_t valid = 0;
   for (const search::Point& p : search::all_points(space)) {
-    std::string why;
-    try {
-      experiment::plan_trial(e, space, p, space.lengths.front(), false, "unused");
-      ++valid;
-    } catch (const UserError& err) {
-      why = err.what();
-    }
+    // The search's own check (SweepHost::invalid_reason), so both call the same points invalid.
+    const std::string why =
+        invalid_point_reason(e, space, p, space.lengths.front()).value_or(std::string());
+    if (why.empty()) ++valid;
     std::printf("  %-60s %s\n", search::describe(space, p).c_str(),
                 why.empty() ? "valid" : ("invalid: " + why).c_str());
   }

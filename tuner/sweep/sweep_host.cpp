@@ -76,13 +76,22 @@ store::TrialRecord SweepHost::base_record(const search::Point& p, int64_t length
   return r;
 }
 
-std::optional<std::string> SweepHost::invalid_reason(const search::Point& p) {
+std::optional<std::string> invalid_point_reason(const experiment::Experiment& e,
+                                                const search::Space& space, const search::Point& p,
+                                                int64_t length) {
   try {
-    experiment::plan_trial(e_, space_, p, space_.lengths.front(), false, "unused");
+    const experiment::TrialPlan plan = experiment::plan_trial(e, space, p, length, false, "unused");
+    if (experiment::point_backend(space, p) == backends::kDeepSpeedBackend) {
+      return backends::deepspeed_refusal(plan.config);
+    }
     return std::nullopt;
   } catch (const UserError& err) {
     return std::string(err.what());
   }
+}
+
+std::optional<std::string> SweepHost::invalid_reason(const search::Point& p) {
+  return invalid_point_reason(e_, space_, p, space_.lengths.front());
 }
 
 std::optional<std::string> SweepHost::prune_reason(const search::Point& p, int64_t length) {
@@ -138,6 +147,14 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
     return o;
   }
   store::TrialRecord r = base_record(p, length, probe);
+  // A rule that only this length breaks (the point itself passed invalid_reason): not run.
+  if (std::optional<std::string> why = invalid_point_reason(e_, space_, p, length)) {
+    r.status = "invalid";
+    r.reason = *why;
+    store_.add_trial(r);
+    progress_.not_run(key, r.status, r.reason);
+    return search::RunOutcome{};  // kFailed: says nothing about memory
+  }
   store_.begin_trial(r);  // `running` until its result is stored
   ++started_;
   const std::string run_dir = (fs::path(settings_.runs_dir) / std::to_string(r.id)).string();
@@ -159,11 +176,23 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   spec.timeout_s = e_.budget.trial_timeout_s;
   spec.trainer = settings_.trainer;
   if (!native) {
-    const backends::DeepSpeedTrial ds =
-        backends::prepare_deepspeed_trial(plan.config, run_dir, settings_.python);
-    spec.trainer = ds.program;
-    spec.trainer_args = ds.arguments;
-    spec.config_yaml = ds.config_yaml;
+    try {
+      const backends::DeepSpeedTrial ds =
+          backends::prepare_deepspeed_trial(plan.config, run_dir, settings_.python);
+      spec.trainer = ds.program;
+      spec.trainer_args = ds.arguments;
+      spec.config_yaml = ds.config_yaml;
+    } catch (const UserError& err) {  // its files could not be written: the trial failed
+      r.status = "failed";
+      r.error = err.what();
+      r.finished_at = utc_now();
+      store_.finish_trial(r, {}, {});
+      progress_.finished("#" + std::to_string(r.id) + " " + key, r.status, "(" + r.error + ")");
+      ++(probe ? counted_.probes : counted_.runs);
+      search::RunOutcome failed;
+      failed.trial_id = r.id;
+      return failed;
+    }
   }
   spec.nnodes = static_cast<int>(e_.nodes);
   spec.name = "ulysses-trial-" + std::to_string(r.id);
@@ -215,6 +244,18 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
   }
   store_.add_trial(r);
   progress_.not_run(r.key, status, reason);
+  if (status == "invalid" && length == 0) {
+    // Rows of this point an earlier run left `running` (e.g. a version that called it valid)
+    // are never re-run: settle them with the reason.
+    const std::string prefix = search::describe(space_, p) + " L=";
+    for (auto& [key, previous] : previous_) {
+      if (previous.status != "running" || key.rfind(prefix, 0) != 0) continue;
+      previous.status = "invalid";
+      previous.reason = reason;
+      previous.finished_at = utc_now();
+      store_.finish_trial(previous, {}, {});
+    }
+  }
   if (status == "pruned") ++counted_.pruned;
   if (status == "skipped") ++counted_.skipped;
   if (status == "invalid") ++counted_.invalid;

@@ -43,9 +43,15 @@ class SweepHost : public search::Host {
   SweepHost(const experiment::Experiment& e, const search::Space& space, store::SweepStore& store,
             int64_t sweep_id, const HostSettings& settings);
 
+  // invalid_point_reason at the space's first length.
   std::optional<std::string> invalid_reason(const search::Point& p) override;
   std::optional<std::string> prune_reason(const search::Point& p, int64_t length) override;
+  // A trial that cannot run at `length` (invalid_point_reason: a rule that depends on the
+  // length) is stored `invalid` with its reason, and one whose files cannot be prepared `failed`
+  // with the error: the sweep goes on and no trial stays `running` (search::Result::kFailed).
   search::RunOutcome run(const search::Point& p, int64_t length, bool probe) override;
+  // An `invalid` point (length 0) also settles the rows of it that an earlier run of the sweep
+  // left `running` (--resume): they are stored `invalid` with the reason.
   void record(const search::Point& p, int64_t length, const std::string& status,
               const std::string& reason) override;
   bool budget_left() override;
@@ -86,6 +92,15 @@ class SweepHost : public search::Host {
   int64_t best_id_ = 0, best_length_ = 0;
   double best_value_ = 0.0;
 };
+
+// Why point `p` cannot run at `length`, as one line, or nullopt when it can: its run config breaks
+// a rule (experiment::plan_trial), or its backend cannot run it (backends::deepspeed_refusal for
+// the deepspeed backend: ring attention, an uneven head split, ..., the line the DeepSpeed export
+// refuses with). `sweep --dry-run` and the search (SweepHost::invalid_reason, at the space's
+// first length) both ask this, so they call the same points `invalid` for the same reason.
+std::optional<std::string> invalid_point_reason(const experiment::Experiment& e,
+                                                const search::Space& space, const search::Point& p,
+                                                int64_t length);
 
 // Now as UTC ISO 8601, "2026-11-22T14:25:29Z" (the store's timestamps).
 std::string utc_now();

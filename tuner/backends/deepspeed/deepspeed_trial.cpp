@@ -11,6 +11,7 @@
 #include "data/dataset_writer.h"
 #include "data/token_source.h"
 #include "tuner/export/deepspeed_config.h"
+#include "tuner/export/export_common.h"
 
 namespace ulysses::backends {
 namespace {
@@ -32,11 +33,28 @@ std::string deepspeed_trial_script() {
       .string();
 }
 
+std::optional<std::string> deepspeed_refusal(const config::RunConfig& run) {
+  if (auto line = exports::unsupported_mesh(run, "DeepSpeed")) return line;
+  if (run.data.pack) {
+    return std::string("data.pack: the deepspeed backend trains unpacked samples; set data.pack: "
+                       "false");
+  }
+  if (!run.model.preset.empty()) {
+    return "model.preset: " + run.model.preset +
+           ": the deepspeed backend builds the model from model.load or the inline model.* "
+           "shapes";
+  }
+  const std::string& attention = run.attention.backend;
+  if (attention != "auto" && attention != "math") {
+    return "attention.backend: " + attention +
+           ": the deepspeed backend runs transformers' sdpa (attention.backend auto or math)";
+  }
+  return std::nullopt;
+}
+
 DeepSpeedTrial prepare_deepspeed_trial(const config::RunConfig& run, const std::string& run_dir,
                                        const std::string& python) {
-  if (run.data.pack) {
-    throw UserError("data.pack: the deepspeed backend trains unpacked samples; set data.pack: false");
-  }
+  if (auto line = deepspeed_refusal(run)) throw UserError(*line);
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) throw UserError(run_dir + ": cannot create: " + ec.message());

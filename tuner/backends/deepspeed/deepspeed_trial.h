@@ -5,6 +5,7 @@
 // metrics.jsonl and summary.json (docs/outputs.md), so a sweep stores, ranks and reports both
 // backends alike.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,13 +27,21 @@ struct DeepSpeedTrial {
 // The rank program: <project home>/tuner/backends/deepspeed/ds_trial.py.
 std::string deepspeed_trial_script();
 
+// Why the deepspeed backend cannot run `run`, as one line naming the key, or nullopt when it can:
+// the mesh DeepSpeed's Ulysses cannot run (exports::unsupported_mesh: ring attention, an uneven
+// head split; the same line `export --format deepspeed` refuses with), then what ds_trial.py
+// refuses of a run config: data.pack, model.preset, an attention.backend other than auto or math.
+// A sweep calls such a point `invalid` with this line, and prepare_deepspeed_trial throws it.
+// REQUIRES: `run` passed config::validate.
+std::optional<std::string> deepspeed_refusal(const config::RunConfig& run);
+
 // Prepares a deepspeed trial of `run` in `run_dir` (created): writes run_dir/ds_config.json, the
 // DeepSpeed config `ulysses-tune export --format deepspeed` writes for `run`, and
 // run_dir/tokens.bin, the samples the run trains on read from its data.source (synthetic,
 // tokens:PATH, megatron:PREFIX) into one flat file, so that both backends see the same tokens
 // (sample i = tokens [i*L, (i+1)*L), as tokens:PATH is read). The returned config reads that
-// file. Throws UserError("data.pack: ...") for packed documents (ds_trial.py trains unpacked
-// samples) and UserError naming the file when one cannot be written.
+// file. Throws UserError(deepspeed_refusal(run)) for what the backend cannot run and UserError
+// naming the file when one cannot be written.
 // REQUIRES: `run` passed config::validate; python non-empty.
 DeepSpeedTrial prepare_deepspeed_trial(const config::RunConfig& run, const std::string& run_dir,
                                        const std::string& python);
