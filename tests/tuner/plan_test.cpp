@@ -399,7 +399,7 @@ TEST(Plan, ReportShowsPredictionBesideMeasurement) {
   no_time.id = 4, no_time.predicted_step_ms.reset();
   store::TrialRecord pruned = ok;
   pruned.id = 5, pruned.status = "pruned";
-  const report::Table t = report::prediction_table({ok, no_time, pruned});
+  const report::Table t = report::prediction_table({ok, no_time, pruned}, true);
   ASSERT_EQ(t.rows.size(), 2u);
   EXPECT_EQ(t.rows[0][0], "3");
   EXPECT_EQ(t.rows[0][4], "200 MiB");

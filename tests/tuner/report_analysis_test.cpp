@@ -168,12 +168,13 @@ TEST(MemoryBasis, PeaksCountAboveTheStartUpBaselineOfTheirDevice) {
   EXPECT_EQ(peak_above_baseline(trial(4, 1, 2, 1024, "ok", 1)), std::nullopt);
 
   const std::string note = memory_basis_note({cpu, cuda});
-  EXPECT_NE(note.find("1 trial from a ulysses-train that did not record it use the cost model's "
-                      "estimate instead (its runtime term), a baseline of " +
-                      memory_size(baseline) + "."),
+  EXPECT_NE(note.find("For 1 trial from an older ulysses-train that did not record it, the cost "
+                      "model's estimate (its runtime term), a baseline of " +
+                      memory_size(baseline) + ", stands in."),
             std::string::npos)
       << note;
-  EXPECT_NE(note.find("On CUDA it is the rank's device footprint"), std::string::npos) << note;
+  EXPECT_NE(note.find("On CUDA the peak is the rank's device footprint"), std::string::npos)
+      << note;
   EXPECT_EQ(memory_basis_note({cuda}).find("On CPU"), std::string::npos);
 }
 
@@ -192,15 +193,15 @@ TEST(MemoryBasis, TheRecordedBaselineIsSubtractedAndTheEstimateNamed) {
   EXPECT_NE(note.find("as each trial measured and recorded it"), std::string::npos) << note;
   EXPECT_EQ(note.find("estimate"), std::string::npos) << note;
   EXPECT_EQ(memory_basis_caption({measured}),
-            "peak above the start-up baseline (resident peak minus the measured baseline)");
+            "peak above the start-up baseline (RSS minus the measured baseline)");
 
   const TrialRecord old = with_peak(trial(2, 1, 2, 1024, "ok", 1), "cpu", 200 * kMiB);
   EXPECT_EQ(recorded_baseline_bytes(old), std::nullopt);
   EXPECT_TRUE(baseline_estimated(old));
   EXPECT_EQ(trial_basis(old), "above the start-up baseline " +
                                   memory_size(memory_baseline_bytes("cpu")) + " (estimated)");
-  EXPECT_NE(memory_basis_note({measured, old}).find("1 trial from a ulysses-train that did not "
-                                                    "record it"),
+  EXPECT_NE(memory_basis_note({measured, old}).find("1 trial from an older ulysses-train that "
+                                                    "did not record it"),
             std::string::npos);
   // CUDA counts from zero, recorded or not.
   TrialRecord cuda = with_peak(trial(3, 1, 2, 1024, "ok", 1), "cuda:0", 5 * kGiB);

@@ -192,8 +192,11 @@ TEST_F(ReportFixture, ListShowsSweepsAndTrials) {
         << trials;
   }
   // Peaks above the start-up baseline, which is stated under the table: A's 0.25 GiB of resident
-  // set is about 0.13 GiB above the CPU baseline, shown in MiB (under 1 GiB) with its unit.
-  EXPECT_NE(trials.find("peak above baseline"), std::string::npos) << trials;
+  // set is about 0.13 GiB above the CPU baseline, shown in MiB (under 1 GiB) with its unit. On
+  // CPU that is RSS, and the address space the limit caps has a column of its own.
+  const size_t header = trials.find("RSS above baseline  address space above baseline  ");
+  ASSERT_NE(header, std::string::npos) << trials;
+  EXPECT_LT(trials.find(" limit", header), trials.find('\n', header)) << trials;
   const auto a = std::find_if(trials_.begin(), trials_.end(),
                               [&](const store::TrialRecord& t) { return t.id == id("A"); });
   ASSERT_NE(a, trials_.end());
@@ -247,18 +250,23 @@ TEST_F(ReportFixture, ShowPrintsATrialOrASweepInFull) {
       std::string::npos)
       << text;
   EXPECT_NE(text.find("run dir: runs/synthetic/H"), std::string::npos);
-  EXPECT_NE(text.find("\npeak above baseline: 8.88 GiB (peak_mem_bytes 9.00 GiB above the "
-                      "start-up baseline " + memory_size(memory_baseline_bytes("cpu")) +
-                      " (estimated)) of a limit of 8.00 GiB\n"),
+  EXPECT_NE(text.find("\npeak: RSS 8.88 GiB above its start-up RSS; the per-rank limit of 8.00 "
+                      "GiB caps address space, which it did not record; peak_mem_bytes 9.00 GiB "
+                      "above the start-up baseline " +
+                      memory_size(memory_baseline_bytes("cpu")) + " (estimated)\n"),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find("\nmesh: 1x2\n"), std::string::npos) << text;
 
   std::ostringstream ok_out;
   show.trial_id = id("A");
   ASSERT_EQ(run_show(show, ok_out), 0);
   EXPECT_NE(ok_out.str().find("compute_ms         50.000"), std::string::npos) << ok_out.str();
   EXPECT_NE(ok_out.str().find("   2  6.7500"), std::string::npos) << ok_out.str();
-  EXPECT_NE(ok_out.str().find("peak above baseline"), std::string::npos) << ok_out.str();
+  EXPECT_NE(ok_out.str().find("RSS above baseline"), std::string::npos) << ok_out.str();
+  // A's step time was predicted by the uncalibrated model: no fit is in the database.
+  EXPECT_NE(ok_out.str().find("\npredicted step: 160.0 ms (uncalibrated: "), std::string::npos)
+      << ok_out.str();
 
   std::ostringstream sweep_out;
   show.trial_id = 0;

@@ -167,7 +167,8 @@ void expect_inside(double value, std::pair<double, double> range, bool log_axis,
 }
 
 // A CPU sweep like the quickstart: 0.108 GiB per rank (0.12 less the head-room) and trials whose
-// whole-process peaks, 0.14 to 0.21 GiB, lie above it although each of them fit. Three meshes x
+// whole-process peaks, 0.14 to 0.21 GiB, lie above it although each of them fit (their address
+// space, which the limit caps, stayed under it). Three meshes x
 // lengths 256..4096 (a log axis), one very slow trial (near the bottom of the throughput plots),
 // predictions off by -70 % to +60 % (beyond the bands), a probe, an OOM with a peak and one
 // without.
@@ -186,7 +187,10 @@ SweepData cpu_sweep() {
     t.status = status;
     t.limit_bytes = limit;
     t.point = R"({"mesh.sp":)" + std::to_string(sp) + "}";
-    t.summary = status == "ok" ? R"({"device":"cpu"})" : "{}";
+    // An ok trial recorded the address space the limit caps: under the limit, whatever its RSS.
+    t.summary = status == "ok" ? R"({"device":"cpu","max_rank_peak_address_space_bytes":)" +
+                                     std::to_string(limit * (50 + id) / 100) + "}"
+                               : "{}";
     data.trials.push_back(t);
     return data.trials.back();
   };
@@ -219,7 +223,9 @@ TEST(Plots, ATrialThatFitIsDrawnUnderItsLimitLine) {
   const std::string limit_arrow = "set arrow from graph 0, first ";
   ASSERT_NE(memory.find(limit_arrow), std::string::npos) << memory;
   const double limit_y = std::stod(memory.substr(memory.find(limit_arrow) + limit_arrow.size()));
-  EXPECT_NEAR(limit_y, 0.108, 1e-9);
+  // In MiB, as the points: every value is under 1 GiB.
+  EXPECT_NEAR(limit_y, static_cast<double>(static_cast<int64_t>(0.108 * kGiB)) / (1 << 20), 1e-9);
+  EXPECT_EQ(plot_file(files, "memory.dat").rfind("# seqlen MiB trial_id", 0), 0u);
   std::map<int64_t, const TrialRecord*> by_id;
   for (const TrialRecord& t : data.trials) by_id[t.id] = &t;
   int fit = 0, oom = 0;
@@ -232,15 +238,15 @@ TEST(Plots, ATrialThatFitIsDrawnUnderItsLimitLine) {
     }
     if (t.status != "ok") continue;
     ++fit;
-    // Whole-process peak 0.14..0.21 GiB; what the limit counts is the peak above the baseline.
+    // What the limit caps on CPU is address space, not the resident peak (0.14..0.21 GiB).
     EXPECT_LT(row[1], limit_y) << "trial " << t.id << " fit but is drawn above the limit";
-    EXPECT_NEAR(row[1], *peak_above_baseline(t) / kGiB, 1e-9) << "trial " << t.id;
+    EXPECT_NEAR(row[1], *capped_peak(t) / kGiB * 1024, 1e-9) << "trial " << t.id;
   }
   EXPECT_EQ(fit, 16);  // 15 trials and the probe
   EXPECT_EQ(oom, 2);
-  // The basis and the baseline are named on the plot.
-  EXPECT_NE(memory.find("peak above the start-up baseline (resident peak minus " +
-                        memory_size(memory_baseline_bytes("cpu")) + ", estimated)"),
+  // The quantity is named on the plot.
+  EXPECT_NE(memory.find("address space above each rank''s start-up address space: what "
+                        "memory.limit_gib caps on CPU (RLIMIT_AS)"),
             std::string::npos)
       << memory;
 }
@@ -261,7 +267,8 @@ TEST(Plots, EveryPointLiesInsideItsAxes) {
     }
   }
   // The memory plot's limit line is inside too.
-  expect_inside(0.108, axis_range(plot_block(gp, "memory_vs_seqlen.png"), "y"), false, "limit");
+  expect_inside(0.108 * 1024, axis_range(plot_block(gp, "memory_vs_seqlen.png"), "y"), false,
+                "limit");
   // Stacked bars: the tallest stack below the top (bars start at 0, on the frame).
   const auto bars = axis_range(plot_block(gp, "time_breakdown.png"), "y");
   for (const auto& row : dat_rows(plot_file(files, "phases.dat"))) {
@@ -369,8 +376,8 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
   EXPECT_NE(readme.find("**Memory.** Peak memory is per rank and above the rank's start-up "
                         "baseline"),
             std::string::npos);
-  EXPECT_NE(readme.find("use the cost model's estimate instead (its runtime term), a baseline "
-                        "of " + memory_size(memory_baseline_bytes("cpu")) + "."),
+  EXPECT_NE(readme.find("the cost model's estimate (its runtime term), a baseline of " +
+                        memory_size(memory_baseline_bytes("cpu")) + ", stands in."),
             std::string::npos);
   // Environment, flattened.
   EXPECT_EQ(markdown_row(readme, "host"), (std::vector<std::string>{"host", "node-7"}));
@@ -411,19 +418,20 @@ TEST_F(ReportFixture, MarkdownTablesHoldTheSweep) {
   // The trials table: one row per trial.
   const std::string trials = readme.substr(readme.find("## Trials"));
   const auto oom = markdown_row(trials, std::to_string(id("H")));
-  ASSERT_EQ(oom.size(), 10u);
+  ASSERT_EQ(oom.size(), 11u);
   EXPECT_EQ(oom[1], "oom");
   EXPECT_EQ(oom[2], "1x2");
   EXPECT_EQ(oom[3], "16384");
   EXPECT_EQ(oom[4], "2");  // the tiled_mlp axis
   EXPECT_EQ(oom[7], "8.88 GiB");  // 9 GiB of resident set less the CPU start-up baseline
-  EXPECT_EQ(oom[8], "8.00 GiB");
-  EXPECT_EQ(oom[9], "out of memory: \"CUDA\", tried to allocate 2.00 GiB, at layer 3");
+  EXPECT_EQ(oom[8], "");          // no address space recorded (no summary.json)
+  EXPECT_EQ(oom[9], "8.00 GiB");
+  EXPECT_EQ(oom[10], "out of memory: \"CUDA\", tried to allocate 2.00 GiB, at layer 3");
   EXPECT_EQ(markdown_row(trials, std::to_string(id("G")))[1], "ok (probe)");
   const auto a = markdown_row(trials, std::to_string(id("A")));
   EXPECT_EQ(a[5], "1000.0");
   EXPECT_EQ(a[6], "100.0");
-  EXPECT_EQ(markdown_row(trials, std::to_string(id("J")))[9],
+  EXPECT_EQ(markdown_row(trials, std::to_string(id("J")))[10],
             "mesh.sp=3: does not divide 8 heads \\| kv heads");
   for (const auto& t : trials_) {
     EXPECT_FALSE(markdown_row(trials, std::to_string(t.id)).empty()) << "trial " << t.id;

@@ -18,6 +18,7 @@
 #include "tuner/costmodel/calibration.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/results/calibrated_model.h"
+#include "tuner/results/format.h"
 #include "tuner/plan/planner.h"
 #include "tuner/store/store.h"
 #include "tuner/results/sweep_source.h"
@@ -262,7 +263,8 @@ void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
                         term.location == costmodel::Location::kHost ? "host" : "device",
                         term.formula});
     }
-    std::cout << "\n" << row.dp << " x " << row.sp << " " << row.features << " at "
+    std::cout << "\n" << report::mesh_text(row.dp, row.sp, row.sp_ring, row.uneven_heads) << " "
+              << row.features << " at "
               << row.seqlen << " tokens: peak " << fmt("%.2f", m.peak_bytes / kGiB)
               << " GiB per rank (static + saved + largest transient, or the optimizer step: '"
               << m.largest_transient << "' + overhead), host "
@@ -400,7 +402,8 @@ int run_plan(const PlanOptions& o) {
                 {"hardware", r.hardware.name}, {"world", r.world},
                 {"zero_stage", r.zero_stage},
                 {"zero_assumed", zero_assumed(r, rows, o.what_if_deepspeed)},
-                {"usable_device_bytes", usable_device_bytes(r.hardware)}, {"rows", json::array()}};
+                {"usable_device_bytes", usable_device_bytes(r.hardware)},
+                {"time_calibrated", r.time_calibrated}, {"rows", json::array()}};
     for (const PlanRow& row : rows) {
       out["rows"].push_back({{"dp", row.dp}, {"sp", row.sp}, {"sp_ring", row.sp_ring},
                              {"uneven_heads", row.uneven_heads},
@@ -423,16 +426,13 @@ int run_plan(const PlanOptions& o) {
                         "step s", "tok/s/dev", "MFU", "at seqlen", "max seqlen", "limited by",
                         "largest model"}) {
     const std::string name = h;
-    table.add_column(name, name != "features" && name != "at seqlen" && name != "limited by" &&
-                               name != "largest model");
+    const bool time = name == "step s" || name == "tok/s/dev" || name == "MFU";
+    table.add_column(name + (time && !r.time_calibrated ? "*" : ""),  // uncalibrated: see below
+                     name != "features" && name != "at seqlen" && name != "limited by" &&
+                         name != "largest model");
   }
   for (const PlanRow& row : rows) {
-    const std::string mesh =
-        std::to_string(row.dp) + " x " + std::to_string(row.sp) +
-        (row.sp_ring > 1 ? " (" + std::to_string(row.sp / row.sp_ring) + " a2a x " +
-                               std::to_string(row.sp_ring) + " ring)"
-                         : "") +
-        (row.uneven_heads ? " uneven" : "");
+    const std::string mesh = report::mesh_text(row.dp, row.sp, row.sp_ring, row.uneven_heads);
     if (!row.valid) {
       table.rows.push_back(
           {mesh, row.features, "-", "-", "-", "-", "-", "-", "-", "-", row.limit, "-"});
@@ -458,8 +458,11 @@ int run_plan(const PlanOptions& o) {
             << "largest model: the most layers of this model's shapes each row holds at its "
                "seqlen, and their parameters\n";
   if (o.components) print_components(r, rows);
-  std::cout << "times are uncalibrated estimates unless a fit is given (--db DB after "
-               "`plan --fit DB`, or --calibration FILE)\n";
+  if (!r.time_calibrated) {
+    std::cout << "* uncalibrated: step s, tok/s/dev and MFU are estimates from the hardware "
+                 "profile's peaks, which can be far off (on a CPU, steps several times too "
+                 "short): give a fit with --db DB after `plan --fit DB`, or --calibration FILE\n";
+  }
   return kExitOk;
 }
 

@@ -6,7 +6,9 @@
 #include "tuner/results/sweep_analysis.h"
 
 #include <cstdio>
+#include <optional>
 #include <sstream>
+#include <vector>
 
 namespace ulysses::recommend {
 namespace {
@@ -39,12 +41,8 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
   md << ", memory head-room " << num(100 * o.headroom) << "%.\n\n";
   md << "Winner: trial #" << winner.id << " — " << report::configuration(winner) << ", "
      << winner.seqlen << " tokens, "
-     << num(winner.tokens_per_s_per_rank.value_or(0)) << " tokens/s per rank, peak "
-     << report::memory_size(report::peak_above_baseline(winner));
-  if (winner.limit_bytes) {
-    md << " of a per-rank limit of " << report::memory_size(winner.limit_bytes);
-  }
-  md << ".\n\n";
+     << num(winner.tokens_per_s_per_rank.value_or(0)) << " tokens/s per rank, "
+     << report::peak_against_limit(winner) << ".\n\n";
   if (report::trial_backend(winner) == "deepspeed") {
     md << "Measured on the **deepspeed** backend: transformers under DeepSpeed's Ulysses, ZeRO "
           "and offloads with the `ds_config.json` written here, which is the DeepSpeed config "
@@ -68,18 +66,31 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
     md << "It is the fastest configuration that fits at the target length with the head-room.\n\n";
   }
   md << "## Candidates side by side\n\n";
-  md << "| configuration | best trial | length | tokens/s per rank | peak above baseline | "
-        "where time went | what limited it |\n|---|---:|---:|---:|---:|---|---|\n";
+  // The peak (CPU: RSS) and, where the limit caps something else (CPU: address space), that.
+  std::vector<store::TrialRecord> best;
+  for (const PointSummary& s : summaries) {
+    if (s.best) best.push_back(*s.best);
+  }
+  const bool capped_column = report::limit_caps_address_space(best);
+  md << "| configuration | best trial | length | tokens/s per rank | " << report::peak_label(best)
+     << " | " << (capped_column ? report::capped_label(best) + " | " : "")
+     << "where time went | what limited it |\n|---|---:|---:|---:|---:|"
+     << (capped_column ? "---:|" : "") << "---|---|\n";
   for (size_t i = 0; i < summaries.size(); ++i) {
     const PointSummary& s = summaries[i];
     md << "| " << report::configuration(*s.first) << " | ";
     if (s.best) {
       md << "#" << s.best->id << " | " << s.best->seqlen << " | "
          << num(s.best->tokens_per_s_per_rank.value_or(0)) << " | "
-         << report::memory_size(report::peak_above_baseline(*s.best)) << " | "
-         << time_split(*s.best, phases[i]) << " | ";
+         << report::memory_size(report::peak_above_baseline(*s.best)) << " | ";
+      if (capped_column) {
+        const std::optional<int64_t> capped = report::capped_peak(*s.best);
+        md << (capped ? report::memory_size(capped) : std::string("-")) << " | ";
+      }
+      md << time_split(*s.best, phases[i]) << " | ";
     } else {
-      md << "- | " << (s.longest_fit ? std::to_string(s.longest_fit) : "-") << " | - | - | - | ";
+      md << "- | " << (s.longest_fit ? std::to_string(s.longest_fit) : "-") << " | - | - | - | "
+         << (capped_column ? "- | " : "");
     }
     md << s.limited_by << " |\n";
   }

@@ -107,14 +107,13 @@ Table sweeps_table(store::Database& db) {
   return table;
 }
 
-// "46 MiB (peak_mem_bytes 170 MiB above the start-up baseline 124 MiB) of a limit of 110 MiB":
-// the stored peak is the whole process on CPU; this is what counts against the limit.
-std::string peak_against_limit(const store::TrialRecord& t) {
+// "address space 100 MiB (above its start-up size) of a per-rank limit of 110 MiB (RSS 46 MiB
+// above its start-up RSS); peak_mem_bytes 170 MiB above the start-up baseline 124 MiB": the peak
+// against the limit on the basis the limit caps (memory_basis.h), then what the store holds.
+std::string peak_text(const store::TrialRecord& t) {
   if (!t.peak_mem_bytes) return "-";
-  std::string text = memory_size(peak_above_baseline(t)) + " (peak_mem_bytes " +
-                     memory_size(t.peak_mem_bytes) + " " + trial_basis(t) + ")";
-  if (t.limit_bytes) text += " of a limit of " + memory_size(t.limit_bytes);
-  return text;
+  return peak_against_limit(t) + "; peak_mem_bytes " + memory_size(t.peak_mem_bytes) + " " +
+         trial_basis(t);
 }
 
 void show_trial(store::Database& db, int64_t id, std::ostream& out) {
@@ -126,12 +125,22 @@ void show_trial(store::Database& db, int64_t id, std::ostream& out) {
   const auto sweep = store.sweep(trial->sweep_id);
   out << "trial " << id << " of sweep " << (sweep ? sweep->name : "?") << "\n";
   for (const auto& [name, value] : trial_fields(*trial)) print_field(out, name, value);
-  print_field(out, "peak above baseline", peak_against_limit(*trial));
+  print_field(out, "mesh", mesh(*trial));
+  print_field(out, "peak", peak_text(*trial));
+  if (trial->predicted_step_ms) {
+    const bool calibrated = sweep && time_predictions_calibrated(db, *sweep);
+    print_field(out, "predicted step",
+                fixed(trial->predicted_step_ms, 1) + " ms" +
+                    (calibrated ? " (from a cost-model fit)"
+                                : " (uncalibrated: no cost-model fit was stored when the sweep "
+                                  "started; see plan --fit)"));
+  }
 
   Table steps;
   steps.add_column("step", true);
-  for (const char* name :
-       {"loss", "grad_norm", "step ms", "tokens/s", "peak above baseline"}) {
+  for (const std::string& name : {std::string("loss"), std::string("grad_norm"),
+                                  std::string("step ms"), std::string("tokens/s"),
+                                  peak_label({*trial})}) {
     steps.add_column(name, true);
   }
   for (const auto& s : store.trial_steps(id)) {

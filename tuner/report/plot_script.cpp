@@ -16,9 +16,8 @@
 namespace ulysses::report {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-double to_gib(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
 
 // A number for a gnuplot command: six significant digits.
 std::string number(double value) {
@@ -137,6 +136,24 @@ void throughput_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
         plot_cmd + "\n";
 }
 
+// The unit of a memory axis: MiB when every value drawn is under 1 GiB, else GiB.
+struct MemoryUnit {
+  const char* name;
+  double bytes;
+  double of(int64_t b) const { return static_cast<double>(b) / bytes; }
+  // `b` in this unit for a label: "415 MiB", "4.5 MiB", "8.00 GiB".
+  std::string text(int64_t b) const {
+    char out[48];
+    const double v = of(b);
+    std::snprintf(out, sizeof out, bytes == kGiB ? "%.2f %s" : v < 10 ? "%.1f %s" : "%.0f %s", v,
+                  name);
+    return out;
+  }
+};
+MemoryUnit memory_unit(int64_t largest) {
+  return largest < static_cast<int64_t>(kGiB) ? MemoryUnit{"MiB", kMiB} : MemoryUnit{"GiB", kGiB};
+}
+
 void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
   std::vector<TrialRecord> fit, probes, oom;
   std::set<int64_t> limits;
@@ -153,49 +170,113 @@ void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
         "under a known limit.";
     return;
   }
+  // The quantity drawn: the one the limit caps (memory_basis.h capped_peak), beside the limits;
+  // when an ok trial did not record it (a CPU trial of an older ulysses-train), the RSS above the
+  // baseline of every trial and no limit, which caps something else.
+  const bool capped = std::all_of(fit.begin(), fit.end(), [](auto& t) { return capped_peak(t); }) &&
+                      std::all_of(probes.begin(), probes.end(),
+                                  [](auto& t) { return capped_peak(t); });
+  const bool cpu = limit_caps_address_space(data.trials);
+  if (!capped) limits.clear();
+  // An out-of-memory trial sits on the limit it exceeded (what it measured before the failing
+  // allocation can lie below it); without one, at its measured peak in the quantity drawn.
+  auto value = [&](const TrialRecord& t, bool out_of_memory) -> std::optional<int64_t> {
+    if (out_of_memory && capped && t.limit_bytes && *t.limit_bytes > 0) return *t.limit_bytes;
+    return capped ? capped_peak(t) : peak_above_baseline(t);
+  };
+  std::erase_if(oom, [&](const TrialRecord& t) { return !value(t, true); });
+  if (fit.empty() && probes.empty() && oom.empty()) {
+    plot.omitted = "Not drawn: no trial that ran out of memory recorded a limit or a peak.";
+    return;
+  }
+  int64_t largest = limits.empty() ? 0 : *limits.rbegin();
+  for (const auto* group : {&fit, &probes, &oom}) {
+    for (const auto& t : *group) largest = std::max(largest, *value(t, group == &oom));
+  }
+  const MemoryUnit unit = memory_unit(largest);
+  const std::string quantity = !capped ? "RSS above the start-up RSS"
+                               : cpu   ? "address space above the start-up address space"
+                                       : "peak above the start-up baseline";
+
   std::vector<std::pair<std::string, std::vector<TrialRecord>>> groups = by_configuration(fit);
   if (!probes.empty()) groups.emplace_back("memory probes", probes);
-  dat = "# seqlen peak_GiB_above_baseline trial_id; blocks: configurations, then probes, then out "
-        "of memory\n";
+  std::string limit_text;  // "415 MiB, 830 MiB": the dashed lines, in the points' unit
+  for (int64_t limit : limits) limit_text += (limit_text.empty() ? "" : ", ") + unit.text(limit);
+  dat = std::string("# seqlen ") + unit.name + " trial_id: per rank, " + quantity +
+        "; blocks: configurations, then probes, then out of memory\n" +
+        (limits.empty() ? "" : "# per-rank limit " + limit_text + " (the dashed lines)\n");
   std::vector<int64_t> lengths;
+  for (const auto* group : {&fit, &probes, &oom}) {
+    for (const auto& t : *group) lengths.push_back(t.seqlen);
+  }
+  const std::string x_axis = length_axis(lengths);
   double lowest = std::numeric_limits<double>::infinity(), top = 0.0;
   std::string plot_cmd = "plot ";
   int index = 0;
-  auto add_block = [&](const std::string& name, const std::vector<TrialRecord>& group,
-                       const std::string& style) {
-    dat += "# " + name + "\n";
-    const bool at_limit = name == "out of memory";
-    for (const auto& t : group) {
-      // The basis the limit counts (memory_basis.h). An out-of-memory trial sits on the limit it
-      // exceeded: the peak it measured before the failing allocation can lie below it.
-      const bool on_limit = at_limit && t.limit_bytes && *t.limit_bytes > 0;
-      const double y = to_gib(on_limit ? *t.limit_bytes : *peak_above_baseline(t));
-      dat += std::to_string(t.seqlen) + " " + exact(y) + " " + std::to_string(t.id) + "\n";
-      lengths.push_back(t.seqlen);
-      lowest = std::min(lowest, y), top = std::max(top, y);
-    }
-    dat += "\n\n";
+  auto add_block = [&](const std::string& name, const std::string& rows, const std::string& style) {
+    dat += "# " + name + "\n" + rows + "\n\n";
     plot_cmd += std::string(index == 0 ? "'memory.dat'" : ", \\\n     ''") + " index " +
                 std::to_string(index) + " using 1:2 " + style + " title " + gnuplot_quote(name);
     ++index;
   };
+  auto trial_rows = [&](const std::vector<TrialRecord>& group, bool out_of_memory) {
+    std::string rows;
+    for (const auto& t : group) {
+      const double y = unit.of(*value(t, out_of_memory));
+      rows += std::to_string(t.seqlen) + " " + exact(y) + " " + std::to_string(t.id) + "\n";
+      lowest = std::min(lowest, y), top = std::max(top, y);
+    }
+    return rows;
+  };
   for (const auto& [name, group] : groups) {
-    add_block(name, group,
+    add_block(name, trial_rows(group, false),
               name == "memory probes" ? "with points pt 6 ps 1.5" : "with linespoints lw 2 pt 7");
   }
-  if (!oom.empty()) add_block("out of memory", oom, "with points pt 2 ps 2 lw 2 lc rgb 'red'");
+  if (!oom.empty()) {
+    add_block("out of memory", trial_rows(oom, true), "with points pt 2 ps 2 lw 2 lc rgb 'red'");
+  }
   std::string limit_lines;
   for (int64_t limit : limits) {
-    const std::string y = exact(to_gib(limit));
-    top = std::max(top, to_gib(limit));
+    const std::string y = exact(unit.of(limit));
+    top = std::max(top, unit.of(limit));
     limit_lines += "set arrow from graph 0, first " + y + " to graph 1, first " + y +
                    " nohead dt 2 lw 2 lc rgb 'red'\nset label " +
-                   gnuplot_quote("limit " + memory_size(limit) + " per rank") +
+                   gnuplot_quote("limit " + unit.text(limit) + " per rank") +
                    " at graph 0.01, first " + y + " offset 0,0.7 tc rgb 'red'\n";
   }
-  gp += begin_plot(plot.file, plot.title, 1000, 620, memory_basis_caption(data.trials)) +
-        length_axis(lengths) + "set ylabel 'peak per rank above start-up baseline (GiB)'\n" +
-        y_from_zero(lowest, top) + "set key below\n" + limit_lines + plot_cmd + "\n";
+  std::string subtitle = capped && cpu
+                             ? "address space above each rank's start-up address space: what "
+                               "memory.limit_gib caps on CPU (RLIMIT_AS)"
+                             : memory_basis_caption(data.trials);
+  if (!capped && !data.trials.empty()) {
+    subtitle += "; the limit caps address space, not RSS: not drawn";
+  }
+  gp += begin_plot(plot.file, plot.title, 1000, 620, subtitle) + x_axis + "set ylabel " +
+        gnuplot_quote(std::string(!capped ? "RSS per rank above start-up RSS"
+                                  : cpu   ? "address space per rank above start-up"
+                                          : "peak per rank above start-up baseline") +
+                      " (" + unit.name + ")") +
+        "\n" + y_from_zero(lowest, top) + "set key below\n" + limit_lines + plot_cmd + "\n";
+
+  if (!capped) {
+    plot.caption =
+        "RSS per rank above its start-up RSS (see Memory above), in " + std::string(unit.name) +
+        ". No limit is drawn: on CPU memory.limit_gib caps address space, not RSS, and some of "
+        "these trials did not record their address space (an older ulysses-train), so an RSS "
+        "above the limit does not mean a trial exceeded it. Crosses: trials that ran out of "
+        "memory, at the RSS they measured.";
+  } else {
+    plot.caption =
+        std::string("Peak memory per rank in the quantity memory.limit_gib caps (see Memory "
+                    "above)") +
+        (cpu ? ": on CPU the address space above the rank's start-up address space, not its "
+               "RSS"
+             : "") +
+        "; points and the dashed per-rank limits in " + unit.name +
+        ". Crosses: trials that ran out of memory, on the limit they exceeded (what they "
+        "measured before the failing allocation can be lower), or at their measured peak when "
+        "no limit was recorded.";
+  }
 }
 
 void breakdown_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
@@ -307,9 +388,12 @@ bool prediction_plot(const SweepData& data, Plot& plot, std::string& dat, std::s
         "set arrow from graph 0, first 20 to graph 1, first 20 nohead dt 2 lc rgb 'red'\n"
         "set arrow from graph 0, first -20 to graph 1, first -20 nohead dt 2 lc rgb 'red'\n"
         "plot 'prediction.dat' using 0:2:" + xtic + " with points pt 7 ps 1.5 lc rgb 'blue' "
-        "title 'peak memory above baseline (band +-10 %)', \\\n"
+        "title " + gnuplot_quote(peak_label(data.trials) + " (band +-10 %)") + ", \\\n"
         "     '' using 0:3 with points pt 5 ps 1.5 lc rgb 'red' "
-        "title 'step time (band +-20 %)'\n";
+        "title " +
+        gnuplot_quote(std::string(data.time_calibrated ? "step time" : "step time, uncalibrated") +
+                      " (band +-20 %)") +
+        "\n";
   return true;
 }
 
@@ -359,10 +443,10 @@ std::string gnuplot_quote(const std::string& text) {
 
 PlotFiles make_plot_files(const SweepData& data) {
   PlotFiles out;
-  out.plots = {{"throughput_vs_seqlen.png", "Throughput vs sequence length", ""},
-               {"memory_vs_seqlen.png", "Peak memory vs sequence length", ""},
-               {"time_breakdown.png", "Where a step's time goes", ""},
-               {"pareto_front.png", "Pareto front: sequence length vs throughput", ""}};
+  out.plots = {{"throughput_vs_seqlen.png", "Throughput vs sequence length", "", ""},
+               {"memory_vs_seqlen.png", "Peak memory vs sequence length", "", ""},
+               {"time_breakdown.png", "Where a step's time goes", "", ""},
+               {"pareto_front.png", "Pareto front: sequence length vs throughput", "", ""}};
   std::string gp = "# Plots of sweep " + data.sweep.name +
                    " (written by ulysses-tune report). To redraw: gnuplot plots.gp, run in this "
                    "directory.\npng_terminal = strstrt(GPVAL_TERMINALS, 'pngcairo') > 0 ? "
@@ -375,13 +459,14 @@ PlotFiles make_plot_files(const SweepData& data) {
     builders[i](data, out.plots[i], dat, gp);
     if (!dat.empty()) out.files.emplace_back(dat_names[i], dat);
   }
-  Plot prediction{"prediction_error.png", "Cost model: predicted vs measured, error per trial", ""};
+  Plot prediction{"prediction_error.png", "Cost model: predicted vs measured, error per trial",
+                  "", ""};
   std::string dat;
   if (prediction_plot(data, prediction, dat, gp)) {
     out.plots.push_back(prediction);
     out.files.emplace_back("prediction.dat", dat);
   }
-  Plot backends{"backends.png", "Ours vs DeepSpeed: tokens/s per rank", ""};
+  Plot backends{"backends.png", "Ours vs DeepSpeed: tokens/s per rank", "", ""};
   dat.clear();
   if (backends_plot(data, backends, dat, gp)) {
     out.plots.push_back(backends);

@@ -15,13 +15,17 @@ struct Plot {
   std::string file;     // the PNG's name inside the report directory
   std::string title;    // a heading for the README
   std::string omitted;  // "" when drawn; else a sentence saying why it is not
+  std::string caption;  // what the drawn plot shows, for the README; "" = the README's own
 };
 
 struct PlotFiles {
   // In this order: throughput_vs_seqlen.png (tokens/s per rank vs length, one line per
-  // configuration, measured trials), memory_vs_seqlen.png (peak GiB above the start-up baseline
-  // vs length, memory_basis.h, the per-rank limits as dashed lines on the same basis, OOM trials
-  // as crosses at their peak or, unknown, at their limit), time_breakdown.png (stacked compute /
+  // configuration, measured trials), memory_vs_seqlen.png (peak per rank vs length in the
+  // quantity memory.limit_gib caps, memory_basis.h capped_peak, with the per-rank limits as
+  // dashed lines, OOM trials as crosses on the limit they exceeded or, unknown, at their peak; or,
+  // when an ok CPU trial did not record that quantity, its RSS above the baseline and no limit
+  // line; points and limits in one unit, MiB or GiB by the largest value drawn, with a caption
+  // saying which), time_breakdown.png (stacked compute /
   // comm / offload / optimizer / other ms per measured trial), pareto_front.png (length vs
   // throughput of measured trials, the front highlighted, no point labels: the README lists the
   // front); then, when ok trials have the cost model's predictions, prediction_error.png (the

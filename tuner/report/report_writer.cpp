@@ -62,11 +62,7 @@ std::string plots_section(const SweepData& data, const std::vector<Plot>& plots)
   const char* captions[] = {
       "Tokens/s per rank of every measured trial (status `ok`, not a memory probe), one line per "
       "mesh and configuration.",
-      "Peak memory per rank above the start-up baseline (see Memory above); dashed: the per-rank "
-      "limit the trials ran under, on the same basis; crosses: trials that ran out of memory, on the "
-      "limit they exceeded (the peak they measured before the failing allocation can be lower: on "
-      "a CPU the limit caps address space, which grows ahead of resident memory), or at their "
-      "measured peak when no limit was recorded.",
+      "",  // the memory plot's own (plot_script.h: what it draws depends on the trials)
       "Median ms per step of each measured trial by category (trial_phases `compute_ms`, "
       "`comm_ms`, `offload_ms`, `optimizer_ms`); other = step ms minus their sum (0 when the "
       "phases overlap).",
@@ -77,7 +73,10 @@ std::string plots_section(const SweepData& data, const std::vector<Plot>& plots)
     out += "### " + plots[i].title + "\n\n";
     if (plots[i].omitted.empty()) {
       out += "![" + plots[i].title + "](" + plots[i].file + ")\n\n";
-      if (i < std::size(captions)) out += std::string(captions[i]) + "\n\n";
+      const std::string caption = !plots[i].caption.empty() ? plots[i].caption
+                                  : i < std::size(captions) ? std::string(captions[i])
+                                                            : std::string();
+      if (!caption.empty()) out += caption + "\n\n";
       if (plots[i].file == "pareto_front.png") {
         out += render_markdown(pareto_table(data.trials)) + "\n";
       }
@@ -159,15 +158,23 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
       "`backends.dat` (those with data); "
       "redraw with `gnuplot plots.gp` in this directory.\n\n";
 
-  const Table predictions = prediction_table(data.trials);
+  const Table predictions = prediction_table(data.trials, data.time_calibrated);
   if (!predictions.rows.empty()) {
     out += "## Cost model: predicted vs measured\n\n"
            "Each measured trial (status `ok`) beside the cost model's prediction stored before it "
            "ran (`trials.predicted_peak_bytes`, `predicted_step_ms`; tuner/costmodel/): peak per "
            "rank, both above the start-up baseline (see Memory above), and step time; error = "
            "(predicted - measured) / measured. `ulysses-tune plan --fit` recalibrates the model "
-           "on these trials.\n\n" +
-           render_markdown(predictions) + "\n";
+           "on these trials.\n\n";
+    out += data.time_calibrated
+               ? "The step-time predictions came from a cost-model fit stored in this database "
+                 "before the sweep started.\n\n"
+               : "**The step-time predictions are uncalibrated**: no cost-model fit was stored "
+                 "in this database when the sweep started, so they come from the hardware "
+                 "profile's peak throughputs at assumed efficiencies and can be far off (on a CPU "
+                 "they can be several times too fast). `ulysses-tune plan --fit` on these trials "
+                 "stores a fit that later sweeps and `plan --db` use.\n\n";
+    out += render_markdown(predictions) + "\n";
   }
 
   out += "## Trials\n\n";
@@ -175,8 +182,13 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
     out += "The sweep has no trials.\n";
   } else {
     out +=
-        "Peak (above the start-up baseline, see Memory above) and limit are per rank; a "
-        "probe is a memory probe run (`attention.skip_all_but_last`).\n\n" +
+        std::string(limit_caps_address_space(data.trials)
+                        ? "Peaks (above the start-up baseline, see Memory above: on CPU the RSS, "
+                          "and beside it the address space, which is what the limit caps) and "
+                          "the limit are per rank"
+                        : "Peak (above the start-up baseline, see Memory above) and limit are "
+                          "per rank") +
+        "; a probe is a memory probe run (`attention.skip_all_but_last`).\n\n" +
         render_markdown(trials_table(data.trials));
   }
 

@@ -62,10 +62,14 @@ Table trials_table(const std::vector<store::TrialRecord>& trials) {
   table.add_column("mesh (dp x sp)");
   table.add_column("seqlen", true);
   for (const auto& header : axis_headers(keys)) table.add_column(header);
-  for (const char* name :
-       {"tokens/s per rank", "step ms", "peak above baseline", "limit"}) {
-    table.add_column(name, true);
-  }
+  // The peak (CPU: RSS) and, where the limit caps something else (CPU: address space), that
+  // quantity beside the limit: the limit is compared with the column next to it.
+  const bool capped_column = limit_caps_address_space(trials);
+  table.add_column("tokens/s per rank", true);
+  table.add_column("step ms", true);
+  table.add_column(peak_label(trials), true);
+  if (capped_column) table.add_column(capped_label(trials), true);
+  table.add_column("limit", true);
   table.add_column("error / reason");
   for (const auto& t : trials) {
     std::vector<std::string> row = {std::to_string(t.id), t.status + (t.probe ? " (probe)" : ""),
@@ -74,6 +78,7 @@ Table trials_table(const std::vector<store::TrialRecord>& trials) {
     row.push_back(fixed(t.tokens_per_s_per_rank, 1));
     row.push_back(fixed(t.step_ms, 1));
     row.push_back(memory_size(peak_above_baseline(t)));
+    if (capped_column) row.push_back(memory_size(capped_peak(t)));
     row.push_back(memory_size(t.limit_bytes));
     row.push_back(t.error.empty() ? t.reason : t.error);
     table.rows.push_back(std::move(row));
@@ -93,7 +98,7 @@ Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials) {
   table.add_column("longest seqlen", true);
   table.add_column("tokens/s per rank there", true);
   for (const MeshBest& best : best_per_mesh(trials)) {
-    std::vector<std::string> row = {std::to_string(best.dp) + "x" + std::to_string(best.sp),
+    std::vector<std::string> row = {best.mesh,
                                     std::to_string(best.trials), std::to_string(best.measured)};
     if (best.fastest) {
       const auto& f = *best.fastest;
@@ -119,7 +124,7 @@ std::string status_count_text(const std::vector<store::TrialRecord>& trials) {
   return out.empty() ? "none" : out;
 }
 
-Table prediction_table(const std::vector<store::TrialRecord>& trials) {
+Table prediction_table(const std::vector<store::TrialRecord>& trials, bool time_calibrated) {
   auto error = [](double predicted, double measured) {
     char text[32];
     std::snprintf(text, sizeof text, "%+.1f %%", 100.0 * (predicted - measured) / measured);
@@ -130,9 +135,11 @@ Table prediction_table(const std::vector<store::TrialRecord>& trials) {
   table.add_column("mesh");
   table.add_column("seqlen", true);
   table.add_column("probe");
-  for (const char* name : {"peak above baseline", "predicted peak", "error", "step ms",
-                           "predicted ms",
-                           "error "}) {
+  for (const std::string& name : {peak_label(trials), std::string("predicted peak"),
+                                  std::string("error"), std::string("step ms"),
+                                  std::string(time_calibrated ? "predicted ms"
+                                                              : "predicted ms (uncalibrated)"),
+                                  std::string("error ")}) {
     table.add_column(name, true);
   }
   for (const store::TrialRecord& t : trials) {

@@ -17,10 +17,12 @@ std::vector<std::pair<std::string, std::string>> trial_fields(const store::Trial
 // All of trial_fields() for each trial: the rows of trials.csv.
 Table trial_fields_table(const std::vector<store::TrialRecord>& trials);
 
-// One row per trial, for people: id, status ("ok (probe)" for probes), mesh dp x sp, seqlen, one
-// column per axis of the space (sweep_analysis.h), tokens/s per rank, step ms, peak above the
-// start-up baseline (memory_basis.h), limit (both as format.h memory_size writes them), and the
-// error (or the reason a trial did not run).
+// One row per trial, for people: id, status ("ok (probe)" for probes), mesh (format.h mesh(),
+// split included), seqlen, one column per axis of the space (sweep_analysis.h), tokens/s per
+// rank, step ms, peak above the start-up baseline (memory_basis.h peak_label: RSS on CPU), when
+// some trial ran on CPU the address space above its start-up size (capped_peak: what the limit
+// caps there), the limit (memory sizes as format.h memory_size writes them), and the error (or
+// the reason a trial did not run).
 Table trials_table(const std::vector<store::TrialRecord>& trials);
 
 // One row per mesh (best_per_mesh()): trials, measured, the fastest trial (tokens/s per rank,
@@ -32,7 +34,9 @@ Table best_per_mesh_table(const std::vector<store::TrialRecord>& trials);
 // has a prediction: id, mesh, seqlen, probe, measured and predicted peak (memory_size, both above the
 // start-up baseline: memory_basis.h) and the error, measured and predicted step ms and the error
 // ("-" where either is missing). Error = (predicted - measured) / measured, signed percent.
-Table prediction_table(const std::vector<store::TrialRecord>& trials);
+// Unless `time_calibrated` (the predictions came from a cost-model fit, sweep_source.h), the
+// predicted step time's column says "uncalibrated".
+Table prediction_table(const std::vector<store::TrialRecord>& trials, bool time_calibrated);
 
 // "ok 6, oom 1, pruned 2" (status_counts()), "none" for no trials.
 std::string status_count_text(const std::vector<store::TrialRecord>& trials);

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "tuner/results/format.h"
 
 namespace ulysses::report {
 namespace {
@@ -66,7 +69,8 @@ std::string axis_value(const TrialRecord& trial, const std::string& key) {
 }
 
 std::string configuration(const TrialRecord& trial, const std::string& except) {
-  std::string out = "dp=" + std::to_string(trial.dp) + " sp=" + std::to_string(trial.sp);
+  std::string out =
+      "dp=" + std::to_string(trial.dp) + " sp=" + std::to_string(trial.sp) + mesh_split(trial);
   std::vector<std::string> keys;
   for (const auto& [key, value] : axis_values(trial)) keys.push_back(key);
   const auto headers = axis_headers(keys);
@@ -96,11 +100,12 @@ std::vector<std::pair<std::string, int>> status_counts(const std::vector<TrialRe
 }
 
 std::vector<MeshBest> best_per_mesh(const std::vector<TrialRecord>& trials) {
-  std::map<std::pair<int64_t, int64_t>, MeshBest> by_mesh;  // (sp, dp)
+  std::map<std::tuple<int64_t, int64_t, std::string>, MeshBest> by_mesh;  // (sp, dp, split)
   for (const auto& trial : trials) {
-    MeshBest& best = by_mesh[{trial.sp, trial.dp}];
+    MeshBest& best = by_mesh[{trial.sp, trial.dp, mesh_split(trial)}];
     best.dp = trial.dp;
     best.sp = trial.sp;
+    best.mesh = mesh(trial);
     ++best.trials;
     if (!is_measured(trial)) continue;
     ++best.measured;

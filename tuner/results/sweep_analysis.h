@@ -32,8 +32,9 @@ std::vector<std::string> axis_headers(const std::vector<std::string>& keys);
 // The value of axis `key` of the trial, "" when the point has no such axis.
 std::string axis_value(const TrialRecord& trial, const std::string& key);
 
-// "dp=1 sp=2 tiled_mlp=4 offload=none": the mesh and every axis but the length (and but the
-// axis `except` when given). Trials with the same configuration form one line of a plot against
+// "dp=1 sp=2 tiled_mlp=4 offload=none": the mesh, its split as format.h mesh_split says it
+// ("dp=1 sp=4 (2 a2a x 2 ring) ..."), and every axis but the length (and but the axis `except`
+// when given). Trials with the same configuration form one line of a plot against
 // sequence length.
 std::string configuration(const TrialRecord& trial, const std::string& except = "");
 
@@ -44,17 +45,18 @@ std::string trial_backend(const TrialRecord& trial);
 // statuses that occur.
 std::vector<std::pair<std::string, int>> status_counts(const std::vector<TrialRecord>& trials);
 
-// One mesh's results. fastest: the measured trial with the highest tokens/s per rank; longest:
+// One mesh's results (a mesh as format.h mesh() names it, split included). fastest: the measured trial with the highest tokens/s per rank; longest:
 // the measured trial with the longest sequence (the faster one on a tie). Unset when no trial of
 // the mesh was measured.
 struct MeshBest {
   int64_t dp = 1, sp = 1;
+  std::string mesh;  // mesh(): "1x4", "1x4 (2 a2a x 2 ring)", "1x3 uneven"
   int trials = 0;    // trials of this mesh, every status
   int measured = 0;  // is_measured() trials
   std::optional<TrialRecord> fastest;
   std::optional<TrialRecord> longest;
 };
-// One entry per mesh that occurs, ordered by sp then dp.
+// One entry per mesh that occurs, ordered by sp, dp, then split.
 std::vector<MeshBest> best_per_mesh(const std::vector<TrialRecord>& trials);
 
 // Milliseconds per step by category, from the trial's phases "compute_ms", "comm_ms",

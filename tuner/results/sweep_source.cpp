@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 #include "tuner/store/migrations.h"
+#include "tuner/store/store.h"
 #include "tuner/store/sweep_store.h"
 
 namespace ulysses::report {
@@ -36,12 +37,24 @@ store::SweepRecord find_sweep(store::Database& db, const std::string& name) {
                   (names.empty() ? " (it holds none)" : " (has: " + names + ")"));
 }
 
+bool time_predictions_calibrated(store::Database& db, const store::SweepRecord& sweep) {
+  if (!db.has_table("calibration_runs") || !db.has_table("calibrations")) return false;
+  for (const store::CalibrationRun& run : store::read_calibration_runs(db)) {
+    if (run.created_at > sweep.created_at) continue;  // ISO 8601 UTC: text order is time order
+    for (const store::Calibration& row : store::read_calibrations(db, run.id)) {
+      if (row.benchmark == store::kCostModelFitBenchmark) return true;
+    }
+  }
+  return false;
+}
+
 SweepData load_sweep(store::Database& db, const std::string& name) {
   SweepData data;
   data.sweep = find_sweep(db, name);
   store::SweepStore sweeps(db);
   data.trials = sweeps.trials(data.sweep.id);
   data.loads = sweeps.trial_loads(data.sweep.id);
+  data.time_calibrated = time_predictions_calibrated(db, data.sweep);
   for (const auto& trial : data.trials) {
     auto phases = sweeps.trial_phases(trial.id);
     if (!phases.empty()) data.phases[trial.id] = std::move(phases);

@@ -30,7 +30,18 @@ struct SweepData {
   std::vector<store::TrialRecord> trials;
   std::map<int64_t, std::vector<store::TrialPhase>> phases;  // by trial id; absent = none
   std::vector<store::TrialLoad> loads;  // trial id order; empty when none was recorded
+  // Whether the trials' step-time predictions (predicted_step_ms) came from a cost-model fit
+  // (time_predictions_calibrated); false: from the hardware profile's peaks, uncalibrated.
+  bool time_calibrated = false;
 };
+// Whether the sweep's step-time predictions came from a cost-model fit (`plan --fit`). A sweep
+// loads the newest fit in its database when it starts (results/calibrated_model.h load_model),
+// else predicts from the hardware profile's peaks, and stores no mark of which: it used a fit
+// when one was stored no later than the sweep was created. A fit stored after that, which a
+// resumed sweep would use for the trials it runs next, does not count (those are called
+// uncalibrated too).
+bool time_predictions_calibrated(store::Database& db, const store::SweepRecord& sweep);
+
 // find_sweep() and everything stored under it. Throws as find_sweep().
 SweepData load_sweep(store::Database& db, const std::string& name);
 
