@@ -44,6 +44,45 @@ function(ulysses_test name)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
 endfunction()
 
+# ulysses_isa_variants(TARGET FILTER gtest-filter [TIMEOUT s] [COST c] [LABELS l])
+#   The cases of one GoogleTest executable that FILTER selects, run again (one ctest test per
+#   instruction set, TARGET.isa_<isa>) with the host AdamW pass capped to each instruction set this
+#   machine has below its best (ULYSSES_CPU_ISA) and ATen's CPU kernels capped alike
+#   (ATEN_CPU_CAPABILITY): a result that holds on one instruction set only then fails on any
+#   machine, not on the one CI happens to get. The uncapped run is the executable's own tests.
+function(ulysses_isa_variants target)
+  cmake_parse_arguments(ARG "" "FILTER;TIMEOUT;COST" "LABELS" ${ARGN})
+  if(NOT CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+    return()
+  endif()
+  set(cpuinfo "")
+  if(EXISTS /proc/cpuinfo)
+    file(READ /proc/cpuinfo cpuinfo)
+  endif()
+  # Caps below the best this CPU has: baseline always; avx2 where AVX-512 is the best.
+  set(caps "baseline:default")
+  if(cpuinfo MATCHES "avx512f" AND cpuinfo MATCHES "avx512vl" AND cpuinfo MATCHES "avx512bw"
+     AND cpuinfo MATCHES "avx512dq")
+    list(APPEND caps "avx2:avx2")
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  foreach(cap ${caps})
+    string(REPLACE ":" ";" pair ${cap})
+    list(GET pair 0 ours)
+    list(GET pair 1 aten)
+    add_test(NAME ${target}.isa_${ours}
+             COMMAND $<TARGET_FILE:${target}> --gtest_filter=${ARG_FILTER})
+    set_tests_properties(${target}.isa_${ours} PROPERTIES TIMEOUT ${ARG_TIMEOUT}
+      ENVIRONMENT "OMP_NUM_THREADS=1;ULYSSES_CPU_ISA=${ours};ATEN_CPU_CAPABILITY=${aten};ULYSSES_PYTHON=${ULYSSES_PYTHON}"
+      LABELS "isa;${ARG_LABELS}")
+    if(ARG_COST)
+      set_tests_properties(${target}.isa_${ours} PROPERTIES COST ${ARG_COST})
+    endif()
+  endforeach()
+endfunction()
+
 function(ulysses_common_flags target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
   target_compile_definitions(${target} PRIVATE ULYSSES_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

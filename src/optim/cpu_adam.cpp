@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -146,9 +148,21 @@ Isa detect_isa() {
   return Isa::kBaseline;
 }
 
+// The cap ULYSSES_CPU_ISA sets (baseline, avx2 or avx512; unset or empty: no cap), so that every
+// variant can be tested on one machine, as ATEN_CPU_CAPABILITY does for ATen's kernels.
+Isa isa_cap() {
+  const char* value = std::getenv("ULYSSES_CPU_ISA");
+  if (value == nullptr || *value == '\0') return Isa::kAvx512;
+  const std::string cap(value);
+  if (cap == "baseline" || cap == "default") return Isa::kBaseline;
+  if (cap == "avx2") return Isa::kAvx2;
+  if (cap == "avx512") return Isa::kAvx512;
+  TORCH_CHECK(false, "ULYSSES_CPU_ISA: '", cap, "' is not one of baseline, avx2, avx512");
+}
+
 Isa isa() {
-  static const Isa detected = detect_isa();
-  return detected;
+  static const Isa chosen = std::min(detect_isa(), isa_cap());
+  return chosen;
 }
 
 template <typename T, typename G, typename P>

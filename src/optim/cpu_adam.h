@@ -40,8 +40,9 @@ struct FusedAdamWBuffer {
 // differ in the last bits of w (about 1 ulp per step where it does); what this pass computes is
 // the formula's correctly rounded evaluation, one pass over memory (read w, m, v, g; write w, m,
 // v), as fast as the memory allows. The buffers are cut into 64K-element chunks, spread over
-// options.host_threads threads (at::get_num_threads() when it is 0). The inner loop is compiled for AVX-512, AVX2+FMA and the baseline
-// ISA and picked at run time (same results).
+// options.host_threads threads (at::get_num_threads() when it is 0). The inner loop is compiled for
+// AVX-512, AVX2+FMA and the baseline ISA and picked at run time (fused_adamw_isa; the same results
+// in each, tested with each capped through ULYSSES_CPU_ISA).
 // REQUIRES (checked, TORCH_CHECK): the shapes/dtypes/devices above; lr >= 0; grad_scale finite
 // and > 0. REQUIRES (not checked): no two buffers share memory (threads update them at once).
 void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
@@ -59,7 +60,9 @@ double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads 
 // at least 1.
 int64_t available_host_cpus();
 
-// The instruction set the inner loop runs with on this machine: "avx512", "avx2" or "baseline".
+// The instruction set the inner loop runs with on this machine: "avx512", "avx2" or "baseline":
+// the best the CPU has, capped by the environment variable ULYSSES_CPU_ISA (baseline, avx2 or
+// avx512) where it is set. Throws c10::Error naming the variable for any other value.
 const char* fused_adamw_isa();
 
 }  // namespace ulysses::train

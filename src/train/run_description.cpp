@@ -9,6 +9,7 @@
 #include "config/field_table.h"
 #include "config/mesh_factors.h"
 #include "config/yaml_values.h"
+#include "optim/cpu_adam.h"
 #include "sp/head_split.h"
 
 namespace ulysses::train {
@@ -150,6 +151,8 @@ nlohmann::json resolved_run_json(const config::RunConfig& config, const Resolved
             {"offload_optimizer", mem.offload_optimizer},
             {"offload_gradients", mem.offload_gradients},
             {"optimizer_host_threads", run.host_threads},
+            {"optimizer_host_isa", run.host_threads > 0 ? nlohmann::json(fused_adamw_isa())
+                                                        : nlohmann::json(nullptr)},
             {"precision", mem.precision},
             {"limit_gib", mem.limit_gib}}},
           {"resolved",

@@ -180,7 +180,8 @@ RunConfig every_field_changed() {
   m.max_position_embeddings = 65536;
   m.bos_token_id = 5;
   m.eos_token_id = 6;
-  c.mesh = {4, 3};
+  c.mesh.sp = 4;
+  c.mesh.dp = 3;
   c.sequence = {1000, 2, 3};
   c.data.source = "tokens:/data/corpus.bin";
   c.data.seed = (uint64_t{1} << 63) + 5;  // needs all 64 bits

@@ -3,3 +3,7 @@
 # ulysses-train binary.
 ulysses_test(offload_tests SOURCES offload_test.cpp DEPS ulysses_train_lib LABELS memory TIMEOUT 600)
 add_dependencies(offload_tests ulysses_train)
+# The optimizer offload's numerical cases again with the host pass and ATen capped to each lower
+# instruction set.
+ulysses_isa_variants(offload_tests FILTER "OptimizerOffload.*:TrainingRun.Offloaded*:MixedPrecision.*"
+                     TIMEOUT 600 COST 60 LABELS memory)

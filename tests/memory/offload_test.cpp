@@ -4,6 +4,7 @@
 // 1e-5) and gradients (relative 1e-4 per parameter) through train::compute_gradients, with sp 1
 // and 2 on real Gloo ranks, bs 1 and 2, tied and untied embeddings, alone and combined with packed
 // documents and with the tiled MLP and loss of src/sp.
+#include <ATen/Version.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +41,9 @@ namespace {
 
 constexpr double kLossRelTol = 1e-5;  // fp32, the equivalence tolerance
 constexpr double kGradRelTol = 1e-4;  // fp32, per parameter tensor (relative L2)
+// What training changed (final - initial weights), per tensor (relative L2), between two fp32
+// runs whose gradients differ only by rounding (see OffloadedOptimizerClipsAsOnDevice).
+constexpr double kUpdateRelTol = 2e-5;
 // bf16 weights and activations against the fp32 model on the same inputs: bf16 keeps 8 bits of
 // mantissa (relative rounding 2^-9), which grows through two layers and the backward pass.
 // Measured on the test's model: loss 5e-5, gradients at most 1.2e-2 (relative L2).
@@ -313,7 +317,8 @@ config::OptimOptions optim_options() {
 TEST(OptimizerOffload, SameStateAsAdamWAndParametersWithinSqrtRounding) {
   // The host update is torch's AdamW op sequence with a correctly rounded sqrt; the device update
   // (ATen's CPU ops) takes ATen's sqrt, which is 1 ulp off for about one element in five. So the
-  // moments (which do not depend on sqrt) are equal bit for bit, whatever the thread counts, and
+  // moments (which do not depend on sqrt) are equal bit for bit where ATen's kernels fuse
+  // multiply-adds as the host pass does (see below), whatever the thread counts, and
   // the parameters differ by at most a few ulp after 5 steps: rtol 1e-6 (16 ulp of fp32), atol
   // 1e-7, where a wrong formula misses by ~1e-3.
   train::NamedTensors ref_params = make_params(at::kFloat);
@@ -336,9 +341,20 @@ TEST(OptimizerOffload, SameStateAsAdamWAndParametersWithinSqrtRounding) {
   train::NamedTensors state = offloaded.state_tensors();
   train::NamedTensors ref_state = reference.state_tensors();
   ASSERT_EQ(state.size(), ref_state.size());
+  // ATen's DEFAULT CPU kernels (no AVX2, or ATEN_CPU_CAPABILITY=default) round the products of
+  // add_(g, alpha) and addcmul_ before adding, where the host pass (and ATen's vectorized kernels)
+  // fuse them: there the moments differ by about an ulp of their largest terms per step (5 steps:
+  // 4 ulp of the largest moment, or rtol 1e-6 = 8 ulp of the element; measured 2 ulp).
+  const bool aten_fuses = at::get_cpu_capability() != "DEFAULT";
   for (size_t i = 0; i < state.size(); ++i) {
     EXPECT_EQ(state[i].first, ref_state[i].first);
-    EXPECT_TRUE(state[i].second.equal(ref_state[i].second)) << state[i].first;
+    if (aten_fuses) {
+      EXPECT_TRUE(state[i].second.equal(ref_state[i].second)) << state[i].first;
+    } else {
+      const at::Tensor& want = ref_state[i].second;
+      const double ulp_of_largest = std::ldexp(want.abs().max().item<double>(), -23);
+      EXPECT_TRUE(state[i].second.allclose(want, 1e-6, 4 * ulp_of_largest)) << state[i].first;
+    }
   }
   EXPECT_EQ(offloaded.step_count(), 5);
 }
@@ -560,9 +576,18 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
 // scaling the gradients in place, and takes the norm in one fp64 pass on the host
 // (host_gradient_norm) where the device sums fp32 per-tensor norms. With clipping active on every
 // step it clips as on the device: the first step's loss is equal bit for bit and its norm to the
-// fp32 norms' rounding (rel 1e-6); the later steps and the final weights differ only by that and
-// the host pass's exact sqrt (a few ulp per step, see OptimizerOffload.SameStateAsAdamW...):
-// rtol 1e-5.
+// fp32 norms' rounding (rel 1e-6).
+// The weights are compared through what the 3 steps changed (final - initial), per tensor, as a
+// relative L2 error, not element by element: the two runs differ by the rounding of the norm
+// (rel <= 1e-6, asserted on grad_norm), of ATen's CPU kernels (which differ between instruction
+// sets) and of the sqrt (1 ulp). AdamW passes a relative gradient difference d on to an element's
+// update as at most d, except where the element's gradient is within rounding of zero: there
+// m / sqrt(v) is ill-conditioned and the update may differ by up to lr per step (one element of
+// 1952 in the embedding moved 1.9e-6 = 1.9e-4 lr on an AVX2 machine). Per tensor the update's
+// error is a few times d: at most 2.6e-6 measured, with the host pass and ATen at AVX2 or at the
+// baseline instruction set. kUpdateRelTol (2e-5, 20 d) holds that with margin on any instruction
+// set, and fails a clip coefficient 1 % off on the host (1.1e-4; AdamW is nearly invariant to a
+// constant scale of the gradients, so the clip shows only through its change between steps).
 TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
   const fs::path dir = testing::shared_dir("offload-test", "clip");
   for (bool offload : {false, true}) {
@@ -571,10 +596,13 @@ TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
       c.optim.weight_decay = 0.1;
       c.optim.grad_clip = 0.05;
       c.memory.offload_optimizer = offload;
+      c.checkpoint.save_initial = true;
     });
   }
   if (testing::in_rank_child()) return;
   const RunResult device_run = read_run(dir, "device"), host_run = read_run(dir, "host");
+  const auto initial = model::load_safetensors((dir / "device" / "ckpt" / "initial" /
+                                                "model.safetensors").string());
   const auto& device = device_run.steps;
   const auto& host = host_run.steps;
   ASSERT_EQ(device.size(), 3u);
@@ -590,7 +618,11 @@ TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
     EXPECT_NEAR(host[s]["loss"].get<double>(), loss, 1e-5 * loss) << s;
   }
   for (const auto& [name, t] : device_run.weights) {
-    EXPECT_TRUE(host_run.weights.at(name).allclose(t, 1e-5, 1e-6)) << name;
+    const at::Tensor start = initial.at(name).to(at::kDouble);
+    const at::Tensor device_update = t.to(at::kDouble) - start;
+    const at::Tensor host_update = host_run.weights.at(name).to(at::kDouble) - start;
+    ASSERT_GT(device_update.norm().item<double>(), 0.0) << name;
+    EXPECT_LT(testing::relative_error(host_update, device_update), kUpdateRelTol) << name;
   }
   ulysses::remove_tree(dir);
 }

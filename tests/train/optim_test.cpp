@@ -1,5 +1,7 @@
 // AdamW vs LibTorch's torch::optim::AdamW, state save/load, lr_at against hand-computed values,
 // clip_grad_norm vs torch::nn::utils::clip_grad_norm_ and an fp64 reference.
+#include <ATen/Dispatch.h>
+#include <ATen/Version.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -526,17 +528,51 @@ at::Tensor exact_sqrt(const at::Tensor& t) {
   return out;
 }
 
-// torch.optim.AdamW's op sequence (as adamw_aten_update runs it) with exact_sqrt for sqrt.
+// Whether ATen's CPU kernels in this process fuse multiply-adds (Tensor.add_ with alpha and
+// addcmul_ each round once): its vectorized kernels (AVX2, AVX-512) do; its DEFAULT kernels (a CPU
+// without AVX2, or ATEN_CPU_CAPABILITY=default) round the product first.
+bool aten_fuses_multiply_add() { return at::get_cpu_capability() != "DEFAULT"; }
+
+// torch.optim.AdamW's op sequence (as adamw_aten_update runs it) with exact_sqrt for sqrt, where
+// ATen's kernels fuse multiply-adds; elsewhere the same formula element by element in the master
+// dtype with std::fma where the vectorized kernels fuse (what cpu_adam.h documents), so that the
+// fused pass is held bit for bit to the formula on every instruction set.
 void reference_update(at::Tensor w, const at::Tensor& grad, at::Tensor m, at::Tensor v, double lr,
                       int64_t step, const config::OptimOptions& o) {
-  if (o.weight_decay != 0.0) w.mul_(1.0 - lr * o.weight_decay);
   const double bias_correction1 = 1.0 - std::pow(o.betas[0], static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(o.betas[1], static_cast<double>(step));
-  m.mul_(o.betas[0]).add_(grad, 1.0 - o.betas[0]);
-  v.mul_(o.betas[1]).addcmul_(grad, grad, 1.0 - o.betas[1]);
-  const at::Tensor denom = (exact_sqrt(v) / std::sqrt(bias_correction2)).add_(o.eps);
-  w.addcdiv_(m, denom, -(lr / bias_correction1));
+  if (aten_fuses_multiply_add()) {
+    if (o.weight_decay != 0.0) w.mul_(1.0 - lr * o.weight_decay);
+    m.mul_(o.betas[0]).add_(grad, 1.0 - o.betas[0]);
+    v.mul_(o.betas[1]).addcmul_(grad, grad, 1.0 - o.betas[1]);
+    const at::Tensor denom = (exact_sqrt(v) / std::sqrt(bias_correction2)).add_(o.eps);
+    w.addcdiv_(m, denom, -(lr / bias_correction1));
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "reference_update", [&] {
+    using T = scalar_t;  // every scalar rounded to the master dtype, as ATen rounds a Scalar
+    const T decay = static_cast<T>(1.0 - lr * o.weight_decay);
+    const T beta1 = static_cast<T>(o.betas[0]), one_minus_beta1 = static_cast<T>(1.0 - o.betas[0]);
+    const T beta2 = static_cast<T>(o.betas[1]), one_minus_beta2 = static_cast<T>(1.0 - o.betas[1]);
+    const T sqrt_bc2 = static_cast<T>(std::sqrt(bias_correction2));
+    const T eps = static_cast<T>(o.eps);
+    const T neg_step = static_cast<T>(-(lr / bias_correction1));
+    T* pw = w.data_ptr<T>();
+    T* pm = m.data_ptr<T>();
+    T* pv = v.data_ptr<T>();
+    const T* pg = grad.data_ptr<T>();
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      const T weight = o.weight_decay != 0.0 ? pw[i] * decay : pw[i];
+      pm[i] = std::fma(pg[i], one_minus_beta1, pm[i] * beta1);
+      const T scaled = one_minus_beta2 * pg[i];
+      pv[i] = std::fma(scaled, pg[i], pv[i] * beta2);
+      const T denom = std::sqrt(pv[i]) / sqrt_bc2 + eps;
+      const T update = neg_step * pm[i];
+      pw[i] = weight + update / denom;
+    }
+  });
 }
+
 struct FusedCase {
   int64_t n;
   at::ScalarType master = at::kFloat;

@@ -241,7 +241,9 @@ TEST(SearchEngine, ProbeOutOfMemoryIsNeverConfirmedByARealRun) {
   }
   EXPECT_FALSE(probe_oom.empty());
   for (const auto& [p, length, probe] : host.runs) {
-    if (!probe) EXPECT_FALSE(probe_oom.count({p, length})) << describe(s, p) << " " << length;
+    if (!probe) {
+      EXPECT_FALSE(probe_oom.count({p, length})) << describe(s, p) << " " << length;
+    }
   }
 }
 
