@@ -14,7 +14,7 @@
 #   --stages LIST  run only these stages (comma-separated; see --list), dependencies permitting
 #   --build-dir    the build to use or make (default: build)
 #   --deps PREFIX  the libraries' prefix, for the build stage (see scripts/build-gpu.sh)
-#   --python PY    the Python with PyTorch and transformers (default: $PYTHON, else python3)
+#   --python PY    the Python with PyTorch and transformers (default: $PYTHON; else, with --dry-run, the project's .venv where it exists; else python3)
 #   --list         print the stages, their result files and what each needs, and exit
 # Environment: NSYS (Nsight Systems; default: nsys on PATH or in the CUDA toolkit),
 # CAMPAIGN_STAGE_TIMEOUT (seconds per stage, default 570).
@@ -58,7 +58,7 @@ MARKER=.ulysses-campaign
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 for arg in "$@"; do [ "$arg" = --quick ] && exec "$root/scripts/campaign/quick.sh" "$@"; done
-out="" dry=0 only="" build="" deps="" python=${PYTHON:-python3} list=0
+out="" dry=0 only="" build="" deps="" python="" list=0
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry=1; shift ;;
@@ -83,6 +83,7 @@ for s in ${only//,/ }; do
 done
 mode=gpu
 [ "$dry" = 1 ] && mode=dry-run
+resolve_python "gpu-campaign" "$python" "$dry" "$root" || exit 2
 
 # OUT: new, empty, or ours (and of the same mode).
 if [ -e "$out" ] && [ ! -d "$out" ]; then echo "gpu-campaign: $out is not a directory" >&2; exit 2; fi
@@ -99,9 +100,6 @@ fi
 mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
 printf 'made by scripts/gpu-campaign.sh\nmode=%s\n' "$mode" > "$out/$MARKER"
-command -v "$python" > /dev/null || { echo "gpu-campaign: --python $python: not found" >&2; exit 2; }
-python=$(command -v "$python")
-case $python in /*) ;; *) python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python") ;; esac
 build=${build:-$root/build}
 case $build in /*) ;; *) build=$PWD/$build ;; esac
 bin=$build/bin

@@ -12,7 +12,7 @@
 #   --build-dir    the build to use or make (default: build)
 #   --deps PREFIX  the libraries' prefix for the build (scripts/fetch-deps.sh --from on a node
 #                  without a package registry)
-#   --python PY    the Python with PyTorch and transformers (default: $PYTHON, else python3)
+#   --python PY    the Python with PyTorch and transformers (default: $PYTHON; else, with --dry-run, the project's .venv where it exists; else python3)
 #   --wheels DIR   Python wheels made beforehand (scripts/make-wheel-bundle.sh): those whose
 #                  package PY lacks are installed into a private directory of this run, on
 #                  PYTHONPATH for every stage; with DeepSpeed among them the comparison adds
@@ -45,7 +45,7 @@ STAGES=(build unit smoke compare sweep maxlen deepspeed)
 MARKER=.ulysses-quick
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
-out="" dry=0 budget=540 build="" deps="" python=${PYTHON:-python3} wheels=""
+out="" dry=0 budget=540 build="" deps="" python="" wheels=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) shift ;;
@@ -71,9 +71,7 @@ if [ -d "$out" ] && [ -n "$(ls -A "$out")" ] && [ ! -f "$out/$MARKER" ]; then
   echo "gpu-campaign --quick: $out is not empty and was not made by this script (no $MARKER); choose a new OUT" >&2
   exit 2
 fi
-command -v "$python" > /dev/null || { echo "gpu-campaign --quick: --python $python: not found" >&2; exit 2; }
-python=$(command -v "$python")
-case $python in /*) ;; *) python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python") ;; esac
+resolve_python "gpu-campaign --quick" "$python" "$dry" "$root" || exit 2
 build=${build:-$root/build}
 case $build in /*) ;; *) build=$PWD/$build ;; esac
 bin=$build/bin

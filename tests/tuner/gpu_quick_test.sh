@@ -12,7 +12,8 @@
 #      stage is skipped with the seconds it lacked, the run ends within the budget (plus the
 #      summary's few seconds) and exits 0; OUT (the first run's) is replaced whole: the files this
 #      run has nothing for are gone;
-#   3. a non-empty OUT it did not make is refused with one line and left untouched.
+#   3. a non-empty OUT it did not make is refused with one line and left untouched; so is a Python
+#      that cannot import torch, before OUT is made.
 # Usage: gpu_quick_test.sh BUILD_DIR   (ULYSSES_PYTHON: a Python with torch and transformers)
 set -euo pipefail
 build=$(cd "${1:?usage: gpu_quick_test.sh BUILD_DIR}" && pwd)
@@ -134,5 +135,15 @@ rc=$?
 set -e
 [ "$rc" -eq 2 ] && [ "$(ls -A "$work/theirs")" = file ] && [ "$(wc -l < "$work/run3.log")" -eq 1 ] ||
   { cat "$work/run3.log"; fail "a foreign OUT: exit $rc or touched"; }
-echo "3. foreign OUT refused ok"
+# A Python without torch (as a system python3 often is) is refused in one line before OUT is made.
+printf '#!/bin/sh\nexit 1\n' > "$work/no-torch-python" && chmod +x "$work/no-torch-python"
+set +e
+"$root/scripts/gpu-campaign.sh" --quick "$work/no-torch" --dry-run --build-dir "$build" \
+  --python "$work/no-torch-python" > "$work/run4.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && [ ! -e "$work/no-torch" ] && [ "$(wc -l < "$work/run4.log")" -eq 1 ] &&
+  grep -q "cannot import torch" "$work/run4.log" ||
+  { cat "$work/run4.log"; fail "a Python without torch: exit $rc, or OUT made"; }
+echo "3. foreign OUT and a Python without torch refused ok"
 echo "gpu_quick: all checks passed"
