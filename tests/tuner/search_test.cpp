@@ -335,12 +335,17 @@ struct Scripted : Host {
   std::vector<Record> records;
   std::map<Point, int64_t> longest_fit;  // real runs
   int64_t next_id = 1;
+  int64_t invalid_from = 0;  // > 0: lengths from this one on break a rule (not run)
 
   std::optional<std::string> invalid_reason(const Point&) override { return std::nullopt; }
   std::optional<std::string> prune_reason(const Point&, int64_t) override { return std::nullopt; }
   RunOutcome run(const Point& p, int64_t length, bool probe) override {
-    runs.emplace_back(p, length, probe);
     RunOutcome out;
+    if (invalid_from > 0 && length >= invalid_from) {
+      out.ran = false;
+      return out;
+    }
+    runs.emplace_back(p, length, probe);
     out.trial_id = next_id++;
     out.result = outcome(p, length, probe);
     if (out.result == Result::kFits) out.value = speed(p);
@@ -360,6 +365,23 @@ struct Scripted : Host {
     return n;
   }
 };
+
+// A trial the host does not run because its length breaks a rule is no run: the summary counts
+// it apart from the runs.
+TEST(SearchEngine, TrialsInvalidAtTheirLengthAreNotCountedAsRuns) {
+  Space s;
+  s.axes.push_back({"memory.tiled_mlp", {"1", "4"}, {0, 1}});
+  s.lengths = {1024, 2048, 4096};
+  Scripted host;
+  host.outcome = [](const Point&, int64_t, bool) { return Result::kFits; };
+  host.invalid_from = 4096;
+  Options grid;
+  grid.method = "grid";
+  const Summary sum = run_search(s, grid, host);
+  EXPECT_EQ(sum.runs, 4);
+  EXPECT_EQ(sum.invalid_at_length, 2);
+  EXPECT_EQ(static_cast<int64_t>(host.runs.size()), sum.runs);
+}
 
 // A ZeRO stage saves memory but may be faster: once stage 0 fits, the higher stages are still
 // measured; the tiled MLP (whose saving costs time) stays dominated by the same stage untiled.

@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error.h"
 #include "config/run_config.h"
 #include "tuner/sweep_cli_fixture.h"
@@ -334,7 +336,6 @@ TEST_F(SweepCliTest, BothBackendsRunEveryConfigurationAndTheReportComparesThem) 
   EXPECT_NE(first_line.find("measured on backend deepspeed"), std::string::npos) << first_line;
 }
 
-
 // 3 query heads over 1 KV head on 4 ranks, both backends: sp 2 splits the heads unevenly and sp 4
 // needs a ring (2 all-to-all x 2 ring), neither of which DeepSpeed's Ulysses runs. --dry-run and
 // the sweep call both DeepSpeed points invalid with the line the DeepSpeed export refuses with;
@@ -389,6 +390,8 @@ search: {probe: false}
     }
     ASSERT_EQ(t.status, "invalid") << t.key << ": " << t.error;
     const bool sp4 = t.point.find("\"mesh.sp\":\"4\"") != std::string::npos;
+    EXPECT_EQ(t.sp, sp4 ? 4 : 2) << t.key;  // the mesh it would have run, for the printers
+    EXPECT_FALSE(t.config_yaml.empty()) << t.key;
     EXPECT_EQ(t.reason.rfind(sp4 ? ring : uneven, 0), 0u) << t.key << ": " << t.reason;
     if (sp4) invalid_key = t.key;
   }
@@ -435,6 +438,111 @@ search: {probe: false}
     EXPECT_FALSE(fs::exists(out / file)) << file;
   }
   EXPECT_NE(read_text(out / "WHY.md").find("mesh.uneven_heads: sp 2 splits"), std::string::npos);
+}
+
+// A rule that only some lengths break (model.sliding_window 2048 below sequence.length 4096):
+// with a memory limit and pruning, the engine asks the memory model about those lengths and
+// records points skipped there. Each such trial is stored `invalid` (not run, not counted as a
+// run), the sweep finishes and no row stays `running`, in a max-length search (pruning at the
+// lengths above the window) and in a throughput search (the point out of memory at 1024 is
+// skipped at 4096 as implied out of memory, sp 1 and 2 are pruned or run).
+TEST_F(SweepCliTest, LengthsThatBreakARuleAreInvalidRowsAndTheSweepFinishes) {
+  std::string text = kExperiment;
+  auto set = [&](const std::string& from, const std::string& to) {
+    text.replace(text.find(from), from.size(), to);
+  };
+  set("vocab_size: 128}", "vocab_size: 128, sliding_window: 2048}\n  sequence: {length: 1024}");
+  set("to: 32768", "to: 4096");
+  std::ofstream(experiment_) << text;
+  auto check = [&](const std::string& name, const Result& r) {
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    const auto all = trials(name);
+    int64_t invalid = 0;
+    for (const store::TrialRecord& t : all) {
+      EXPECT_NE(t.status, "running") << t.key;
+      if (t.status != "invalid") continue;
+      ++invalid;
+      EXPECT_GT(t.seqlen, 2048) << t.key;
+      EXPECT_NE(t.reason.find("model.sliding_window"), std::string::npos) << t.reason;
+    }
+    EXPECT_GT(invalid, 0);
+    store::Store store = store::Store::open(db_);
+    store::SweepStore sweeps(store.db());
+    const auto sweep = sweeps.find_sweep(name);
+    ASSERT_TRUE(sweep.has_value());
+    EXPECT_EQ(sweep->status, "finished");
+    const auto summary = nlohmann::json::parse(sweep->summary);
+    EXPECT_EQ(summary["invalid_at_length"].get<int64_t>(), invalid) << sweep->summary;
+    int64_t ran = 0;
+    for (const store::TrialRecord& t : all) ran += t.ran();
+    EXPECT_EQ(summary["trials_run"].get<int64_t>(), ran) << sweep->summary;
+  };
+  check("fake", tune(sweep_args()));
+
+  set("memory_limit_gib: 1.0", "memory_limit_gib: 0.3");
+  set("sequence.length: {search: max, from: 1024, to: 4096, step: 1024}",
+      "sequence.length: [1024, 4096]");
+  set("objective: max-seqlen", "objective: throughput");
+  std::ofstream(experiment_) << text;
+  const Result throughput = tune(sweep_args("--name fake-throughput"));
+  check("fake-throughput", throughput);
+  int64_t skipped_at_4096 = 0;
+  for (const store::TrialRecord& t : trials("fake-throughput")) {
+    skipped_at_4096 += t.status == "skipped" && t.seqlen == 4096;
+  }
+  EXPECT_GT(skipped_at_4096, 0) << throughput.out;
+}
+
+// A trial whose run directory cannot be made (a file stands where it goes) is stored `failed`
+// with the error and the sweep goes on; --resume settles a row an earlier run left `running`
+// that it does not run again as `skipped`.
+TEST_F(SweepCliTest, ATrialWhoseFilesCannotBeWrittenFailsAndTheSweepFinishes) {
+  std::string text = kExperiment;
+  auto set = [&](const std::string& from, const std::string& to) {
+    text.replace(text.find(from), from.size(), to);
+  };
+  set("mesh.sp: auto", "mesh.sp: [4]");
+  set("memory.tiled_loss: [1, 8]", "memory.tiled_loss: [1]");
+  set("memory.offload: [none, activations]", "memory.offload: [none]");
+  set("sequence.length: {search: max, from: 1024, to: 32768, step: 1024}",
+      "sequence.length: [1024, 2048]");
+  set("objective: max-seqlen", "objective: throughput");
+  std::ofstream(experiment_) << text;
+  ASSERT_EQ(tune(sweep_args("--max-trials 1")).status, 0);
+  auto all = trials("fake");
+  ASSERT_EQ(all.size(), 1u);
+  ASSERT_EQ(all[0].status, "ok");
+  const fs::path runs = fs::path(all[0].run_dir).parent_path();
+  {
+    // A stale `running` row of a key no run writes; the next trial's directory is a file.
+    store::Store store = store::Store::open(db_);
+    store::SweepStore sweeps(store.db());
+    store::TrialRecord stale;
+    stale.sweep_id = sweeps.find_sweep("fake")->id;
+    stale.key = "no longer in the space L=1024";
+    stale.seqlen = 1024;
+    stale.world_size = 4, stale.dp = stale.sp = 0;
+    sweeps.begin_trial(stale);
+    std::ofstream(runs / std::to_string(stale.id + 1)) << "not a directory";
+  }
+  const Result resumed = tune(sweep_args("--resume"));
+  ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+  all = trials("fake");
+  ASSERT_EQ(all.size(), 3u);
+  for (const store::TrialRecord& t : all) {
+    if (t.key == "no longer in the space L=1024") {
+      EXPECT_EQ(t.status, "skipped");
+      EXPECT_EQ(t.reason, "not re-run by the resumed sweep");
+    } else if (t.seqlen == 2048) {
+      EXPECT_EQ(t.status, "failed");
+      EXPECT_NE(t.error.find("run_dir: cannot create"), std::string::npos) << t.error;
+    } else {
+      EXPECT_EQ(t.status, "ok") << t.key;
+    }
+  }
+  store::Store store = store::Store::open(db_);
+  store::SweepStore sweeps(store.db());
+  EXPECT_EQ(sweeps.find_sweep("fake")->status, "finished");
 }
 
 }  // namespace

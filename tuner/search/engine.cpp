@@ -257,6 +257,10 @@ class Engine {
 
   RunOutcome execute(const Point& p, int i, bool probe) {
     RunOutcome out = host_.run(p, space_.lengths[i], probe);
+    if (!out.ran) {
+      ++summary_.invalid_at_length;
+      return out;
+    }
     ++(probe ? summary_.probes : summary_.runs);
     if (out.result != Result::kFailed) {
       knowledge_.add(p, i, out.result == Result::kFits, probe, out.trial_id);

@@ -36,6 +36,9 @@ struct RunOutcome {
   Result result = Result::kFailed;
   double value = 0.0;    // the objective metric when it fits (higher is better)
   int64_t trial_id = 0;  // for reasons that cite it
+  // false: the host did not run it, since its length breaks a rule the point alone does not
+  // (stored `invalid`); counted in Summary::invalid_at_length, not as a run (result kFailed).
+  bool ran = true;
 };
 
 // What the engine needs from the sweep that uses it.
@@ -79,6 +82,7 @@ struct Summary {
   int64_t skipped = 0;   // (point, length) pairs left out with a reason
   int64_t pruned = 0;
   int64_t invalid = 0;   // points
+  int64_t invalid_at_length = 0;  // (point, length) pairs not run: invalid at that length only
   int64_t grid_runs = 0; // what the exhaustive grid runs: valid points x lengths
   bool budget_exhausted = false;
 };

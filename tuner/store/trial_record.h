@@ -83,7 +83,7 @@ struct SweepRecord {
   int64_t id = 0;  // set by the store
   std::string name;
   std::string created_at, finished_at;
-  std::string status = "running";  // running | finished | interrupted
+  std::string status = "running";  // running | finished | interrupted | failed (an error)
   std::string experiment_path, experiment_yaml;
   std::string search = "smart";  // smart | grid
   std::string objective = "throughput";

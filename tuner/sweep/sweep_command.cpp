@@ -359,36 +359,54 @@ int run_sweep(const SweepOptions& options) {
   engine_options.prune = e.prune;
   search::Summary summary;
   int status = kExitOk;
+  // The engine's summary goes with an exception: then what the host counted up to it.
+  auto counted_so_far = [&] {
+    search::Summary counted = host.counted();
+    counted.grid_runs = (points - counted.invalid) * static_cast<int64_t>(space.lengths.size());
+    return counted;
+  };
+  auto store_summary = [&] {
+    nlohmann::ordered_json s;
+    s["trials_run"] = summary.runs + summary.probes;  // every ulysses-train run, probes included
+    s["probes"] = summary.probes;
+    s["replayed"] = host.replayed();
+    s["pruned"] = summary.pruned;
+    s["skipped"] = summary.skipped;
+    s["invalid_points"] = summary.invalid;
+    s["invalid_at_length"] = summary.invalid_at_length;
+    s["grid_trials"] = summary.grid_runs;
+    s["budget_exhausted"] = summary.budget_exhausted;
+    s["best_trial"] = host.best_trial();
+    sweep.summary = s.dump();
+    if (sweep.status == "finished") sweep.finished_at = utc_now();
+    sweeps.update_sweep(sweep);
+  };
   try {
     summary = search::run_search(space, engine_options, host);
+    host.settle_unvisited();
     sweep.status = "finished";
   } catch (const Interrupted& stop) {
     sweep.status = "interrupted";
     status = kExitInterrupted;
-    // The engine's summary went with the exception: what the host counted up to the signal.
-    summary = host.counted();
-    summary.grid_runs = (points - summary.invalid) * static_cast<int64_t>(space.lengths.size());
+    summary = counted_so_far();
+  } catch (const UserError&) {  // the sweep cannot go on: it ends `failed`, the error printed
+    sweep.status = "failed";
+    summary = counted_so_far();
+    store_summary();
+    throw;
   }
-  nlohmann::ordered_json s;
-  s["trials_run"] = summary.runs + summary.probes;  // every ulysses-train run, probes included
-  s["probes"] = summary.probes;
-  s["replayed"] = host.replayed();
-  s["pruned"] = summary.pruned;
-  s["skipped"] = summary.skipped;
-  s["invalid_points"] = summary.invalid;
-  s["grid_trials"] = summary.grid_runs;
-  s["budget_exhausted"] = summary.budget_exhausted;
-  s["best_trial"] = host.best_trial();
-  sweep.summary = s.dump();
-  if (sweep.status == "finished") sweep.finished_at = utc_now();
-  sweeps.update_sweep(sweep);
+  store_summary();
 
   std::printf(
       "sweep %s %s: %lld trials run (%lld of them probes), %lld pruned, %lld skipped, %lld invalid "
-      "points; the exhaustive grid would run %lld%s\n",
+      "points%s; the exhaustive grid would run %lld%s\n",
       name.c_str(), sweep.status.c_str(), static_cast<long long>(summary.runs + summary.probes),
       static_cast<long long>(summary.probes), static_cast<long long>(summary.pruned),
       static_cast<long long>(summary.skipped), static_cast<long long>(summary.invalid),
+      summary.invalid_at_length > 0
+          ? (", " + std::to_string(summary.invalid_at_length) + " trials invalid at their length")
+                .c_str()
+          : "",
       static_cast<long long>(summary.grid_runs),
       summary.budget_exhausted ? " (budget exhausted)" : "");
   if (host.best_trial() > 0) {

@@ -25,7 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-
 }  // namespace
 
 std::string utc_now() {
@@ -98,11 +97,27 @@ std::optional<std::string> SweepHost::prune_reason(const search::Point& p, int64
   if (e_.memory_limit_gib <= 0) return std::nullopt;
   // The memory model's lower bound is ulysses-train's, not a bound for another stack.
   if (experiment::point_backend(space_, p) != backends::kNativeBackend) return std::nullopt;
-  const experiment::TrialPlan plan = experiment::plan_trial(e_, space_, p, length, false, "unused");
-  const int64_t predicted = costmodel::lower_bound_peak(plan.config).total_bytes();
+  // A rule this length breaks is not a memory verdict: run() stores the trial `invalid`.
+  const std::optional<experiment::TrialPlan> plan = try_plan(p, length);
+  if (!plan) return std::nullopt;
+  const int64_t predicted = costmodel::lower_bound_peak(plan->config).total_bytes();
   if (predicted <= trial_limit_bytes()) return std::nullopt;
   return "memory model: at least " + report::memory_size(predicted) + " per rank > limit " +
          report::memory_size(trial_limit_bytes());
+}
+
+std::optional<experiment::TrialPlan> SweepHost::try_plan(const search::Point& p, int64_t length) {
+  try {
+    return experiment::plan_trial(e_, space_, p, length, false, "unused");
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+}
+
+void SweepHost::fill_plan(const experiment::TrialPlan& plan, store::TrialRecord* r) {
+  r->config_yaml = plan.yaml;
+  r->dp = plan.config.mesh.dp;
+  r->sp = plan.config.mesh.sp;
 }
 
 search::RunOutcome SweepHost::outcome_of(const store::TrialRecord& r) {
@@ -147,22 +162,25 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
     return o;
   }
   store::TrialRecord r = base_record(p, length, probe);
+  written_.insert(key);
   // A rule that only this length breaks (the point itself passed invalid_reason): not run.
   if (std::optional<std::string> why = invalid_point_reason(e_, space_, p, length)) {
     r.status = "invalid";
     r.reason = *why;
+    if (std::optional<experiment::TrialPlan> plan = try_plan(p, length)) fill_plan(*plan, &r);
     store_.add_trial(r);
     progress_.not_run(key, r.status, r.reason);
-    return search::RunOutcome{};  // kFailed: says nothing about memory
+    ++counted_.invalid_at_length;
+    search::RunOutcome not_run;  // kFailed: says nothing about memory
+    not_run.ran = false;
+    return not_run;
   }
   store_.begin_trial(r);  // `running` until its result is stored
   ++started_;
   const std::string run_dir = (fs::path(settings_.runs_dir) / std::to_string(r.id)).string();
   const experiment::TrialPlan plan =
       experiment::plan_trial(e_, space_, p, length, probe, run_dir + "/out");
-  r.config_yaml = plan.yaml;
-  r.dp = plan.config.mesh.dp;
-  r.sp = plan.config.mesh.sp;
+  fill_plan(plan, &r);
   r.run_dir = run_dir;
   const bool native = experiment::point_backend(space_, p) == backends::kNativeBackend;
   if (native) predict(plan.config, &r);
@@ -175,32 +193,25 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   spec.nproc = static_cast<int>(e_.world_size);
   spec.timeout_s = e_.budget.trial_timeout_s;
   spec.trainer = settings_.trainer;
-  if (!native) {
-    try {
-      const backends::DeepSpeedTrial ds =
-          backends::prepare_deepspeed_trial(plan.config, run_dir, settings_.python);
-      spec.trainer = ds.program;
-      spec.trainer_args = ds.arguments;
-      spec.config_yaml = ds.config_yaml;
-    } catch (const UserError& err) {  // its files could not be written: the trial failed
-      r.status = "failed";
-      r.error = err.what();
-      r.finished_at = utc_now();
-      store_.finish_trial(r, {}, {});
-      progress_.finished("#" + std::to_string(r.id) + " " + key, r.status, "(" + r.error + ")");
-      ++(probe ? counted_.probes : counted_.runs);
-      search::RunOutcome failed;
-      failed.trial_id = r.id;
-      return failed;
-    }
-  }
   spec.nnodes = static_cast<int>(e_.nodes);
   spec.name = "ulysses-trial-" + std::to_string(r.id);
   store::TrialLoad load;  // how loaded the machine was while the trial ran
   load.trial_id = r.id;
   load.cores = online_cores();
   load.start_load_1m = load_average_1m();
-  const trial::TrialOutcome outcome = settings_.runner->run(spec);
+  trial::TrialOutcome outcome;
+  try {
+    if (!native) {
+      const backends::DeepSpeedTrial ds =
+          backends::prepare_deepspeed_trial(plan.config, run_dir, settings_.python);
+      spec.trainer = ds.program;
+      spec.trainer_args = ds.arguments;
+      spec.config_yaml = ds.config_yaml;
+    }
+    outcome = settings_.runner->run(spec);
+  } catch (const UserError& err) {  // its files could not be written: the trial failed
+    return not_started(r, key, err.what());
+  }
   if (outcome.status == "running") throw Interrupted(outcome.interrupt_signal);
   load.end_load_1m = load_average_1m();
   trial::apply_outcome(outcome, &r);
@@ -212,9 +223,12 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
 
   std::string detail;
   if (r.status == "ok") {
-    // The peak on the report's basis, the basis named (results/memory_basis.h).
+    // The peak on the report's basis, named as the report names it ("RSS" on CPU) with its
+    // basis (results/memory_basis.h).
+    const std::string label = report::peak_label({r});  // "RSS above baseline"
     char text[256];
-    std::snprintf(text, sizeof text, "%.0f tok/s/rank, peak %s %s, %.1f s", o.value,
+    std::snprintf(text, sizeof text, "%.0f tok/s/rank, %s %s %s, %.1f s", o.value,
+                  label.substr(0, label.find(' ')).c_str(),
                   report::memory_size(report::peak_above_baseline(r)).c_str(),
                   report::trial_basis(r).c_str(), outcome.wall_s);
     detail = text;
@@ -227,20 +241,38 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   return o;
 }
 
+search::RunOutcome SweepHost::not_started(store::TrialRecord& r, const std::string& key,
+                                          const std::string& error) {
+  r.status = "failed";
+  r.error = error;
+  r.finished_at = utc_now();
+  store_.finish_trial(r, {}, {});
+  std::string name = "#";  // "#12 <key>"
+  name += std::to_string(r.id);
+  name += ' ';
+  name += key;
+  progress_.finished(name, r.status, "(" + r.error + ")");
+  ++(r.probe ? counted_.probes : counted_.runs);
+  search::RunOutcome failed;  // kFailed: says nothing about memory
+  failed.trial_id = r.id;
+  return failed;
+}
+
 void SweepHost::record(const search::Point& p, int64_t length, const std::string& status,
                        const std::string& reason) {
   store::TrialRecord r = base_record(p, length, false);
   if (length == 0) r.key = search::describe(space_, p) + " all lengths";
   r.status = status;
   r.reason = reason;
-  if (status != "invalid") {
-    const experiment::TrialPlan plan =
-        experiment::plan_trial(e_, space_, p, length > 0 ? length : space_.lengths.front(),
-                               false, "unused");
-    r.config_yaml = plan.yaml;
-    r.dp = plan.config.mesh.dp;
-    r.sp = plan.config.mesh.sp;
-    if (experiment::point_backend(space_, p) == backends::kNativeBackend) predict(plan.config, &r);
+  written_.insert(r.key);
+  // Stored without a config when the length breaks a rule (a skipped or pruned trial at a length
+  // only run() finds invalid); an invalid point whose backend refuses it keeps its mesh.
+  if (std::optional<experiment::TrialPlan> plan =
+          try_plan(p, length > 0 ? length : space_.lengths.front())) {
+    fill_plan(*plan, &r);
+    if (status != "invalid" && experiment::point_backend(space_, p) == backends::kNativeBackend) {
+      predict(plan->config, &r);
+    }
   }
   store_.add_trial(r);
   progress_.not_run(r.key, status, reason);
@@ -259,6 +291,17 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
   if (status == "pruned") ++counted_.pruned;
   if (status == "skipped") ++counted_.skipped;
   if (status == "invalid") ++counted_.invalid;
+}
+
+void SweepHost::settle_unvisited() {
+  for (auto& [key, previous] : previous_) {
+    if (previous.status != "running" || written_.count(key)) continue;
+    previous.status = "skipped";
+    previous.reason = "not re-run by the resumed sweep";
+    previous.finished_at = utc_now();
+    store_.finish_trial(previous, {}, {});
+    progress_.not_run(key, previous.status, previous.reason);
+  }
 }
 
 void SweepHost::predict(const config::RunConfig& c, store::TrialRecord* r) const {

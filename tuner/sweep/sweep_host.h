@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "tuner/experiment/experiment.h"
+#include "tuner/experiment/trial_space.h"
 #include "tuner/results/calibrated_model.h"
 #include "tuner/search/engine.h"
 #include "tuner/store/sweep_store.h"
@@ -45,15 +47,23 @@ class SweepHost : public search::Host {
 
   // invalid_point_reason at the space's first length.
   std::optional<std::string> invalid_reason(const search::Point& p) override;
+  // nullopt also when `length` breaks a rule (run() then stores the trial `invalid`).
   std::optional<std::string> prune_reason(const search::Point& p, int64_t length) override;
   // A trial that cannot run at `length` (invalid_point_reason: a rule that depends on the
-  // length) is stored `invalid` with its reason, and one whose files cannot be prepared `failed`
-  // with the error: the sweep goes on and no trial stays `running` (search::Result::kFailed).
+  // length) is stored `invalid` with its reason and not run (RunOutcome::ran false); one whose
+  // files cannot be written (the DeepSpeed files, run_dir, run.yaml) is stored `failed` with the
+  // error: the sweep goes on and no trial stays `running` (search::Result::kFailed).
   search::RunOutcome run(const search::Point& p, int64_t length, bool probe) override;
-  // An `invalid` point (length 0) also settles the rows of it that an earlier run of the sweep
-  // left `running` (--resume): they are stored `invalid` with the reason.
+  // Stores the row with its run config and mesh where the point plans at `length` (the first
+  // length for length 0), without them where that length breaks a rule. An `invalid` point
+  // (length 0) also settles the rows of it that an earlier run of the sweep left `running`
+  // (--resume): they are stored `invalid` with the reason.
   void record(const search::Point& p, int64_t length, const std::string& status,
               const std::string& reason) override;
+  // Called once the search has finished (--resume): every row an earlier run left `running`
+  // that this run did not write again (a point now skipped, or not revisited) is stored
+  // `skipped`, "not re-run by the resumed sweep".
+  void settle_unvisited();
   bool budget_left() override;
   // Predicted tokens/s per rank (the objective's metric) from the cost model, for ordering.
   std::optional<double> predicted_value(const search::Point& p, int64_t length) override;
@@ -61,15 +71,23 @@ class SweepHost : public search::Host {
   // Trials replayed from the store instead of run (--resume).
   int64_t replayed() const { return replayed_; }
   // What the search did so far, counted as the engine counts it (search::Summary: runs and probes
-  // that returned a result, replays included; pruned, skipped, invalid), so that a sweep stopped
-  // by a signal, whose engine summary is lost with the exception, still reports it. grid_runs and
-  // budget_exhausted are not counted (0, false); a trial stopped by the signal is not counted.
+  // that returned a result, replays included; pruned, skipped, invalid, invalid_at_length), so
+  // that a sweep stopped by a signal or an error, whose engine summary is lost with the
+  // exception, still reports it. grid_runs and budget_exhausted are not counted (0, false); a
+  // trial stopped by the signal is not counted.
   search::Summary counted() const { return counted_; }
   // The id of the best fitting real trial so far by the experiment's objective, or 0.
   int64_t best_trial() const { return best_id_; }
 
  private:
   store::TrialRecord base_record(const search::Point& p, int64_t length, bool probe);
+  // The point's plan at `length` (output dir "unused"), or nullopt when it breaks a rule.
+  std::optional<experiment::TrialPlan> try_plan(const search::Point& p, int64_t length);
+  // Sets the record's config_yaml, dp and sp from `plan`.
+  static void fill_plan(const experiment::TrialPlan& plan, store::TrialRecord* r);
+  // Stores begun trial `r` `failed` with `error` (it could not start) and returns kFailed.
+  search::RunOutcome not_started(store::TrialRecord& r, const std::string& key,
+                                 const std::string& error);
   search::RunOutcome outcome_of(const store::TrialRecord& r);
   void note_best(const store::TrialRecord& r, const search::RunOutcome& o);
   int64_t trial_limit_bytes() const;
@@ -86,6 +104,7 @@ class SweepHost : public search::Host {
   plan::CalibratedModel model_;
   calibrate::HardwareProfile hardware_;
   std::map<std::string, store::TrialRecord> previous_;  // by key: what an earlier run stored
+  std::set<std::string> written_;  // keys this run stored (run or recorded)
   Progress progress_;
   int64_t started_ = 0, replayed_ = 0;
   search::Summary counted_;
