@@ -173,7 +173,12 @@ void memory_plot(const SweepData& data, Plot& plot, std::string& dat, std::strin
   // The quantity drawn: the one the limit caps (memory_basis.h capped_peak), beside the limits;
   // when an ok trial did not record it (a CPU trial of an older ulysses-train), the RSS above the
   // baseline of every trial and no limit, which caps something else.
-  const bool capped = std::all_of(fit.begin(), fit.end(), [](auto& t) { return capped_peak(t); }) &&
+  // A CPU trial without a limit caps nothing: then the RSS, as every other printer shows it (on
+  // CUDA the capped peak is the peak).
+  const bool any_cpu = std::any_of(data.trials.begin(), data.trials.end(),
+                                   [](auto& t) { return trial_device(t) != "cuda"; });
+  const bool capped = (!limits.empty() || !any_cpu) &&
+                      std::all_of(fit.begin(), fit.end(), [](auto& t) { return capped_peak(t); }) &&
                       std::all_of(probes.begin(), probes.end(),
                                   [](auto& t) { return capped_peak(t); });
   const bool cpu = limit_caps_address_space(data.trials);

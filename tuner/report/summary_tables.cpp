@@ -105,6 +105,7 @@ Table search_summary_table(const SweepData& data) {
       {"pruned", "pruned by the memory model (not run)"},
       {"skipped", "skipped: outcome known or cannot win (not run)"},
       {"invalid", "invalid configurations (not run)"},
+      {"invalid_at_length", "trials invalid at their length only (not run)"},
       {"grid_trials", "trials an exhaustive grid would run"},
       {"best_trial", ""}};  // best_trial_row()
   Table table = key_value_table("quantity");
@@ -152,11 +153,13 @@ Table backends_table(const SweepData& data) {
   Table table;
   const std::vector<BackendPair> pairs = backend_pairs(data.trials);
   if (pairs.empty()) return table;
-  for (const char* h : {"row", "configuration", "seqlen", "native", "deepspeed",
-                        "native tok/s/rank", "deepspeed tok/s/rank", "tok/s ratio", "native peak",
-                        "deepspeed peak", "peak ratio", "first loss |diff|",
-                        "final loss |diff|"}) {
-    const std::string name = h;
+  const std::string peak_name = peak_label(data.trials);  // RSS on CPU
+  for (const std::string& name :
+       {std::string("row"), std::string("configuration"), std::string("seqlen"),
+        std::string("native"), std::string("deepspeed"), std::string("native tok/s/rank"),
+        std::string("deepspeed tok/s/rank"), std::string("tok/s ratio"), "native " + peak_name,
+        "deepspeed " + peak_name, std::string("peak ratio"), std::string("first loss |diff|"),
+        std::string("final loss |diff|")}) {
     table.add_column(name, name != "configuration" && name != "native" && name != "deepspeed");
   }
   auto side = [](const store::TrialRecord* t) {

@@ -116,7 +116,10 @@ std::string trials_text(int64_t n) { return std::to_string(n) + (n == 1 ? " tria
 }  // namespace
 
 bool limit_caps_address_space(const std::vector<store::TrialRecord>& trials) {
-  return devices_of(trials).cpu;
+  return devices_of(trials).cpu &&
+         std::any_of(trials.begin(), trials.end(), [](const store::TrialRecord& t) {
+           return trial_device(t) != "cuda" && t.limit_bytes && *t.limit_bytes > 0;
+         });
 }
 
 std::string peak_label(const std::vector<store::TrialRecord>& trials) {

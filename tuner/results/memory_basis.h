@@ -68,7 +68,7 @@ std::optional<int64_t> peak_above_baseline(const store::TrialRecord& trial);
 std::optional<int64_t> capped_peak(const store::TrialRecord& trial);
 
 // Whether the limit caps something other than the peak for some of `trials`: true when one ran on
-// CPU. Tables then show capped_peak beside the peak.
+// CPU under a limit (limit_bytes > 0). Tables then show capped_peak beside the peak.
 bool limit_caps_address_space(const std::vector<store::TrialRecord>& trials);
 // Column names for people: "RSS above baseline" when every trial with a peak (or a predicted
 // peak) ran on CPU, "peak above baseline" otherwise; capped_label is "address space above
