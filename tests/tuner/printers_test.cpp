@@ -277,6 +277,15 @@ TEST(Printers, TheMemoryPlotDrawsPointsAndLimitInOneUnit) {
   EXPECT_FALSE(contains(file(files, "plots.gp"), "'limit 415 MiB per rank'"));
   EXPECT_TRUE(contains(dat, "\n18432 496 1\n")) << dat;
   EXPECT_TRUE(contains(files.plots[1].caption, "No limit is drawn")) << files.plots[1].caption;
+
+  // Without a limit the address space caps nothing: the RSS is drawn, and no table adds it.
+  data.trials = cpu_sweep();
+  for (TrialRecord& t : data.trials) t.limit_bytes.reset();
+  EXPECT_FALSE(limit_caps_address_space(data.trials));
+  dat = file(make_plot_files(data), "memory.dat");
+  EXPECT_EQ(dat.rfind("# seqlen MiB trial_id: per rank, RSS above the start-up RSS", 0), 0u)
+      << dat;
+  EXPECT_TRUE(contains(dat, "\n18432 496 1\n")) << dat;
 }
 
 // Step-time predictions say they are uncalibrated when no cost-model fit was stored before the
@@ -308,13 +317,17 @@ TEST(Printers, UncalibratedPredictionsAreFlagged) {
   store::Store s = store::Store::open((dir / "results.db").string());
   store::SweepRecord sweep;
   sweep.created_at = "2026-01-01T00:00:00Z";
-  EXPECT_FALSE(time_predictions_calibrated(s.db(), sweep));
+  EXPECT_FALSE(time_predictions_calibrated(s.db(), sweep));  // no fit at all
   store::CalibrationRun run;
   run.device = "cpu";
   s.add_calibration_run(run, {{0, store::kCostModelFitBenchmark, "ms_per_tflop", 1.0, "ms/TFLOP", "{}"}});
-  EXPECT_FALSE(time_predictions_calibrated(s.db(), sweep));  // stored after the sweep began
-  sweep.created_at = "2999-01-01T00:00:00Z";
-  EXPECT_TRUE(time_predictions_calibrated(s.db(), sweep));
+  // Times on either side of the fit's stored time (ISO 8601 UTC: text order is time order).
+  const std::string fitted = s.calibration_runs().at(0).created_at;
+  ASSERT_FALSE(fitted.empty());
+  sweep.created_at = fitted;
+  EXPECT_TRUE(time_predictions_calibrated(s.db(), sweep));  // stored no later than the sweep
+  sweep.created_at = "0000";  // before any stored time: the fit came after the sweep began
+  EXPECT_FALSE(time_predictions_calibrated(s.db(), sweep));
   ulysses::remove_tree(dir);
 }
 
