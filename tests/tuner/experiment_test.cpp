@@ -388,7 +388,7 @@ TEST(Experiment, ShippedExperimentsLoad) {
     const Experiment e = load_experiment(entry.path().string(), profiles());
     const search::Space s = build_space(e);
     if (entry.path().filename() == "quickstart-cpu.yaml") {
-      EXPECT_EQ(s.curve, 3);
+      EXPECT_EQ(s.curve, 1);
     }
     int valid = 0;
     for (const search::Point& p : search::all_points(s)) {
