@@ -475,6 +475,35 @@ TEST(Export, DeepSpeedSchedulers) {
   EXPECT_EQ(warning_keys(exported.warnings), std::vector<std::string>{"optim.warmup_steps"});
 }
 
+// Every export of `run` throws one line starting with `refusal`; the files a recommendation
+// writes (write_exports) are none of the three, with one warning starting with `warning`.
+void expect_every_export_refused(const config::RunConfig& run, const std::string& refusal,
+                                 const std::string& warning, const std::string& dir_name) {
+  const std::vector<std::function<void()>> exports = {
+      [&] { deepspeed_config(run); }, [&] { arctic_recipe(run); },
+      [&] { accelerate_config(run, "ds_config.json", 1); }};
+  for (const auto& run_export : exports) {
+    try {
+      run_export();
+      ADD_FAILURE() << "exported: " << refusal;
+    } catch (const UserError& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind(refusal, 0), 0u) << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           (dir_name + "-" + std::to_string(getpid())))
+                              .string();
+  const ExportFiles files = write_exports(run, dir, 1);
+  EXPECT_TRUE(files.deepspeed_path.empty() && files.arctic_path.empty() &&
+              files.accelerate_path.empty());
+  ASSERT_EQ(files.warnings.size(), 1u);
+  EXPECT_EQ(files.warnings[0].rfind(warning, 0), 0u) << files.warnings[0];
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
 // A run whose sp splits the heads unevenly (mesh.uneven_heads) cannot run under DeepSpeed's
 // Ulysses: every export refuses it with one line naming the key, as it refuses a ring, and the
 // files a recommendation writes are none of the three; an even split at the same key exports.
@@ -483,33 +512,10 @@ TEST(Export, UnevenHeadsAreRefusedWithOneLine) {
   run.model.num_heads = 8, run.model.num_kv_heads = 2;
   run.mesh.sp = 3;
   run.mesh.uneven_heads = true;
-  const std::vector<std::function<void()>> exports = {
-      [&] { deepspeed_config(run); }, [&] { arctic_recipe(run); },
-      [&] { accelerate_config(run, "ds_config.json", 1); }};
-  for (const auto& run_export : exports) {
-    try {
-      run_export();
-      ADD_FAILURE() << "an uneven head split was exported";
-    } catch (const UserError& e) {
-      const std::string message = e.what();
-      EXPECT_EQ(message.rfind("mesh.uneven_heads: sp 3 splits 8 query heads / 2 KV heads "
+  expect_every_export_refused(run,
+                              "mesh.uneven_heads: sp 3 splits 8 query heads / 2 KV heads "
                               "unevenly, which runs only in ulysses-train; ",
-                              0),
-                0u)
-          << message;
-      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    }
-  }
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("ulysses-uneven-exports-" + std::to_string(getpid())))
-                              .string();
-  const ExportFiles files = write_exports(run, dir, 1);
-  EXPECT_TRUE(files.deepspeed_path.empty() && files.arctic_path.empty() &&
-              files.accelerate_path.empty());
-  ASSERT_EQ(files.warnings.size(), 1u);
-  EXPECT_EQ(files.warnings[0].rfind("mesh.uneven_heads: sp 3 ", 0), 0u) << files.warnings[0];
-  EXPECT_TRUE(std::filesystem::is_empty(dir));
-  std::filesystem::remove_all(dir);
+                              "mesh.uneven_heads: sp 3 ", "ulysses-uneven-exports");
   run.mesh.sp = 2;
   EXPECT_EQ(unsupported_mesh(run, "DeepSpeed"), std::nullopt);
   EXPECT_NO_THROW(deepspeed_config(run));
@@ -523,34 +529,10 @@ TEST(Export, RingAttentionIsRefusedWithOneLine) {
   run.mesh.sp = 8;
   run.mesh.dp = 1;
   run.mesh.sp_ring.value = 4;
-  const std::vector<std::function<void()>> exports = {
-      [&] { deepspeed_config(run); }, [&] { arctic_recipe(run); },
-      [&] { accelerate_config(run, "ds_config.json", 1); }};
-  for (const auto& run_export : exports) {
-    try {
-      run_export();
-      ADD_FAILURE() << "a ring configuration was exported";
-    } catch (const UserError& e) {
-      const std::string message = e.what();
-      EXPECT_EQ(message.rfind("mesh.sp_ring: 4 (ring attention over sp 8 = 2 all-to-all x 4 ring) "
+  expect_every_export_refused(run,
+                              "mesh.sp_ring: 4 (ring attention over sp 8 = 2 all-to-all x 4 ring) "
                               "runs only in ulysses-train; ",
-                              0),
-                0u)
-          << message;
-      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    }
-  }
-  // The files a recommendation writes: none of the three, one warning saying why.
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("ulysses-ring-exports-" + std::to_string(getpid())))
-                              .string();
-  const ExportFiles files = write_exports(run, dir, 1);
-  EXPECT_TRUE(files.deepspeed_path.empty() && files.arctic_path.empty() &&
-              files.accelerate_path.empty());
-  ASSERT_EQ(files.warnings.size(), 1u);
-  EXPECT_EQ(files.warnings[0].rfind("mesh.sp_ring: 4 ", 0), 0u) << files.warnings[0];
-  EXPECT_TRUE(std::filesystem::is_empty(dir));
-  std::filesystem::remove_all(dir);
+                              "mesh.sp_ring: 4 ", "ulysses-ring-exports");
   run.mesh.sp = 4, run.mesh.sp_ring.value = 1;
   EXPECT_NO_THROW(deepspeed_config(run));
 }
