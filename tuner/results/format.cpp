@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <map>
+
+#include <yaml-cpp/yaml.h>
 
 #include "config/mesh_factors.h"
-#include "config/run_config.h"
+#include "config/options.h"
+#include "config/yaml_values.h"
 
 namespace ulysses::report {
 
@@ -48,22 +50,32 @@ std::string split_text(int64_t sp, int64_t sp_ring, bool uneven) {
   return uneven ? out + " uneven" : out;
 }
 
-// The split of a run config's SP group, read once per distinct config text (a report asks for
-// each trial's mesh in several tables).
+// The split of a stored run config's SP group (config::to_yaml writes every key), read from its
+// mesh.* and model.* keys alone (a missing key keeps its default): no model.load file is read and
+// no rule applied, so a database copied off the machine, or a config a later rule refuses, still
+// prints its split. "" when the keys cannot be read (an invalid trial without a config).
 std::string config_split(const std::string& config_yaml) {
-  static std::map<std::string, std::string> known;
-  if (const auto it = known.find(config_yaml); it != known.end()) return it->second;
-  std::string split;
   try {
-    const config::RunConfig c = config::parse_run_config_yaml(config_yaml);
-    const int64_t hq = c.model.num_heads, hkv = c.model.num_kv_heads;
-    const int64_t ring = config::resolved_sp_ring(c.mesh, hq, hkv);
-    split = split_text(c.mesh.sp, ring,
-                       c.mesh.uneven_heads && !config::heads_split_evenly(hq, hkv, c.mesh.sp / ring));
+    const YAML::Node root = YAML::Load(config_yaml);
+    config::MeshOptions mesh;
+    config::ModelOptions model;
+    const auto read = [](const YAML::Node& node, const char* path, auto& field) {
+      if (node) config::read_value(node, path, field);
+    };
+    read(root["mesh"]["sp"], "mesh.sp", mesh.sp);
+    read(root["mesh"]["sp_ring"], "mesh.sp_ring", mesh.sp_ring);
+    read(root["mesh"]["uneven_heads"], "mesh.uneven_heads", mesh.uneven_heads);
+    read(root["model"]["num_heads"], "model.num_heads", model.num_heads);
+    read(root["model"]["num_kv_heads"], "model.num_kv_heads", model.num_kv_heads);
+    const int64_t hq = model.num_heads, hkv = model.num_kv_heads;
+    if (mesh.sp < 1 || hq < 1 || hkv < 1) return "";
+    const int64_t ring = config::resolved_sp_ring(mesh, hq, hkv);
+    if (ring < 1 || mesh.sp % ring != 0) return "";
+    return split_text(mesh.sp, ring,
+                      mesh.uneven_heads && !config::heads_split_evenly(hq, hkv, mesh.sp / ring));
   } catch (const std::exception&) {
-    // No readable config (an invalid trial's): dp x sp alone.
+    return "";
   }
-  return known.emplace(config_yaml, split).first->second;
 }
 
 }  // namespace
