@@ -116,20 +116,25 @@ bool any_combination(const std::vector<AxisSpec>& axes, int64_t limit,
   return false;
 }
 
-// Combinations of the space's values tried before the base is refused: enough for any space
-// written by hand; the search itself goes over every point.
+// Combinations of the space's mesh and model values tried before the base is refused, or an sp
+// of mesh.sp: auto is left out: enough for any space written by hand.
 constexpr int64_t kBaseCombinations = 4096;
+
+// The axes that decide whether a mesh is valid: mesh.* and model.* keys.
+bool mesh_or_model_key(const std::string& key) {
+  return key.rfind("mesh.", 0) == 0 || key.rfind("model.", 0) == 0;
+}
 
 // The base must be a valid run config once the space sets its axes: a key it leaves invalid
 // (mesh.sp 4 over 3 heads with the space's mesh.sp_ring: [1, 2]) is fine when some choice of the
-// space's values makes the whole valid. Throws "<file>: base: <config error>" of the base alone
+// space's mesh and model values makes the whole valid. Throws "<file>: base: <config error>" of the base alone
 // when none does.
 void check_base(const Experiment& e) {
   try {
     base_config(e, {});
   } catch (const UserError&) {
     const bool fixed = any_combination(
-        axes_where(e, [](const std::string&) { return true; }), kBaseCombinations,
+        axes_where(e, mesh_or_model_key), kBaseCombinations,
         [&](const std::vector<std::string>& overrides) {
           try {
             base_config(e, overrides);
@@ -182,7 +187,7 @@ search::Space build_space(const Experiment& e) {
       // space lists (auto included), the base's values where the space has no such axis. Its
       // points with the other choices are invalid, each with its reason.
       const std::vector<AxisSpec> others = axes_where(e, [](const std::string& key) {
-        return key != "mesh.sp" && (key.rfind("mesh.", 0) == 0 || key.rfind("model.", 0) == 0);
+        return key != "mesh.sp" && mesh_or_model_key(key);
       });
       axis.values.clear();
       for (int64_t sp = 1; sp <= e.world_size; ++sp) {
