@@ -18,7 +18,9 @@ static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERS
 // before, k/v are expanded to hq heads.
 #define ULYSSES_HAS_SDPA_GQA (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5)
 // mm / addmm take out_dtype from 2.8 on: on CUDA, fp16/bf16 operands with an fp32 result
-// accumulated and written in fp32 by the GEMM.
+// accumulated and written in fp32 by the GEMM. addmm with an fp32 `self` and half operands is
+// accepted only by later releases (2.8 and 2.9 reject it on CUDA); sp/wide_matmul.cpp asks at run
+// time.
 #define ULYSSES_HAS_GEMM_OUT_DTYPE (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 8)
 
 // NCCL process groups: a CUDA build of LibTorch with c10d's NCCL backend compiled in.

@@ -34,8 +34,8 @@ struct LossGradients {
 //   d(sum CE)/d logits = p - one_hot(label), the -1 scattered into p in place; the rows of
 //            ignored labels are not masked in [n, V] but in [n, h]: grad_hidden's rows are zeroed
 //            and the hidden rows that multiply p into grad_weight are zeroed;
-//   grad_hidden tile = d logits @ W [n, h], grad_weight += d logits^T @ masked hidden [V, h] as one
-//            GEMM that accumulates into the sum (wide_matmul.h).
+//   grad_hidden tile = d logits @ W [n, h], grad_weight += d logits^T @ masked hidden [V, h] through
+//            add_matmul_ (wide_matmul.h: in the GEMM where the library can).
 // Full passes over [n, V] beside the GEMMs: the two maxima, the softmax and, for bf16/fp16
 // operands, the conversion of p to the operands' dtype. (A max with its index instead of the
 // second maximum costs more than the softmax on a CPU.)

@@ -16,7 +16,7 @@ namespace ulysses::sp {
 // rounding. x [bs, T, h] -> [bs, T, h].
 // Forward runs each tile under no-grad and keeps only x. Backward recomputes each tile's
 // activations once and computes its gradients by hand (no nested autograd): x's gradient tile by
-// tile, and each weight's gradient as one sum over the tiles, accumulated by the GEMMs themselves
+// tile, and each weight's gradient as one sum over the tiles, accumulated by add_matmul_
 // (sp/wide_matmul.h): in the weight's dtype, or in fp32 for bf16/fp16 weights with more than one
 // tile, handed to autograd once per call (one contribution per weight, not one per tile; autograd
 // rounds an fp32 sum to the weight's dtype on its way to .grad). The gradients flow through the
