@@ -34,7 +34,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import hf_common
-from hf_common import (log, make_hf_model, optim_section, run_case, run_trainer,
+from hf_common import (log, make_hf_model, optim_section, run_trainer,
                        write_run_config, write_tokens)
 
 SEQ_LEN = 32
@@ -218,8 +218,8 @@ def body(args, work, case):
 
 def main():
     args = hf_common.parse_case_args(__doc__, CASES)
-    return run_case(f"checkpoint_files_{args.case}", lambda work: body(args, work, args.case),
-                    FAILURES, keep=args.keep)
+    return hf_common.run_cases(args, "checkpoint_files", lambda work: body(args, work, args.case),
+                               FAILURES)
 
 
 if __name__ == "__main__":

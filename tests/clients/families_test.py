@@ -48,7 +48,7 @@ import transformers
 import hf_common
 from hf_common import (BETAS, EPS, GRAD_CLIP, LR, WEIGHT_DECAY, optim_section,
                        Mismatch, causal_lm_loss, load_hf_model, log, make_hf_model, read_metrics,
-                       read_samples, run_case, run_trainer, write_run_config, write_tokens)
+                       read_samples, run_trainer, write_run_config, write_tokens)
 
 # ulysses-train in fp32 against transformers in fp64, so the difference is ulysses-train's own
 # rounding: the loss of every step to rel 1e-5 and the grad norm to rel 1e-4, the project's fp32
@@ -406,7 +406,7 @@ def main():
                             f"ring{RING}", token_seed=34)
         else:
             family_case(args, work, args.case)
-    return run_case(f"families_{args.case}", body, FAILURES, keep=args.keep)
+    return hf_common.run_cases(args, "families", body, FAILURES)
 
 if __name__ == "__main__":
     sys.exit(main())

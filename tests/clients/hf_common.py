@@ -228,19 +228,42 @@ def read_metrics(out_dir):
 
 
 def parse_case_args(doc, cases):
-    """The command line every client test takes (--bin DIR --case NAME [--keep]), with torch's
-    threads set from OMP_NUM_THREADS and transformers' progress bars and info logging off; logs
-    the versions and the case."""
+    """The command line every client test takes (--bin DIR --case NAME[,NAME...] [--keep]), with
+    torch's threads set from OMP_NUM_THREADS and transformers' progress bars and info logging off;
+    logs the versions and the cases. Several cases share one process (and one import of
+    transformers, several seconds); run_cases runs each in its own work directory."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--bin", required=True, help="directory holding ulysses-train")
-    parser.add_argument("--case", required=True, choices=sorted(cases))
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--case", required=True,
+                        help="case or comma-separated cases, of: " + ", ".join(sorted(cases)))
+    parser.add_argument("--keep", action="store_true", help="keep the work directories")
     args = parser.parse_args()
+    args.cases = args.case.split(",")
+    unknown = [c for c in args.cases if c not in cases]
+    if unknown:
+        parser.error(f"--case: unknown case {unknown[0]!r} (one of {', '.join(sorted(cases))})")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     transformers.logging.disable_progress_bar()
     transformers.logging.set_verbosity_error()
-    log(f"transformers {transformers.__version__}, torch {torch.__version__}, case {args.case}")
+    log(f"transformers {transformers.__version__}, torch {torch.__version__}, "
+        f"cases {', '.join(args.cases)}")
     return args
+
+
+def run_cases(args, prefix, body, failures):
+    """run_case for each of args.cases in turn (args.case set to it), each judged on its own
+    comparisons; every case runs whatever an earlier one did. Returns 0 when all passed, else 1,
+    after a line naming the cases that failed."""
+    failed = []
+    for case in args.cases:
+        args.case = case
+        failures.clear()
+        if run_case(f"{prefix}_{case}", body, failures, keep=args.keep):
+            failed.append(case)
+    failures.clear()
+    if failed:
+        log(f"FAILED cases: {', '.join(failed)} (of {len(args.cases)})")
+    return 1 if failed else 0
 
 
 def refused_run_problems(bindir, config_path, sections, nproc, run_dir, key):

@@ -38,7 +38,7 @@ import transformers
 import hf_common
 from hf_common import (BETAS, EPS, GRAD_CLIP, LR, WEIGHT_DECAY, optim_section,
                        FAMILIES, Mismatch, load_hf_model, log, make_hf_model, read_metrics,
-                       read_samples, run_case, run_trainer, write_run_config, write_tokens)
+                       read_samples, run_trainer, write_run_config, write_tokens)
 
 LOSS_RTOL = 1e-5   # relative 1e-5 on the loss (fp32)
 NORM_RTOL = 1e-4   # gradients are held to 1e-4
@@ -268,10 +268,11 @@ def reverse_case(args, work, model_keys, opts):
 def main():
     args = hf_common.parse_case_args(__doc__, CASES)
 
-    direction, model_keys, opts = CASES[args.case]
-    body = forward_case if direction == "forward" else reverse_case
-    return run_case(f"hf_roundtrip_{args.case}", lambda work: body(args, work, model_keys, opts),
-                    FAILURES, keep=args.keep)
+    def body(work):
+        direction, model_keys, opts = CASES[args.case]
+        case = forward_case if direction == "forward" else reverse_case
+        case(args, work, model_keys, opts)
+    return hf_common.run_cases(args, "hf_roundtrip", body, FAILURES)
 
 if __name__ == "__main__":
     sys.exit(main())

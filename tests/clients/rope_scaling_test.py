@@ -45,7 +45,7 @@ import transformers
 import hf_common
 from hf_common import (BETAS, EPS, LR, WEIGHT_DECAY, GRAD_CLIP, Mismatch, causal_lm_loss,
                        load_hf_model, log, make_hf_model, optim_section, read_metrics,
-                       read_samples, run_case, run_trainer, write_run_config, write_tokens)
+                       read_samples, run_trainer, write_run_config, write_tokens)
 
 # families_test.py's tolerances and measurements apply: ulysses-train in fp32 against
 # transformers in fp64 differs by its own rounding only.
@@ -329,8 +329,8 @@ def rope_case(args, work, case):
 
 def main():
     args = hf_common.parse_case_args(__doc__, CASES)
-    return run_case(f"rope_scaling_{args.case}", lambda work: rope_case(args, work, args.case),
-                    FAILURES, keep=args.keep)
+    return hf_common.run_cases(args, "rope_scaling", lambda work: rope_case(args, work, args.case),
+                               FAILURES)
 
 
 if __name__ == "__main__":
