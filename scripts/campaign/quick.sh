@@ -25,12 +25,15 @@
 #   unit       the CUDA unit tests (VarlenFlash, SdpSelection)
 #   smoke      scripts/gpu-smoke.sh, the runs that fit: each SDPA kernel, ALST features, packed
 #   compare    bench/compare: ulysses-train vs transformers at 8K and 32K, one repeat
-#              (ours-tiled, hf, ours-plain, hf-nockpt, ours-alst; ds-zero3 with DeepSpeed)
+#              (ours-tiled, hf, ours-alst, ours-plain, hf-nockpt; ds-zero3 with DeepSpeed)
 #   sweep      ulysses-tune sweep of experiments/gpu-quick.yaml (Llama-3.2-1B at 8K and 64K,
-#              tiled loss, checkpoint and optimizer offload; the untiled loss runs out of memory
-#              at 64K by design), then list, recommend, report and plan --fit on its trials
+#              tiled loss on or off, no offload or both offloads: 8 trials; on an 80 GB GPU the
+#              untiled loss runs out of memory at 64K by design), then list, recommend, report
+#              and plan --fit on its trials
 #   maxlen     the longest length ours (ALST) and transformers train, with what time is left
-#   deepspeed  the sweep's configurations at 8K with the DeepSpeed backend (needs DeepSpeed)
+#              (on one H100/H200 little is: the full campaign's compare-maxlen-* stages search it)
+#   deepspeed  the sweep's configurations at 8K with the DeepSpeed backend (needs DeepSpeed;
+#              with what time is left)
 # OUT: summary.md (what ran, what was skipped and why, the headline ratios),
 # smoke.tsv, compare.md, sweep-trials.txt, recommended.yaml, plan-fit.txt and campaign.tgz
 # (everything the stages wrote, without model weights and data).
@@ -88,7 +91,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/ulysses-quick.XXXXXX") || exit 2
 if [ "$dry" = 1 ]; then
   mode=dry-run device=cpu dtype=fp32 hardware=cpu-local model=tiny gpu=""
   compare_model=$DRY_COMPARE_MODEL
-  compare_lengths=256 maxlen=(--start 512 --max-length 2048 --limit-gib 0.1 --granule 512)
+  compare_lengths=256 maxlen=(--start 1024 --max-length 2048 --limit-gib 0.1 --granule 1024)
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)
   export OMP_NUM_THREADS=1
   #          build unit smoke compare sweep maxlen deepspeed
@@ -101,9 +104,13 @@ else
   smoke_env=(SMOKE_STEPS=5)
   MIN=(      60    10   20    60      60    60     60)
 fi
-# Caps sized from one H100/H200 (build 120-170 s with 16 cores, the ten comparison runs 175-195 s)
-# so that about 150 s are left for the sweep's first 8-12 trials.
-CAP=(        0     40   30    180     0     0      0)   # 0: all that is left
+# Caps sized from one H200 (16 cores): build 107-137 s, unit 1 s, smoke 16-18 s, eight of the ten
+# comparison runs 180 s (the 32K ALST run is the longest), the sweep's 12 trials 169 s. The ten
+# comparison runs get 250 s, which leaves the 8-trial sweep about 120 s (8K trials ~6 s, 64K
+# ~22 s, then recommend, report and plan --fit); maxlen and deepspeed run only with what is left.
+CAP=(        0     40   30    250     0     0      0)   # 0: all that is left
+# Where a stage skipped for time is run in full (said in summary.md).
+declare -A ELSEWHERE=([maxlen]="scripts/gpu-campaign.sh runs it: compare-maxlen-ours, compare-maxlen-theirs")
 cat > "$work/campaign.json" << EOF
 {"mode": "$mode", "device": "$device", "dtype": "$dtype", "hardware": "$hardware",
  "model": "$model", "gpu": "${gpu:-}", "budget_s": $budget, "started": $t0,
@@ -167,7 +174,8 @@ compare() {  # compare OPTIONS...: bench/compare on one model, made once in WORK
 }
 
 stage_compare() {
-  local configs=ours-tiled,hf,ours-plain,hf-nockpt,ours-alst
+  # In order of value: the tiled and ALST modes against transformers first, at each length.
+  local configs=ours-tiled,hf,ours-alst,ours-plain,hf-nockpt
   if has_deepspeed; then
     # DeepSpeed compiles its ops on first use: once here, not inside a run's timeout.
     x timeout -s TERM $((stage_s / 2)) "$python" "$root/tuner/backends/deepspeed/ds_ops.py" \
@@ -230,7 +238,7 @@ run_stage() {  # STAGE INDEX
   stage_s=$have
   [ "${CAP[$i]}" -gt 0 ] && [ "${CAP[$i]}" -lt "$stage_s" ] && stage_s=${CAP[$i]}
   if [ "$have" -lt "${MIN[$i]}" ]; then
-    reason="$((have < 0 ? 0 : have)) s left, needs ${MIN[$i]}"
+    reason="$((have < 0 ? 0 : have)) s left, needs ${MIN[$i]}${ELSEWHERE[$stage]:+ (${ELSEWHERE[$stage]})}"
     write_status "$stage" skipped - 0 "$reason"
     echo "== $stage: skipped: $reason"
     return
