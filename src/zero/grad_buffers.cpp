@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <array>
+#include <deque>
 #include <map>
 #include <utility>
 
@@ -294,11 +296,75 @@ void GradientBuffers::all_reduce_start(comm::Group& group, size_t first, size_t 
   ++ranges_started_;
 }
 
+void GradientBuffers::all_reduce_on_host(comm::Group& group, int64_t bucket_bytes) {
+  const at::Device wire_device = group.device();
+  struct InFlight {
+    comm::Group::Pending pending;
+    at::Tensor bucket;  // [n] slice of a host flat
+    at::Tensor wire;    // [n] what the group sums: the bucket itself, or a wire buffer's slice
+    bool pinned = false;
+  };
+  std::deque<InFlight> window;  // oldest first, at most kHostBucketsInFlight
+  int64_t bytes_in_flight = 0;
+  // The oldest bucket: waited for, and its sum copied back into the host flat (queued on the
+  // current stream, before any later copy into the same wire buffer).
+  auto finish_oldest = [&] {
+    InFlight& oldest = window.front();
+    oldest.pending.wait();
+    if (!oldest.wire.is_same(oldest.bucket)) oldest.bucket.copy_(oldest.wire, oldest.pinned);
+    bytes_in_flight -= oldest.bucket.numel() * oldest.bucket.element_size();
+    window.pop_front();
+  };
+  std::array<at::Tensor, kHostBucketsInFlight> wire_buffers;  // [bucket numel] on wire_device
+  size_t next_buffer = 0;
+  bool staged = false;
+  for (at::Tensor& flat : flats_) {
+    const int64_t bucket_numel = bucket_numel_of(flat, bucket_bytes);
+    const bool copied = flat.device() != wire_device;
+    const bool pinned = copied && flat.is_pinned();
+    staged = staged || copied;
+    for (int64_t start = 0; start < flat.numel(); start += bucket_numel) {
+      if (static_cast<int64_t>(window.size()) == kHostBucketsInFlight) finish_oldest();
+      const int64_t numel = std::min(bucket_numel, flat.numel() - start);
+      InFlight next;
+      next.bucket = flat.narrow(0, start, numel);
+      next.wire = next.bucket;
+      next.pinned = pinned;
+      if (copied) {
+        // The buffer's previous bucket was waited for and its copy back queued before this copy.
+        at::Tensor& buffer = wire_buffers[next_buffer];
+        next_buffer = (next_buffer + 1) % wire_buffers.size();
+        if (!buffer.defined() || buffer.numel() < numel ||
+            buffer.scalar_type() != flat.scalar_type()) {
+          buffer = at::empty({bucket_numel}, flat.options().device(wire_device));
+        }
+        next.wire = buffer.narrow(0, 0, numel);
+        next.wire.copy_(next.bucket, pinned);
+      }
+      next.pending = group.all_reduce_start(next.wire, comm::ReduceOp::kSum);
+      window.push_back(std::move(next));
+      bytes_in_flight += numel * flat.element_size();
+      host_buckets_in_flight_max_ =
+          std::max(host_buckets_in_flight_max_, static_cast<int64_t>(window.size()));
+      host_bytes_in_flight_max_ = std::max(host_bytes_in_flight_max_, bytes_in_flight);
+    }
+  }
+  while (!window.empty()) finish_oldest();
+  if (staged && !wire_device.is_cpu()) {  // the copies back are queued: the host reads next
+    c10::impl::VirtualGuardImpl impl(wire_device.type());
+    impl.getStream(wire_device).synchronize();
+  }
+}
+
 void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes) {
   TORCH_CHECK(bucket_bytes >= 1, "GradientBuffers::all_reduce: bucket_bytes must be >= 1");
   settle();
   if (group.size() == 1) return;
   profile::ScopedPhase phase("grad_sync");
+  if (on_host_) {  // all_reduce_start refuses on_host buffers: nothing was started
+    all_reduce_on_host(group, bucket_bytes);
+    return;
+  }
   // What all_reduce_start did not start, in buckets, then wait for everything.
   started_.resize(flats_.size());
   for (size_t f = 0; f < flats_.size(); ++f) {

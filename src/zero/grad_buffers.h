@@ -83,7 +83,20 @@ class GradientBuffers {
   // flat buffer: no extra copy of the gradients). Every member must call it with the same
   // parameters in the same order. REQUIRES: bucket_bytes >= 1.
   // Ranges already started by all_reduce_start are waited for, not reduced again.
+  // on_host: at most kHostBucketsInFlight buckets are on the wire at once, bucket i + 2 starting
+  // only after bucket i was waited for and its copy back into the host buffer issued. With the group's device elsewhere (a GPU
+  // under NCCL or Gloo) each bucket is copied into one of two device wire buffers (non_blocking
+  // from page-locked memory), summed there, and copied back as soon as it completes; at return
+  // the host buffers hold the sums (one sync with the group's device). So no more than two
+  // buckets of the fp32 gradient ever occupy device memory here. With the group on the host's
+  // device (Gloo on CPU) the buckets are summed in place, two at a time as well.
   void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes);
+  // Buckets the on_host all-reduce keeps on the wire at once, at most.
+  static constexpr int64_t kHostBucketsInFlight = 2;
+  // on_host: the most buckets, and bytes of them, that all_reduce has had on the wire at once
+  // since the buffers were made (0 before the first reduction over more than one rank).
+  int64_t host_buckets_in_flight_max() const { return host_buckets_in_flight_max_; }
+  int64_t host_bytes_in_flight_max() const { return host_bytes_in_flight_max_; }
 
   // Starts summing over `group` the gradients of params()[first, last) (a decoder layer's, once
   // its last contribution of the step is in), `bucket_bytes` at a time, and returns at once:
@@ -132,6 +145,9 @@ class GradientBuffers {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> started_;
   int64_t ranges_started_ = 0;
   void wait_in_flight();
+  void all_reduce_on_host(comm::Group& group, int64_t bucket_bytes);
+  int64_t host_buckets_in_flight_max_ = 0;
+  int64_t host_bytes_in_flight_max_ = 0;
 
   bool on_host_ = false;
   std::vector<at::Tensor> staged_;     // per parameter: [param shape] fp32 sum beside the param

@@ -168,6 +168,47 @@ TEST(LayerAllReduce, LayersAreSummedDuringTheLastBackwardWithTheSameResult) {
   });
 }
 
+// on_host (optimizer offload, stage 0) over 3 real Gloo ranks with 256-byte buckets (more than
+// 10 of them): the end-of-step all-reduce keeps at most 2 buckets (512 bytes) on the wire at once,
+// bucket i + 2 starting after bucket i came back, and its sums and loss equal those of on-device
+// buffers reduced with every bucket started at once, bit for bit (both sum the same three fp32
+// values per element; Gloo's order is the same).
+constexpr int64_t kHostBucketBytes = 256;
+
+TEST(GradientBuffers, OnHostAllReduceKeepsAtMostTwoBucketsOnTheWireWithTheSameSums) {
+  constexpr int kWorld = 3;
+  run_ranks(kWorld, [](const RankContext& ctx) {
+    config::RunConfig c = testing::tiny_run_config(4, 2, kWorld, 1);
+    c.sequence.length = 16;
+    c.sequence.grad_accum = 2;
+    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, kWorld, 1);
+    data::DataLoader loader(c.data, c.sequence, c.model.vocab_size, kWorld, ctx.rank, 1, 0);
+    const std::vector<data::Batch> batches = {loader.micro_batch(1, 0), loader.micro_batch(1, 1)};
+    model::LlamaForCausalLM device_model =
+        train::build_model(c, mesh, at::Device(at::kCPU), nullptr);
+    model::LlamaForCausalLM host_model = train::build_model(c, mesh, at::Device(at::kCPU), nullptr);
+    GradientBuffers device_buffers(device_model->parameters());
+    GradientBuffers host_buffers(host_model->parameters(), /*shards=*/1, /*on_host=*/true);
+    GradientOptions options;
+    options.bucket_bytes = kHostBucketBytes;
+    options.buffers = &device_buffers;
+    const StepLoss want = compute_gradients(device_model, batches, mesh, options);
+    options.buffers = &host_buffers;
+    EXPECT_EQ(host_buffers.host_buckets_in_flight_max(), 0);
+    const StepLoss got = compute_gradients(host_model, batches, mesh, options);
+    ASSERT_GT(host_buffers.bytes(), 10 * kHostBucketBytes) << "the case needs many buckets";
+    EXPECT_EQ(host_buffers.host_buckets_in_flight_max(), 2);
+    EXPECT_LE(host_buffers.host_bytes_in_flight_max(), 2 * kHostBucketBytes);
+    EXPECT_GT(host_buffers.host_bytes_in_flight_max(), kHostBucketBytes);
+    EXPECT_EQ(got.loss, want.loss);
+    ASSERT_EQ(host_buffers.grads().size(), device_buffers.grads().size());
+    for (size_t i = 0; i < host_buffers.grads().size(); ++i) {
+      EXPECT_TRUE(host_buffers.grads()[i].is_cpu());
+      EXPECT_TRUE(at::equal(host_buffers.grads()[i], device_buffers.grads()[i])) << "param " << i;
+    }
+  });
+}
+
 // on_host (optimizer offload): every parameter, fp32 ones too, goes through the hook, so .grad()
 // is released after each contribution and the sums live in the host buffers. The sums equal the
 // on-device buffers' bit for bit (same fp32 adds in the same order; random values, no tolerance).

@@ -144,6 +144,23 @@ TEST(Zero, OffloadedOptimizerEqualsTheDeviceOptimizerOnDp2WithTiedEmbeddings) {
   expect_runs_equal("offload vs device", configs);
 }
 
+// Stage 0 with the optimizer offloaded (gradients on the host, reduced two 10 KiB buckets at a
+// time) on dp 2 and on an SP-only mesh (sp 2, whose ranks sum their partial gradients too) equals
+// the single process with the same global batch: the tolerances of expect_runs_equal (loss and
+// grad norm rel 1e-5, final weights rel 1e-4). GradientBuffers' test asserts the two-bucket bound.
+TEST(Zero, Stage0OffloadOnTwoRanksEqualsTheSingleProcess) {
+  const std::string dir = testing::shared_dir("zero-test", "stage0-offload-vs-single");
+  std::vector<config::RunConfig> configs = {zero_config(dir, 1, 1, 0, "single"),
+                                            zero_config(dir, 2, 1, 0, "offload"),
+                                            zero_config(dir, 1, 2, 0, "offload")};
+  for (config::RunConfig& c : configs) {
+    c.memory.offload_optimizer = true;
+    testing::train_on_ranks(c);
+  }
+  if (testing::in_rank_child()) return;
+  expect_runs_equal("stage 0 offload vs single process", configs);
+}
+
 // expect_stages_equal for `family` (zero_config's model with testing::set_family's shapes), every
 // run starting from the same weights with the biases and norms moved off their init
 // (testing::write_perturbed_weights).
