@@ -108,11 +108,12 @@ bin=$build/bin
 if [ "$dry" = 1 ]; then
   device=cpu dtype=fp32 hardware=cpu-local model=tiny
   compare_model=$DRY_COMPARE_MODEL
-  # Length searches of a few probes, as in the quick campaign's dry run: a dry run checks that
-  # the stages work, not how long a sequence fits.
-  compare_lengths=256 compare_reps=2 maxlen_start=512 maxlen_ours=2048 maxlen_theirs=2048
+  # Length searches of two probes (1024 fits under the 0.1 GiB cap, 2048 does not), as in the
+  # quick campaign's dry run: a dry run checks that the stages work, not how long a sequence
+  # fits (bench/compare's own dry run bisects further).
+  compare_lengths=256 compare_reps=2 maxlen_start=1024 maxlen_ours=2048 maxlen_theirs=2048
   # No time budget: the searches end by their resolution, however busy the machine is.
-  maxlen_extra=(--limit-gib 0.1 --granule 512 --probe-timeout 300)
+  maxlen_extra=(--limit-gib 0.1 --granule 1024 --probe-timeout 300)
   alst_length=512
   export OMP_NUM_THREADS=1
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)

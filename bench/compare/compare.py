@@ -443,8 +443,15 @@ def prepare_out(out):
         f.write("bench/compare/compare.py output directory\n")
 
 
-def python_has(python, module):
-    return subprocess.run([python, "-c", f"import {module}"], stdout=subprocess.DEVNULL,
+def python_has(python, modules):
+    """Whether `python` has every module of the comma-separated list installed. It finds them
+    without importing them (importing torch, transformers and DeepSpeed takes 5-15 s each time the
+    harness starts); an installed module that fails to import fails the run that needs it, with
+    its own error."""
+    code = ("import importlib.util, sys\n"
+            "sys.exit(0 if all(importlib.util.find_spec(m.strip()) for m in sys.argv[1].split(','))"
+            " else 1)")
+    return subprocess.run([python, "-c", code, modules], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL).returncode == 0
 
 
@@ -453,12 +460,12 @@ def baseline_python(requested):
     imports torch and transformers, else the project's venv (.venv, what scripts/install-deps.sh
     makes). Exits with one line when none of them can."""
     if requested:
-        if not python_has(requested, "torch, transformers"):
+        if not python_has(requested, "torch,transformers"):
             sys.exit(f"error: --python: {requested} cannot import torch and transformers")
         return requested
     candidates = [sys.executable, os.path.join(ROOT, ".venv", "bin", "python")]
     for python in candidates:
-        if os.path.exists(python) and python_has(python, "torch, transformers"):
+        if os.path.exists(python) and python_has(python, "torch,transformers"):
             return python
     sys.exit(f"error: --python: {sys.executable} cannot import torch and transformers, and there "
              f"is no project venv with them ({candidates[1]}); run scripts/install-deps.sh or "
@@ -479,7 +486,7 @@ def cmd_run(args):
         args.model = json.dumps(TINY_SHAPE)
         args.lengths = args.lengths or "256"
         args.reps, args.warmup, args.steps = 2, 1, 1
-        args.start, args.max_length, args.granule = 256, 8192, 256
+        args.start, args.max_length, args.granule = 512, 4096, 512
         args.limit_gib = args.limit_gib or 0.1
         args.hardware = args.hardware or "cpu-local"
         # No time budget: the search ends by its resolution, whatever the load of the machine.

@@ -4,8 +4,9 @@
 (norm weights moved away from their init of 1, so that one dropped or misplaced shows), the same
 weights (model.load) and tokens for both. Checks:
 
-  - every step's loss and grad norm of the DeepSpeed trial equal ulysses-train's at sp 2 x dp 1 and
-    sp 2 x dp 2, untiled and with tiled MLP and tiled loss (2 tiles each), fp32;
+  - every step's loss and grad norm of the DeepSpeed trial equal ulysses-train's at sp 2, untiled
+    and with tiled MLP and tiled loss (2 tiles each), fp32 (ds_backend_test.py runs the rank
+    program on the meshes with dp 2, micro-batches, grad accumulation and the ZeRO stages);
   - the ds_config.json each DeepSpeed trial ran is what `ulysses-tune export --format deepspeed`
     writes for that trial (DeepSpeed's own deepspeed.initialize accepted it: the trial ran);
   - running out of memory is `oom` (exit 12): a DeepSpeed ZeRO-1 trial with 2 GiB buckets
@@ -98,8 +99,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         make_model(os.path.join(tmp, "model"))
         db = os.path.join(tmp, "results.db")
-        cases = [("sp2dp1", 2, 2, 1), ("sp2dp1-tiled", 2, 2, 2), ("sp2dp2", 4, 2, 1),
-                 ("sp2dp2-tiled", 4, 2, 2)]
+        cases = [("sp2dp1", 2, 2, 1), ("sp2dp1-tiled", 2, 2, 2)]
         for name, world, sp, tiles in cases:
             path = os.path.join(tmp, name + ".yaml")
             experiment(path, name, world, sp, tiles)
@@ -155,8 +155,9 @@ def main():
                   f"max |loss diff| {max(abs(a['loss'] - b['loss']) for a, b in zip(ours, theirs)):.2e}")
 
         oom = by_sweep["oom"]["deepspeed"]
-        if oom[1] != "oom" or oom[2] != 12:
+        if oom[1] != "oom" or oom[2] != 12 or "out of memory" not in (oom[4] or ""):
             failures.append(f"oom: status {oom[1]}, exit {oom[2]}: {oom[4]}")
+        print(f"oom: status {oom[1]}, exit {oom[2]}: {oom[4]}")
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0

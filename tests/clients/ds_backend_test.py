@@ -12,7 +12,6 @@ run config, on CPU with Gloo and a tiny Llama made by transformers' own class. C
     and ZeRO-2 at dp 2 with micro batch 2;
   - summary.json and metrics.jsonl carry docs/outputs.md's fields, and say what ran (the layers
     recomputed or not, the workarounds);
-  - out of memory under memory.limit_gib is exit 12 on every rank, `out of memory: ...`;
   - bad input is one line `error: <key>: ...` and exit 2.
 
   ds_backend_test.py --bin BUILD/bin
@@ -112,17 +111,13 @@ search: {{method: grid, probe: false, prune: false}}
     return db, trial, os.path.join(tmp, run_dir) if not os.path.isabs(run_dir) else run_dir
 
 
-def run_ds_trial(run_yaml, ds_config, out_dir, world, torchrun, **overrides):
-    """ds_trial.py on `world` ranks writing to out_dir, with run-config `overrides`
-    ("memory.limit_gib": 1.0): under torchrun as a user starts it, or as a sweep does, one process
-    per rank with the environment torchrun gives. Returns (exit status of each rank or of
-    torchrun, stderr)."""
+def run_ds_trial(run_yaml, ds_config, out_dir, world, torchrun):
+    """ds_trial.py on `world` ranks writing to out_dir: under torchrun as a user starts it, or as a
+    sweep does, one process per rank with the environment torchrun gives. Returns (exit status of
+    each rank or of torchrun, stderr)."""
     with open(run_yaml) as f:
         run = yaml.safe_load(f)
     run["output"]["dir"] = out_dir
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        run[section][field] = value
     config = out_dir + ".yaml"
     with open(config, "w") as f:
         yaml.safe_dump(run, f)
@@ -226,27 +221,6 @@ def check_bad_input(tmp, run_yaml, ds_config, failures):
         print(f"bad {key}: exit {proc.returncode}, {lines[-1]}")
 
 
-def check_oom(tmp, run_dir, ds_config, failures):
-    """ZeRO-1 with 2 GB buckets (reduce_bucket_size 5e8 fp32 elements, as zero.bucket_mb 2048
-    exports) under a 1 GiB address-space cap: the bucket does not fit, whatever the model, and
-    every rank allocates it in its main thread (under a smaller cap the address space can run out
-    first where one rank starts Gloo's threads, and its peer then sees a communication failure).
-    Every rank exits 12, `out of memory: ...`."""
-    with open(ds_config) as f:
-        config = json.load(f)
-    config["zero_optimization"].update(reduce_bucket_size=500_000_000,
-                                       allgather_bucket_size=500_000_000)
-    ds_config = os.path.join(tmp, "oom-ds_config.json")
-    with open(ds_config, "w") as f:
-        json.dump(config, f)
-    codes, stderr = run_ds_trial(os.path.join(run_dir, "run.yaml"), ds_config,
-                                 os.path.join(tmp, "oom"), 2, False, **{"memory.limit_gib": 1.0})
-    lines = [line for line in stderr.split("\n") if line.startswith("out of memory: ")]
-    if codes != [12, 12] or len(lines) != 2:
-        failures.append(f"oom: exit {codes}, stderr {stderr[-2000:]!r}")
-    print(f"oom: exit {codes}, {lines[:1]}")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin", required=True, help="directory of ulysses-tune and ulysses-train")
@@ -259,9 +233,6 @@ def main():
         rng.integers(0, 512, size=64 * 64, dtype=np.uint16).astype("<u2").tofile(
             os.path.join(tmp, "tokens.bin"))
         run_dirs = [check_case(tmp, tune, case, failures) for case in CASES]
-        if run_dirs[1]:
-            check_oom(tmp, run_dirs[1], os.path.join(tmp, CASES[1][0] + "-ds_config.json"),
-                      failures)
         if run_dirs[0]:
             check_bad_input(tmp, os.path.join(run_dirs[0], "run.yaml"),
                             os.path.join(tmp, CASES[0][0] + "-ds_config.json"), failures)
