@@ -77,7 +77,7 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   Reader r(path);
   r.only(root, "",
          {"name", "description", "device", "nodes", "devices_per_node", "host_memory_gib",
-          "peak_tflops", "links", "launcher", "runner"});
+          "host_cores", "peak_tflops", "links", "launcher", "runner"});
   HardwareProfile p;
   p.name = std::filesystem::path(path).stem().string();
   r.read(root, "name", "name", &p.name);
@@ -85,6 +85,7 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   r.read(root, "nodes", "nodes", &p.nodes);
   r.read(root, "devices_per_node", "devices_per_node", &p.devices_per_node);
   r.read(root, "host_memory_gib", "host_memory_gib", &p.host_memory_gib);
+  r.read(root, "host_cores", "host_cores", &p.host_cores);
   r.read(root, "launcher", "launcher", &p.launcher);
   p.runner = p.launcher == "srun" ? "srun" : "local";
   r.read(root, "runner", "runner", &p.runner);
@@ -119,6 +120,7 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   if (p.devices_per_node < 1) r.fail("devices_per_node", "must be >= 1");
   r.non_negative(p.device_memory_gib, "device.memory_gib");
   r.non_negative(p.host_memory_gib, "host_memory_gib");
+  if (p.host_cores < 0) r.fail("host_cores", "must be >= 0 (0 = not given)");
   r.non_negative(p.peak_tflops_bf16, "peak_tflops.bf16");
   r.non_negative(p.peak_tflops_fp32, "peak_tflops.fp32");
   r.non_negative(p.intra_node_gbps, "links.intra_node_GBps");

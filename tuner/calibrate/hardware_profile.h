@@ -9,6 +9,7 @@
 //   nodes: 1
 //   devices_per_node: 1                # ranks per node (CPU profiles: processes)
 //   host_memory_gib: 2048
+//   host_cores: 112                    # per node; optional (0 = not given)
 //   peak_tflops: {bf16: 989.4, fp32: 66.9}  # dense, per device
 //   links:                             # GB/s per device and direction
 //     {intra_node_GBps: 450, inter_node_GBps: 50, host_to_device_GBps: 64}
@@ -30,6 +31,7 @@ struct HardwareProfile {
   int64_t nodes = 1;
   int64_t devices_per_node = 1;
   double host_memory_gib = 0.0;   // per node
+  int64_t host_cores = 0;         // per node; 0 = not given
   double peak_tflops_bf16 = 0.0;  // dense, per device
   double peak_tflops_fp32 = 0.0;
   double intra_node_gbps = 0.0;      // GB/s per device and direction (NVLink; 0 = none)

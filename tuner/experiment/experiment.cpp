@@ -189,6 +189,7 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
   e.memory_limit_gib = hw.device_memory_gib;
   if (root["memory_limit_gib"].IsDefined()) {
     r.read(root["memory_limit_gib"], "memory_limit_gib", e.memory_limit_gib);
+    e.memory_limit_given = true;
   }
   if (e.memory_limit_gib < 0) r.fail("memory_limit_gib", "must be >= 0 (0 = no limit)");
 

@@ -77,6 +77,7 @@ struct Experiment {
   std::string model;          // preset name, "" = base.model inline
   int64_t world_size = 0;     // resolved: written, or the hardware's
   double memory_limit_gib = 0.0;  // resolved: written, or the hardware's device memory
+  bool memory_limit_given = false;  // memory_limit_gib was written in the file
   std::string base_yaml;      // the base run config as a YAML document ("{}" when absent)
   std::vector<AxisSpec> axes; // in file order, sequence.length excluded
   LengthSpec lengths;

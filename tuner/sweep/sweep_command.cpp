@@ -17,6 +17,7 @@
 #include "common/paths.h"
 #include "tuner/backends/deepspeed/deepspeed_ops.h"
 #include "tuner/backends/deepspeed/deepspeed_trial.h"
+#include "tuner/calibrate/machine_check.h"
 #include "tuner/experiment/experiment.h"
 #include "tuner/experiment/result_inputs.h"
 #include "tuner/experiment/trial_space.h"
@@ -64,6 +65,36 @@ void dry_run(const experiment::Experiment& e, const search::Space& space) {
               static_cast<long long>(valid * static_cast<int64_t>(space.lengths.size())));
 }
 
+// Whether some valid point of the space offloads activations or the optimizer to the host.
+bool offloads(const experiment::Experiment& e, const search::Space& space) {
+  for (const search::Point& p : search::all_points(space)) {
+    try {
+      const experiment::TrialPlan plan =
+          experiment::plan_trial(e, space, p, space.lengths.front(), false, "unused");
+      if (plan.config.memory.offload_activations || plan.config.memory.offload_optimizer) {
+        return true;
+      }
+    } catch (const UserError&) {  // an invalid point runs nothing
+    }
+  }
+  return false;
+}
+
+// `e` against the machine it runs on (calibrate/machine_check.h), before anything is written:
+// the per-rank limit becomes the smaller of the profile's and the device's unless the experiment
+// wrote one; a profile that overstates the device (or, where trials offload from a GPU, the
+// host's memory or cores) is refused in one line.
+void check_machine(experiment::Experiment& e, const calibrate::MachineCapacity& machine) {
+  const calibrate::HardwareProfile hw = calibrate::load_hardware_profile(e.hardware_path);
+  e.memory_limit_gib = calibrate::checked_memory_limit_gib(hw, e.hardware_path, machine,
+                                                           e.memory_limit_gib,
+                                                           e.memory_limit_given);
+  if (e.device == "cuda") {
+    calibrate::check_offload_host(hw, e.hardware_path, machine,
+                                  offloads(e, experiment::build_space(e)));
+  }
+}
+
 // Where trial run directories go: --runs-dir, or <db dir>/runs/<sweep name>.
 std::string runs_dir_of(const SweepOptions& options, const std::string& name) {
   return !options.runs_dir.empty()
@@ -96,7 +127,7 @@ std::string one_line(std::string text) {
 // otherwise be replayed as facts about another configuration (experiment/result_inputs.h).
 // Throws UserError "--resume: <key> ..." naming the first input that differs.
 void check_unchanged(const store::SweepRecord& sweep, const experiment::Experiment& e,
-                     const SweepOptions& options) {
+                     const SweepOptions& options, const calibrate::MachineCapacity& machine) {
   const std::string advice =
       "; resume with the experiment it started with (only budget.max_trials and "
       "budget.wall_clock_s may change), or start a new sweep with --name";
@@ -106,6 +137,7 @@ void check_unchanged(const store::SweepRecord& sweep, const experiment::Experime
     experiment::Experiment stored = experiment::parse_experiment(
         sweep.experiment_yaml, options.experiment_path, experiment::default_profiles_dir());
     stored.method = sweep.search;  // as it ran (--search may have overridden the file)
+    check_machine(stored, machine);  // its limit as this machine makes it, like `e`'s
     before = experiment::result_inputs(stored);
   } catch (const UserError& err) {
     throw UserError("--resume: the experiment sweep '" + sweep.name +
@@ -286,6 +318,8 @@ int run_sweep(const SweepOptions& options) {
   if (e.runner == "local" && e.nodes > 1) {
     throw UserError("--runner: local cannot run trials of " + std::to_string(e.nodes) + " nodes");
   }
+  const calibrate::MachineCapacity machine = calibrate::query_machine(e.device);
+  check_machine(e, machine);
   const search::Space space = experiment::build_space(e);
   if (options.dry_run) {
     dry_run(e, space);
@@ -317,7 +351,7 @@ int run_sweep(const SweepOptions& options) {
     throw UserError(options.db_path + ": no sweep '" + name + "' to resume (its sweeps: " +
                     sweep_names(sweeps) + "; pass --name, or --search grid for a grid sweep)");
   }
-  if (existing) check_unchanged(*existing, e, options);
+  if (existing) check_unchanged(*existing, e, options, machine);
   claim_runs_dir(options, name);
   if (options.submit) return submit_sweep(options, e, name, trainer, options.resume);
   store::SweepRecord sweep;
