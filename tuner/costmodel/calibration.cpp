@@ -9,7 +9,8 @@
 
 namespace ulysses::costmodel {
 
-const char* const kTimeColumns[4] = {"GEMM", "attention", "communication", "overhead"};
+const char* const kTimeColumns[kTimeColumnCount] = {
+    "GEMM", "attention", "communication", "overhead", "host optimizer pass", "upload"};
 
 // Ring attention's K/V pass is left out: predict_time hides it behind the blocks' attention, and
 // the fit takes it as hidden too.
@@ -37,13 +38,22 @@ MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fi
 TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
                           LinearFit* fit, std::vector<std::string>* inseparable) {
   if (trials.empty()) throw UserError("fit: no step times to fit");
+  const double upload_ms_per_gb =
+      base.ms_per_gb_upload >= 0 ? base.ms_per_gb_upload : base.ms_per_gb_offload;
+  const bool upload_known = upload_ms_per_gb > 0;
+  const double exposed = 1 - base.optimizer_overlap;  // of the optimizer's phase
   std::vector<std::vector<double>> all;
-  std::vector<double> y;
+  std::vector<double> y, known;
+  int64_t threads = -1;  // the offloaded trials' optim.host_threads; 0 = auto or mixed
   for (const Measured& m : trials) {
     const StepWork w = step_work(m.config);
-    all.push_back({w.matmul_flops / 1e12, w.attention_flops / 1e12,
-                   comm_bytes(w) / 1e9, 1.0});
+    const double upload_gb = w.optimizer_upload_bytes / 1e9;
+    all.push_back({w.matmul_flops / 1e12, w.attention_flops / 1e12, comm_bytes(w) / 1e9, 1.0,
+                   exposed * (w.optimizer_norm_bytes + w.optimizer_host_bytes) / 1e9,
+                   upload_known ? 0.0 : exposed * upload_gb});
     y.push_back(m.value);
+    known.push_back(upload_known ? exposed * upload_gb * upload_ms_per_gb : 0.0);
+    if (w.optimizer_host_bytes > 0) threads = threads < 0 || threads == w.host_threads ? w.host_threads : 0;
   }
   // Only the columns these trials tell apart: trials of one shape (one mesh, one length) do the
   // same GEMM, attention and communication work in the same proportions, so one coefficient
@@ -51,7 +61,7 @@ TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoeffic
   std::vector<size_t> used = independent_columns(all);
   if (inseparable) {
     inseparable->clear();
-    for (size_t c = 0; c < 4; ++c) {
+    for (size_t c = 0; c < kTimeColumnCount; ++c) {
       bool nonzero = false;
       for (const auto& row : all) nonzero = nonzero || row[c] != 0;
       if (nonzero && std::find(used.begin(), used.end(), c) == used.end()) {
@@ -69,7 +79,7 @@ TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoeffic
       for (size_t c : used) r.push_back(row[c]);
       x.push_back(r);
     }
-    f = fit_relative_least_squares(x, y);
+    f = fit_relative_least_squares(x, y, known);
     size_t worst = used.size();
     for (size_t i = 0; i < used.size(); ++i) {
       const bool more_negative = worst == used.size() || f.coefficients[i] < f.coefficients[worst];
@@ -79,13 +89,16 @@ TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoeffic
     used.erase(used.begin() + static_cast<std::ptrdiff_t>(worst));
   }
   if (fit) *fit = f;
-  double b[4] = {0, 0, 0, 0};
+  double b[kTimeColumnCount] = {0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < used.size(); ++i) b[used[i]] = std::max(0.0, f.coefficients[i]);
   TimeCoefficients k = base;
   k.ms_per_tflop = b[0];
   k.ms_per_tflop_attention = b[1];
   k.ms_per_gb_a2a = k.ms_per_gb_allreduce = b[2];
   k.overhead_ms = b[3];
+  k.ms_per_gb_host = b[4];
+  k.host_threads = std::max<int64_t>(0, threads);
+  k.ms_per_gb_upload = upload_known ? upload_ms_per_gb : b[5];
   return k;
 }
 

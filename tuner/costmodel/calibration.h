@@ -25,18 +25,26 @@ MemoryCoefficients fit_memory(const std::vector<Measured>& trials, LinearFit* fi
 double comm_bytes(const StepWork& w);
 
 // step_ms = ms_per_tflop x GEMM TFLOP + ms_per_tflop_attention x attention TFLOP
-//           + ms_per_gb x comm_bytes GB + overhead_ms.
-// Columns that are zero in every trial (e.g. no communication at world 1) are left out and their
-// coefficient set to 0; so is a column these trials cannot tell from the ones before it (trials
-// of one shape do GEMM, attention and overhead work in the same proportions: GEMM alone then
-// explains them), named in `inseparable` (kTimeColumns' names); and so is a coefficient the
-// least-squares fit makes negative (that column is dropped and the rest refitted). Offload and
-// overlap keep their values from `base`. REQUIRES >= 1 trial (else UserError).
+//           + ms_per_gb x comm_bytes GB + overhead_ms
+//           + (1 - optimizer_overlap) x (ms_per_gb_host x host-pass GB + upload ms)
+// where the host-pass GB are the offloaded optimizer's norm and AdamW bytes (time_model.h) and
+// the upload runs at base's ms_per_gb_upload (or ms_per_gb_offload) when base gives one, a known
+// part of each step; otherwise ms_per_gb_upload is a column of its own.
+// Columns that are zero in every trial (e.g. no communication at world 1, no offloaded optimizer)
+// are left out and their coefficient set to 0; so is a column these trials cannot tell from the
+// ones before it (trials of one shape do GEMM, attention and overhead work in the same
+// proportions: GEMM alone then explains them), named in `inseparable` (kTimeColumns' names); and
+// so is a coefficient the least-squares fit makes negative (that column is dropped and the rest
+// refitted). host_threads becomes the optim.host_threads the offloaded trials share (0 = auto or
+// mixed). Offload, overlap and optimizer_overlap keep their values from `base`.
+// REQUIRES >= 1 trial (else UserError).
 TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
                           LinearFit* fit = nullptr,
                           std::vector<std::string>* inseparable = nullptr);
 
-// The time fit's columns, in order: "GEMM", "attention", "communication", "overhead".
-extern const char* const kTimeColumns[4];
+// The time fit's columns, in order: "GEMM", "attention", "communication", "overhead",
+// "host optimizer pass", "upload".
+inline constexpr int kTimeColumnCount = 6;
+extern const char* const kTimeColumns[kTimeColumnCount];
 
 }  // namespace ulysses::costmodel

@@ -11,8 +11,11 @@
 namespace ulysses::costmodel {
 
 LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
-                                     const std::vector<double>& y) {
+                                     const std::vector<double>& y,
+                                     const std::vector<double>& offset) {
   if (x.empty() || x.size() != y.size()) throw UserError("fit: need one y per row of x");
+  if (!offset.empty() && offset.size() != y.size()) throw UserError("fit: need one offset per row");
+  auto known = [&](size_t i) { return offset.empty() ? 0.0 : offset[i]; };
   const size_t k = x.front().size();
   if (k == 0 || x.size() < k) {
     throw UserError("fit: " + std::to_string(x.size()) + " rows for " + std::to_string(k) +
@@ -27,7 +30,7 @@ LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
     const double w = 1.0 / (y[i] * y[i]);
     for (size_t r = 0; r < k; ++r) {
       for (size_t c = 0; c < k; ++c) a[r][c] += w * x[i][r] * x[i][c];
-      a[r][k] += w * x[i][r] * y[i];
+      a[r][k] += w * x[i][r] * (y[i] - known(i));
     }
   }
   for (size_t col = 0; col < k; ++col) {
@@ -52,7 +55,7 @@ LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
   for (size_t r = 0; r < k; ++r) fit.coefficients.push_back(a[r][k] / a[r][r]);
   double sum = 0;
   for (size_t i = 0; i < x.size(); ++i) {
-    double pred = 0;
+    double pred = known(i);
     for (size_t c = 0; c < k; ++c) pred += x[i][c] * fit.coefficients[c];
     sum += std::pow((pred - y[i]) / y[i], 2);
   }

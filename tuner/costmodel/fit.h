@@ -17,8 +17,11 @@ struct LinearFit {
 // so that small and large measurements count alike). Rows are x_i (all of one width k >= 1).
 // Throws UserError("fit: ...") when there are fewer rows than columns, widths differ, a y_i <= 0,
 // or the columns are linearly dependent on these rows (singular).
+// With `offset` (one per row, or empty = none), a known part of each measurement:
+// x_i . b + offset_i ~ y_i, the error still relative to y_i.
 LinearFit fit_relative_least_squares(const std::vector<std::vector<double>>& x,
-                                     const std::vector<double>& y);
+                                     const std::vector<double>& y,
+                                     const std::vector<double>& offset = {});
 
 // The columns of x, left to right, that are not linear combinations of the columns kept before
 // them on these rows (a column of zeros is never kept): a fit over them has a unique solution.

@@ -5,7 +5,8 @@
 // keeps the true qd); the LM head 2 x h x V. Ring attention (sp = sp_a2a x sp_ring) adds its K/V
 // pass (ring_bytes). Backward costs twice the forward; checkpointing (and ZeRO-3, which always
 // recomputes) recomputes every layer's forward once more, tiled MLP its MLP. Communication per
-// ZeRO stage: see StepWork.
+// ZeRO stage: see StepWork. The offloaded optimizer's phase on a GPU: its norm, host update and
+// upload (StepWork), after backward.
 // Family extras (Qwen2's q/k/v biases, Qwen3's q/k norms) add no FLOPs here, as in
 // profile/flops.h (elementwise), but their parameters travel in every gradient and weight
 // collective (parameter_count, layer_parameter_count).
@@ -105,7 +106,13 @@ StepWork step_work(const config::RunConfig& c) {
     w.offload_bytes += 2 * layers * tokens * h * d;
   }
   if (c.memory.offload_optimizer && c.train.device != "cpu") {
-    w.offload_bytes += static_cast<double>(parameter_count(m)) * (4 + d);
+    // ZeRO-1+ ranks update their shard of the parameters.
+    const double updated = zero_stage >= 1 ? params / world : params;
+    w.offload_bytes += updated * 4;  // the fp32 gradient sums down, during backward
+    w.optimizer_norm_bytes = updated * 4;
+    w.optimizer_host_bytes = updated * (7 * 4 + d);
+    w.optimizer_upload_bytes = updated * d;
+    w.host_threads = c.optim.host_threads;
   }
   return w;
 }
@@ -122,11 +129,20 @@ TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k) {
   p.offload_ms = w.offload_bytes / 1e9 * k.ms_per_gb_offload;
   p.zero_reduce_ms = w.zero_reduce_bytes / 1e9 * k.ms_per_gb_allreduce;
   p.zero_gather_ms = w.zero_gather_bytes / 1e9 * k.ms_per_gb_allreduce;
+  // The host passes at the fitted thread count; fewer threads stream that much less.
+  const double fewer_threads = w.host_threads > 0 && k.host_threads > w.host_threads
+                                   ? static_cast<double>(k.host_threads) / w.host_threads
+                                   : 1.0;
+  p.optimizer_norm_ms = w.optimizer_norm_bytes / 1e9 * k.ms_per_gb_host * fewer_threads;
+  p.optimizer_update_ms = w.optimizer_host_bytes / 1e9 * k.ms_per_gb_host * fewer_threads;
+  p.optimizer_upload_ms = w.optimizer_upload_bytes / 1e9 *
+                          (k.ms_per_gb_upload >= 0 ? k.ms_per_gb_upload : k.ms_per_gb_offload);
+  p.optimizer_ms = p.optimizer_norm_ms + p.optimizer_update_ms + p.optimizer_upload_ms;
   p.overhead_ms = k.overhead_ms;
   p.step_ms = p.compute_ms +
               (1 - k.overlap) * (p.a2a_ms + p.allreduce_ms + p.zero_reduce_ms + p.zero_gather_ms +
                                  p.offload_ms) +
-              p.ring_exposed_ms + p.overhead_ms;
+              p.ring_exposed_ms + (1 - k.optimizer_overlap) * p.optimizer_ms + p.overhead_ms;
   return p;
 }
 

@@ -34,7 +34,17 @@ struct StepWork {
   //                G (w - 1) / w x d (E + 2 L layer + H).
   double zero_reduce_bytes = 0;
   double zero_gather_bytes = 0;
-  double offload_bytes = 0;    // checkpoints out + back, optimizer-offload gradients and weights
+  double offload_bytes = 0;    // checkpoints out + back, optimizer-offload gradients down (the
+                               // transfers that run during forward and backward)
+  // The offloaded optimizer on a GPU (memory.offload_optimizer), after backward, per rank
+  // (P_r = the parameters this rank updates, d = bytes of the model dtype):
+  //   optimizer_norm_bytes    the gradient-norm pass over the fp32 gradient sums: 4 P_r
+  //   optimizer_host_bytes    the host AdamW pass: reads gradient, master, m, v (4 x 4 B), writes
+  //                           master, m, v (3 x 4 B) and the weights in the model dtype (d):
+  //                           (28 + d) P_r
+  //   optimizer_upload_bytes  the updated weights host -> device (H2D): d P_r
+  double optimizer_norm_bytes = 0, optimizer_host_bytes = 0, optimizer_upload_bytes = 0;
+  int64_t host_threads = 0;    // optim.host_threads of the host pass; 0 = auto (as fitted)
   double model_flops = 0;      // 6 x N x tokens + attention, no recompute (for MFU)
   double tokens = 0;           // tokens this rank processes per step
 };
@@ -53,6 +63,15 @@ struct TimeCoefficients {
   double ms_per_gb_allreduce = 0.0;
   double ms_per_gb_offload = 0.0;  // 1000 / host-link GB/s
   double overlap = 0.0;          // fraction of communication + offload hidden behind compute
+  // The offloaded optimizer: the norm and AdamW passes stream host memory at 1000 /
+  // ms_per_gb_host GB/s with host_threads threads (0 = the threads of the trials it was fitted
+  // on, unknown); with fewer threads they are that much slower (with more, the host's memory
+  // bandwidth bounds them). The upload runs at ms_per_gb_upload (< 0 = ms_per_gb_offload).
+  // optimizer_overlap: the fraction of the phase hidden behind backward (0: it runs after it).
+  double ms_per_gb_host = 0.0;
+  int64_t host_threads = 0;
+  double ms_per_gb_upload = -1.0;
+  double optimizer_overlap = 0.0;
   double overhead_ms = 0.0;      // per step: launches, optimizer, loader, synchronization
 };
 
@@ -62,8 +81,10 @@ struct TimePrediction {
   // Ring attention's K/V pass, and the part of it the attention compute of the blocks does not
   // hide: max(0, ring - attention compute).
   double ring_ms = 0, ring_exposed_ms = 0;
+  // The offloaded optimizer's phase: norm + host update + upload.
+  double optimizer_norm_ms = 0, optimizer_update_ms = 0, optimizer_upload_ms = 0, optimizer_ms = 0;
   // compute + (1 - overlap) x (a2a + allreduce + zero_reduce + zero_gather + offload)
-  //   + ring_exposed + overhead
+  //   + ring_exposed + (1 - optimizer_overlap) x optimizer + overhead
   double step_ms = 0;
 };
 

@@ -15,6 +15,7 @@
 #include "config/model_family.h"
 #include "config/presets.h"
 #include "config/run_config.h"
+#include "tuner/calibrate/machine_check.h"
 #include "tuner/costmodel/calibration.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/results/calibrated_model.h"
@@ -65,6 +66,11 @@ void apply_calibration(const std::string& path, PlanRequest* r) {
     r->time.ms_per_tflop_attention = t.at("ms_per_tflop_attention").get<double>();
     r->time.ms_per_gb_a2a = r->time.ms_per_gb_allreduce = t.at("ms_per_gb_comm").get<double>();
     r->time.overhead_ms = t.at("overhead_ms").get<double>();
+    // The offloaded optimizer's terms (absent from older files: the profile's estimates stay).
+    r->time.ms_per_gb_host = t.value("ms_per_gb_host", r->time.ms_per_gb_host);
+    r->time.host_threads = t.value("host_threads", r->time.host_threads);
+    r->time.ms_per_gb_upload = t.value("ms_per_gb_upload", r->time.ms_per_gb_upload);
+    r->time.optimizer_overlap = t.value("optimizer_overlap", r->time.optimizer_overlap);
     r->time_calibrated = true;
   } catch (const json::exception& e) {
     throw UserError("--calibration: " + path + ": " + e.what());
@@ -94,6 +100,43 @@ OutputOwner out_owner(const PlanOptions& o) {
   return OutputOwner{"--out", "ulysses-tune plan", {o.fit_db}};
 }
 
+// The sweep's hardware profile against the device this command sees, as the sweep checks it
+// (calibrate/machine_check.h): a profile that overstates it is refused unless the trials ran
+// under a limit the device has. Nothing is checked where the profile cannot be read (a path of
+// another machine) or no device is visible.
+void check_fitted_profile(const report::SweepData& data, const std::string& device) {
+  const std::string name = hardware_of(data);
+  if (name.empty()) return;
+  const std::string path = hardware_path(name);
+  calibrate::HardwareProfile hw;
+  try {
+    hw = calibrate::load_hardware_profile(path);
+  } catch (const UserError&) {
+    return;
+  }
+  const calibrate::MachineCapacity machine = calibrate::query_machine(device);
+  int64_t limit_bytes = 0;
+  for (const store::TrialRecord& t : data.trials) {
+    if (t.limit_bytes) limit_bytes = std::max(limit_bytes, *t.limit_bytes);
+  }
+  calibrate::checked_memory_limit_gib(hw, path, machine, limit_bytes / kGiB, limit_bytes > 0);
+}
+
+// What the time fit takes as known: the offloaded optimizer's upload at the sweep's profile's
+// host link (as the planner assumes it: 0.8 of host_to_device_GBps). Without a readable profile
+// or link the upload is a column of the fit.
+costmodel::TimeCoefficients fit_base(const report::SweepData& data) {
+  costmodel::TimeCoefficients base;
+  const std::string name = hardware_of(data);
+  if (name.empty()) return base;
+  try {
+    const calibrate::HardwareProfile hw = calibrate::load_hardware_profile(hardware_path(name));
+    if (hw.host_to_device_gbps > 0) base.ms_per_gb_upload = 1000.0 / (0.8 * hw.host_to_device_gbps);
+  } catch (const UserError&) {  // a path of another machine: fit the upload too
+  }
+  return base;
+}
+
 int run_fit(const PlanOptions& o) {
   if (!o.out.empty()) check_output_file(o.out, out_owner(o), o.force);  // before the store changes
   store::Database db = report::open_results(o.fit_db);
@@ -112,13 +155,15 @@ int run_fit(const PlanOptions& o) {
     }
   }
   if (mem.size() < 2) throw UserError("--fit: " + o.fit_db + ": fewer than 2 ok trials to fit");
+  check_fitted_profile(data, device_of(mem.front().config));
   if (time.empty()) {
     throw UserError("--fit: " + o.fit_db + ": no ok trial ran whole steps (probes only) to fit time");
   }
   costmodel::LinearFit mfit, tfit;
   std::vector<std::string> inseparable;
   const costmodel::MemoryCoefficients mk = costmodel::fit_memory(mem, &mfit);
-  const costmodel::TimeCoefficients tk = costmodel::fit_time(time, {}, &tfit, &inseparable);
+  const costmodel::TimeCoefficients tk =
+      costmodel::fit_time(time, fit_base(data), &tfit, &inseparable);
 
   report::Table table;
   for (const char* h : {"trial", "sp", "seqlen", "probe", "point", "peak MiB", "predicted",
@@ -146,7 +191,9 @@ int run_fit(const PlanOptions& o) {
       const costmodel::StepWork w = costmodel::step_work(mem[i].config);
       row["work"] = {{"matmul_tflop", w.matmul_flops / 1e12},
                      {"attention_tflop", w.attention_flops / 1e12},
-                     {"comm_gb", costmodel::comm_bytes(w) / 1e9}};
+                     {"comm_gb", costmodel::comm_bytes(w) / 1e9},
+                     {"host_optimizer_gb", (w.optimizer_norm_bytes + w.optimizer_host_bytes) / 1e9},
+                     {"upload_gb", w.optimizer_upload_bytes / 1e9}};
     } else {
       cells.insert(cells.end(), {"-", "-", "-"});
     }
@@ -164,6 +211,16 @@ int run_fit(const PlanOptions& o) {
             << fmt(", %.1f ms/GB comm", tk.ms_per_gb_a2a)
             << fmt(", overhead %.1f ms", tk.overhead_ms)
             << fmt("; worst error %.1f %%", 100 * worst_time) << "\n";
+  if (tk.ms_per_gb_host > 0) {
+    std::cout << "time: offloaded optimizer: host passes (norm, AdamW) "
+              << fmt("%.1f ms/GB", tk.ms_per_gb_host)
+              << fmt(" (%.0f GB/s", 1000 / tk.ms_per_gb_host)
+              << (tk.host_threads > 0 ? " at " + std::to_string(tk.host_threads) + " threads"
+                                      : std::string(" at the trials' host threads"))
+              << fmt("), upload %.1f ms/GB", tk.ms_per_gb_upload)
+              << (fit_base(data).ms_per_gb_upload >= 0 ? " (the profile's host link)" : "")
+              << fmt(", %.0f %% overlapping backward", 100 * tk.optimizer_overlap) << "\n";
+  }
   if (!inseparable.empty()) {
     std::string names;
     for (size_t i = 0; i < inseparable.size(); ++i) {
@@ -212,6 +269,10 @@ int run_fit(const PlanOptions& o) {
           {"ms_per_tflop_attention", tk.ms_per_tflop_attention},
           {"ms_per_gb_comm", tk.ms_per_gb_a2a},
           {"overhead_ms", tk.overhead_ms},
+          {"ms_per_gb_host", tk.ms_per_gb_host},
+          {"host_threads", tk.host_threads},
+          {"ms_per_gb_upload", tk.ms_per_gb_upload},
+          {"optimizer_overlap", tk.optimizer_overlap},
           {"inseparable", inseparable},
           {"rms_relative_error", tfit.rms_relative_error}}}};
     write_output_file(o.out, out.dump(2) + "\n", out_owner(o), o.force);

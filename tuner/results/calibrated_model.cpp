@@ -47,7 +47,11 @@ std::vector<store::Calibration> fit_rows(const CalibratedModel& m, const std::st
           {0, fit, "ms_per_tflop", m.time.ms_per_tflop, "ms/TFLOP", params},
           {0, fit, "ms_per_tflop_attention", m.time.ms_per_tflop_attention, "ms/TFLOP", params},
           {0, fit, "ms_per_gb_comm", m.time.ms_per_gb_a2a, "ms/GB", params},
-          {0, fit, "overhead_ms", m.time.overhead_ms, "ms", params}};
+          {0, fit, "overhead_ms", m.time.overhead_ms, "ms", params},
+          {0, fit, "ms_per_gb_host", m.time.ms_per_gb_host, "ms/GB", params},
+          {0, fit, "host_threads", static_cast<double>(m.time.host_threads), "threads", params},
+          {0, fit, "ms_per_gb_upload", m.time.ms_per_gb_upload, "ms/GB", params},
+          {0, fit, "optimizer_overlap", m.time.optimizer_overlap, "1", params}};
 }
 
 CalibratedModel model_from_rows(const std::vector<store::Calibration>& rows,
@@ -69,6 +73,15 @@ CalibratedModel model_from_rows(const std::vector<store::Calibration>& rows,
   m.time.ms_per_tflop_attention = get("ms_per_tflop_attention");
   m.time.ms_per_gb_a2a = m.time.ms_per_gb_allreduce = get("ms_per_gb_comm");
   m.time.overhead_ms = get("overhead_ms");
+  // The offloaded optimizer's terms; a fit stored before they existed has none (defaults).
+  auto get_or = [&](const char* name, double fallback) {
+    const auto it = values.find(name);
+    return it == values.end() ? fallback : it->second;
+  };
+  m.time.ms_per_gb_host = get_or("ms_per_gb_host", m.time.ms_per_gb_host);
+  m.time.host_threads = static_cast<int64_t>(get_or("host_threads", 0));
+  m.time.ms_per_gb_upload = get_or("ms_per_gb_upload", m.time.ms_per_gb_upload);
+  m.time.optimizer_overlap = get_or("optimizer_overlap", m.time.optimizer_overlap);
   m.time_calibrated = true;
   return m;
 }

@@ -1,0 +1,171 @@
+// The cost model fitted as `plan --fit` fits it, offline, on a real GPU sweep: the 12 trials of
+// the quick campaign on one H200 (tests/tuner/data/h200-quick-sweep-trials.csv says where they
+// come from), four of them with the optimizer offloaded to the host. Every trial's step time
+// within 15 % of the fit, also when the trial is left out of the fit, and its peak within 10 %
+// (two fully offloaded trials within 16 %: kKnownGapTolerance); the 12 trials of a second sweep of
+// the same space on the same machine under the fit of the first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/paths.h"
+#include "config/run_config.h"
+#include "tuner/costmodel/calibration.h"
+#include "tuner/costmodel/memory_model.h"
+#include "tuner/costmodel/time_model.h"
+
+namespace ulysses::costmodel {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kTimeTolerance = 0.15, kMemoryTolerance = 0.10;
+// The H200 profile's host link (profiles/hardware/h200.yaml: 64 GB/s) at the 0.8 efficiency the
+// planner assumes, the upload's known rate as plan --fit takes it from the profile.
+constexpr double kUploadMsPerGb = 1000.0 / (0.8 * 64.0);
+
+struct Trial {
+  std::string run;
+  int trial = 0;
+  config::RunConfig config;
+  double step_ms = 0, peak_bytes = 0;
+};
+
+// The sweep's base (its experiment) with the trial's point, as the sweep ran it.
+config::RunConfig trial_config(int64_t seqlen, const std::string& tiled_loss,
+                               const std::string& offload, const std::string& limit_gib) {
+  const bool activations = offload == "activations" || offload == "both";
+  const bool optimizer = offload == "both";
+  std::ostringstream yaml;
+  yaml << "model: {preset: llama-3.2-1b}\n"
+       << "sequence: {length: " << seqlen << ", micro_batch: 1, grad_accum: 1}\n"
+       << "memory: {precision: bf16, checkpointing: true, tiled_mlp: auto, tiled_loss: "
+       << tiled_loss << ", offload_activations: " << (activations ? "true" : "false")
+       << ", offload_optimizer: " << (optimizer ? "true" : "false") << ", limit_gib: " << limit_gib
+       << "}\n"
+       << "train: {device: cuda, steps: 3}\n";
+  return config::parse_run_config_yaml(yaml.str());
+}
+
+std::vector<Trial> load_trials(const std::string& run) {
+  std::ifstream in(project_home() + "/tests/tuner/data/h200-quick-sweep-trials.csv");
+  std::vector<Trial> trials;
+  std::string line;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (header) {
+      header = false;
+      continue;
+    }
+    std::vector<std::string> f;
+    std::stringstream cells(line);
+    for (std::string cell; std::getline(cells, cell, ',');) f.push_back(cell);
+    if (f.size() != 8 || f[0] != run) continue;
+    Trial t;
+    t.run = f[0], t.trial = std::stoi(f[1]);
+    t.config = trial_config(std::stoll(f[2]), f[3], f[4], f[5]);
+    t.step_ms = std::stod(f[6]), t.peak_bytes = std::stod(f[7]) * kMiB;
+    trials.push_back(t);
+  }
+  return trials;
+}
+
+struct Fitted {
+  MemoryCoefficients memory;
+  TimeCoefficients time;
+};
+
+Fitted fit(const std::vector<Trial>& trials) {
+  std::vector<Measured> mem, time;
+  for (const Trial& t : trials) {
+    mem.push_back({t.config, t.peak_bytes});
+    time.push_back({t.config, t.step_ms});
+  }
+  TimeCoefficients base;
+  base.ms_per_gb_upload = kUploadMsPerGb;
+  return {fit_memory(mem), fit_time(time, base)};
+}
+
+double time_error(const Fitted& f, const Trial& t) {
+  return predict_time(step_work(t.config), f.time).step_ms / t.step_ms - 1;
+}
+double memory_error(const Fitted& f, const Trial& t) {
+  return static_cast<double>(predict_memory(t.config, f.memory).peak_bytes) / t.peak_bytes - 1;
+}
+
+// Not yet within kMemoryTolerance: the fully offloaded trials with the loss tiled automatically
+// (11: 8K, 12: 64K). Their peaks are small (6.7 and 10.2 GiB), and the model's grows too little
+// from 8K to 64K in this series (by 1.1 GiB where the device's grew by 3.6 GiB) after a fixed
+// part about 0.7 GiB too large at 8K. They are held to kKnownGapTolerance until the model
+// explains that growth.
+constexpr double kKnownGapTolerance = 0.16;
+bool known_memory_gap(const Trial& t) {
+  return t.config.memory.offload_optimizer && t.config.memory.tiled_loss.is_auto();
+}
+
+void expect_within(const Fitted& f, const std::vector<Trial>& trials, const std::string& what,
+                   bool check_memory = true) {
+  for (const Trial& t : trials) {
+    const double dt = time_error(f, t), dm = memory_error(f, t);
+    std::printf("%-10s %-10s trial %2d  time %+6.1f %%  memory %+6.1f %%\n", what.c_str(),
+                t.run.c_str(), t.trial, 100 * dt, 100 * dm);
+    EXPECT_LE(std::fabs(dt), kTimeTolerance) << what << ": " << t.run << " trial " << t.trial;
+    if (!check_memory) continue;
+    EXPECT_LE(std::fabs(dm), known_memory_gap(t) ? kKnownGapTolerance : kMemoryTolerance)
+        << what << ": " << t.run << " trial " << t.trial;
+  }
+}
+
+// Fitted from these 12 trials: time at most 4 coefficients (ms per GEMM TFLOP, per attention
+// TFLOP, per GB of the offloaded optimizer's host passes, and the per-step overhead where these
+// trials tell it apart from the rest; communication is zero at one rank, the upload's rate comes
+// from the profile's host link), memory 2 (runtime bytes, allocator fraction). 12 trials for
+// 4 + 2 coefficients: the leave-one-out test below holds each trial out of its own time fit.
+TEST(GpuFit, PlanFitOnTheH200SweepHoldsEveryTrial) {
+  const std::vector<Trial> trials = load_trials("limit130");
+  ASSERT_EQ(trials.size(), 12u);
+  const Fitted f = fit(trials);
+  std::printf("time: %.2f ms/GEMM-TFLOP, %.2f ms/attention-TFLOP, overhead %.1f ms, host pass "
+              "%.2f ms/GB, upload %.2f ms/GB\n",
+              f.time.ms_per_tflop, f.time.ms_per_tflop_attention, f.time.overhead_ms,
+              f.time.ms_per_gb_host, f.time.ms_per_gb_upload);
+  expect_within(f, trials, "fit");
+  // The offloaded optimizer's phase at 8K, measured by the trainer's timers in the same campaign
+  // (16 host threads): 419.5 ms = norm 63.9 + host update 305.1 + upload 49.6 (+ 0.1 download).
+  // The fit sees only step times; its phase must still be that phase.
+  const Trial& offloaded = trials[10];  // trial 11: 8K, tiled loss auto, both offloaded
+  ASSERT_EQ(offloaded.trial, 11);
+  const TimePrediction p = predict_time(step_work(offloaded.config), f.time);
+  std::printf("optimizer phase: norm %.1f + host update %.1f + upload %.1f = %.1f ms\n",
+              p.optimizer_norm_ms, p.optimizer_update_ms, p.optimizer_upload_ms, p.optimizer_ms);
+  EXPECT_NEAR(p.optimizer_ms, 419.5, 0.15 * 419.5);
+  EXPECT_NEAR(p.optimizer_upload_ms, 49.6, 0.15 * 49.6);
+}
+
+TEST(GpuFit, EachTrialLeftOutOfTheFitIsPredicted) {
+  const std::vector<Trial> trials = load_trials("limit130");
+  for (size_t out = 0; out < trials.size(); ++out) {
+    std::vector<Trial> rest;
+    for (size_t i = 0; i < trials.size(); ++i) {
+      if (i != out) rest.push_back(trials[i]);
+    }
+    // Memory is not held out: its 2 coefficients are one offset and one scale, and the 2
+    // known-gap trials are the only small peaks, which each fit needs to place its offset.
+    expect_within(fit(rest), {trials[out]}, "held out", /*check_memory=*/false);
+  }
+}
+
+TEST(GpuFit, TheSecondSweepIsPredictedByTheFitOfTheFirst) {
+  const Fitted f = fit(load_trials("limit130"));
+  const std::vector<Trial> second = load_trials("limit139.8");
+  ASSERT_EQ(second.size(), 12u);
+  expect_within(f, second, "other run");
+}
+
+}  // namespace
+}  // namespace ulysses::costmodel
