@@ -119,6 +119,7 @@ DeviceMesh DeviceMesh::create(const DistEnv& env, int64_t dp, int64_t sp,
 
   DeviceMesh mesh;
   mesh.rank_ = env.rank;
+  mesh.local_world_size_ = env.local_world_size;
   mesh.dp_size_ = dp;
   mesh.sp_size_ = sp;
   mesh.device_ = device;

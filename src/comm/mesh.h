@@ -76,6 +76,8 @@ class DeviceMesh {
   int64_t sp_ring_size() const { return sp_ring_size_; }
 
   int rank() const { return rank_; }
+  // The ranks of this job on this process's node (DistEnv::local_world_size: the launcher's).
+  int local_world_size() const { return local_world_size_; }
   int world_size() const { return static_cast<int>(dp_size_ * sp_size_); }
   int sp_rank() const { return rank_ % static_cast<int>(sp_size_); }
   int dp_rank() const { return rank_ / static_cast<int>(sp_size_); }
@@ -118,6 +120,7 @@ class DeviceMesh {
   std::unique_ptr<Group> sp_a2a_;   // null without a ring (sp_a2a() is sp())
   std::unique_ptr<Group> sp_ring_;  // size sp_ring_size_
   int rank_ = 0;
+  int local_world_size_ = 1;
   int64_t sp_ring_size_ = 1;
   int64_t dp_size_ = 1;
   int64_t sp_size_ = 1;

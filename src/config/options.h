@@ -119,8 +119,9 @@ struct OptimOptions {
   // (diverged). 0 = never stop.
   int64_t max_consecutive_skips = 5;
   // Threads of the host AdamW pass and gradient norm under memory.offload_optimizer. 0 = auto:
-  // on a GPU the CPUs this process may run on divided among its node's ranks (LOCAL_WORLD_SIZE),
-  // on the CPU the intra-op threads (the host is the device there).
+  // on a GPU the CPUs this process may run on divided among its node's ranks (the launcher's
+  // local world size: torchrun, SLURM or Open MPI), on the CPU the intra-op threads (the host is
+  // the device there).
   int64_t host_threads = 0;
 };
 

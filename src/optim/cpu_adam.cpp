@@ -413,6 +413,13 @@ int64_t available_host_cpus() {
   return std::max<int64_t>(cpus, 1);
 }
 
+int64_t resolve_host_threads(int64_t configured, bool host_is_device, int64_t intra_op_threads,
+                             int64_t cpus, int64_t ranks_on_node) {
+  if (configured > 0) return configured;
+  if (host_is_device) return std::max<int64_t>(intra_op_threads, 1);
+  return std::max<int64_t>(1, cpus / std::max<int64_t>(ranks_on_node, 1));
+}
+
 const char* fused_adamw_isa() {
   switch (isa()) {
     case Isa::kAvx512:

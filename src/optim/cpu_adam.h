@@ -60,6 +60,13 @@ double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads 
 // at least 1.
 int64_t available_host_cpus();
 
+// optim.host_threads resolved (config/options.h): `configured` when > 0; else, where the host is
+// the device (a CPU run), `intra_op_threads`; else the `cpus` this process may run on shared among
+// the `ranks_on_node` ranks of its node (the launcher's local world size, from torchrun, SLURM or
+// Open MPI alike), at least 1. Pure.
+int64_t resolve_host_threads(int64_t configured, bool host_is_device, int64_t intra_op_threads,
+                             int64_t cpus, int64_t ranks_on_node);
+
 // The instruction set the inner loop runs with on this machine: "avx512", "avx2" or "baseline":
 // the best the CPU has, capped by the environment variable ULYSSES_CPU_ISA (baseline, avx2 or
 // avx512) where it is set. Throws c10::Error naming the variable for any other value.

@@ -86,22 +86,6 @@ void write_run_yaml(const config::RunConfig& config, const std::string& path) {
   if (ec) throw UserError("output.dir: cannot write " + path + " (" + ec.message() + ")");
 }
 
-// optim.host_threads resolved (options.h): as configured, else on the CPU the intra-op threads
-// (the host is the device), on a GPU the CPUs this process may run on shared among the ranks of
-// its node (LOCAL_WORLD_SIZE as torchrun sets it; without it, every rank of the world).
-int64_t resolve_host_threads(const config::OptimOptions& optim, const at::Device& device,
-                             int64_t world_size) {
-  if (optim.host_threads > 0) return optim.host_threads;
-  if (!device.is_cuda()) return at::get_num_threads();
-  int64_t local_ranks = world_size;
-  if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) {
-    char* end = nullptr;
-    const long long value = std::strtoll(local, &end, 10);
-    if (end != local && *end == '\0' && value > 0) local_ranks = value;
-  }
-  return std::max<int64_t>(1, available_host_cpus() / std::max<int64_t>(local_ranks, 1));
-}
-
 }  // namespace
 
 at::Device select_device(const config::RunConfig& config, const comm::DistEnv& env) {
@@ -203,7 +187,9 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                                            ? OptimizerPlacement::kHost
                                            : OptimizerPlacement::kDevice;
   config::OptimOptions optim = config.optim;  // host_threads resolved
-  optim.host_threads = resolve_host_threads(config.optim, device, mesh.world().size());
+  optim.host_threads =
+      resolve_host_threads(config.optim.host_threads, !device.is_cuda(), at::get_num_threads(),
+                           available_host_cpus(), mesh.local_world_size());
   const int64_t bucket_bytes =
       std::max<int64_t>(static_cast<int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0), 1);
   // zero.stage 2/3: per-parameter shards of the gradients (and weights: 3); every layer runs

@@ -102,6 +102,29 @@ TEST(MeshGroups, TwoByTwoSubgroupCollectives) {
   });
 }
 
+// The mesh carries the launcher's local world size (what the host threads are shared by): one
+// rank per node over a world of 2 (as SLURM with one task per node gives) says 1; the test
+// harness's single-node world says 2.
+TEST(MeshGroups, LocalWorldSizeIsTheLaunchers) {
+  run_ranks(2, [](const RankContext& ctx) {
+    DistEnv env;
+    env.rank = ctx.rank;
+    env.world_size = 2;
+    env.local_rank = 0;
+    env.local_world_size = 1;
+    env.source = "slurm";
+    config::CommOptions opts;
+    opts.timeout_s = 30;
+    opts.store = "file:" + ctx.store_path + "-one-per-node";
+    DeviceMesh spread = DeviceMesh::create(env, 2, 1, opts, at::Device(at::kCPU));
+    EXPECT_EQ(spread.local_world_size(), 1);
+    EXPECT_EQ(spread.world_size(), 2);
+    DeviceMesh one_node = DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 2, 1);
+    EXPECT_EQ(one_node.local_world_size(), 2);
+    spread.world().barrier();
+  });
+}
+
 TEST(MeshGroups, TcpStoreRendezvous) {
   run_ranks(2, [](const RankContext& ctx) {
     // Rank 0 picks a free port and tells rank 1 through a file.

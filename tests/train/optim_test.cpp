@@ -737,6 +737,16 @@ TEST(HostGradientNorm, EqualsTheFp64NormOnAnyThreadCount) {
   EXPECT_GE(available_host_cpus(), 1);
 }
 
+// optim.host_threads = 0 on a GPU: the CPUs are shared among the ranks of this node, not of the
+// world. Two nodes of 8 ranks (world 16) with 64 CPUs each get 8 threads per rank, not 4.
+TEST(HostThreads, AutoSharesTheNodesCpusAmongTheNodesRanks) {
+  EXPECT_EQ(resolve_host_threads(/*configured=*/6, false, 1, 64, 8), 6);
+  EXPECT_EQ(resolve_host_threads(0, /*host_is_device=*/true, /*intra_op_threads=*/3, 64, 8), 3);
+  EXPECT_EQ(resolve_host_threads(0, false, 1, /*cpus=*/64, /*ranks_on_node=*/8), 8);
+  EXPECT_EQ(resolve_host_threads(0, false, 1, /*cpus=*/64, /*ranks_on_node=*/1), 64);
+  EXPECT_EQ(resolve_host_threads(0, false, 1, /*cpus=*/4, /*ranks_on_node=*/8), 1);
+}
+
 TEST(FusedAdamW, RejectsMismatchedBuffers) {
   FusedAdamWBuffer b{at::zeros({8}), at::zeros({8}), at::zeros({8}), at::zeros({7}), at::Tensor(), 1};
   EXPECT_THROW(fused_adamw_cpu({b}, 1e-3, adamw_options()), c10::Error);
