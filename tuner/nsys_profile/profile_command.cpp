@@ -1,4 +1,5 @@
-// `ulysses-tune profile`: run config -> nsys profile -> nsys export -> kernel split -> store.
+// `ulysses-tune profile`: run config -> nsys profile -> nsys export -> kernel split -> store;
+// without nsys, the trainer's own timers -> store.
 #include "tuner/nsys_profile/profile_command.h"
 
 #include <unistd.h>
@@ -7,9 +8,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/output_dir.h"
@@ -53,6 +56,45 @@ nlohmann::json to_json(const DeviceSplit& d) {
           {"compute_kernels", d.compute_kernels}};
 }
 
+// Without Nsight Systems: the step's split as the trainer's own timers measured it (the run's
+// summary.json, docs/outputs.md): the record holds the step time as its window, the exclusive
+// compute and communication times, no overlap (every collective blocks the stream that issued
+// it, so all communication is exposed), and the phases in its details.
+store::ProfileRecord from_trainer_timers(const fs::path& summary_path, std::string* description) {
+  std::ifstream in(summary_path);
+  if (!in) throw UserError("profile: the run wrote no " + summary_path.string());
+  const nlohmann::json summary = nlohmann::json::parse(in);
+  const auto number = [&](const char* key) {
+    return summary.contains(key) && summary[key].is_number() ? summary[key].get<double>() : 0.0;
+  };
+  store::ProfileRecord record;
+  record.devices = summary.value("world_size", int64_t{1});
+  record.steps = summary.value("measured_steps", int64_t{0});
+  record.window_ms = number("step_ms_median");
+  record.comm_ms = number("comm_ms_median");
+  record.compute_ms = number("compute_ms_median");
+  record.exposed_comm_ms = number("comm_wait_ms_median");
+  const nlohmann::json phases = summary.value("phases_ms_median", nlohmann::json::object());
+  record.details = nlohmann::json{{"source", "trainer timers"},
+                                  {"phases_ms", phases},
+                                  {"offload_ms", number("offload_ms_median")},
+                                  {"optimizer_ms", number("optimizer_ms_median")}}
+                       .dump();
+  std::ostringstream text;
+  text << std::fixed << std::setprecision(1);
+  text << "step " << record.window_ms << " ms (median of " << record.steps
+       << " steps, the trainer's timers): compute " << record.compute_ms << " ms, communication "
+       << record.comm_ms << " ms (all exposed), offload " << number("offload_ms_median")
+       << " ms, optimizer " << number("optimizer_ms_median") << " ms\n";
+  text << "phases (inclusive, ms):";
+  for (const auto& [name, ms] : phases.items()) {
+    if (ms.is_number()) text << " " << name << " " << ms.get<double>();
+  }
+  text << "\n";
+  *description = text.str();
+  return record;
+}
+
 }  // namespace
 
 CLI::App* add_profile_command(CLI::App& app, ProfileOptions* options) {
@@ -87,14 +129,17 @@ CLI::App* add_profile_command(CLI::App& app, ProfileOptions* options) {
   cmd->add_option("--nsys", options->nsys, "nsys executable (default: $NSYS, else nsys on PATH)")
       ->type_name("PATH");
   cmd->footer(
-      "One of --trial ID or --config RUN.yaml is required. Needs Nsight Systems (nsys); without\n"
-      "it the command exits 2 with a one-line message. Runs\n"
+      "One of --trial ID or --config RUN.yaml is required. With Nsight Systems (nsys) it\n"
+      "runs\n"
       "  nsys profile -t cuda,nvtx --capture-range=nvtx --nvtx-capture=step@ulysses\n"
       "      --capture-range-end=none -o DIR/profile ulysses-train --config DIR/run.yaml\n"
       "(ulysses-tune launch DIR/run.yaml --nproc N when N > 1), then\n"
       "  nsys export --type sqlite -o DIR/profile.sqlite DIR/profile.nsys-rep\n"
       "and splits kernel time inside the `step` NVTX ranges, after profile.warmup_steps steps,\n"
-      "into NCCL (comm) and other kernels (compute), with their overlap and the exposed comm.");
+      "into NCCL (comm) and other kernels (compute), with their overlap and the exposed comm.\n"
+      "Without nsys (no --nsys, $NSYS unset, none on PATH) it says so in one line, runs the\n"
+      "trainer alone and stores the step's split from the trainer's own timers (compute,\n"
+      "communication, offload, optimizer and each phase; no kernel-level overlap).");
   return cmd;
 }
 
@@ -156,13 +201,16 @@ int run_profile(const ProfileOptions& options) {
   config::validate(run_config, nproc);
 
   const std::string nsys = find_nsys(options.nsys);
-  if (nsys.empty()) {
-    throw UserError(options.nsys.empty()
-                        ? "nsys: Nsight Systems not found ($NSYS unset, no nsys on PATH); install "
-                          "it or pass --nsys PATH"
-                        : "--nsys: " + options.nsys + ": not an executable file");
+  if (nsys.empty() && !options.nsys.empty()) {
+    throw UserError("--nsys: " + options.nsys + ": not an executable file");
   }
-  if (run_config.train.device != "cuda") {
+  const bool traced = !nsys.empty();
+  if (!traced) {
+    std::cerr << "profile: nsys: Nsight Systems not found ($NSYS unset, no nsys on PATH); the "
+                 "split below is from the trainer's own timers (install nsys or pass --nsys PATH "
+                 "for the kernel-level split)"
+              << std::endl;
+  } else if (run_config.train.device != "cuda") {
     std::cerr << "profile: warning: train.device is " << run_config.train.device
               << "; nsys traces CUDA kernels, so the split will be empty" << std::endl;
   }
@@ -180,6 +228,20 @@ int run_profile(const ProfileOptions& options) {
   } else {
     command = {sibling_binary("ulysses-tune"), "launch", run_yaml.string(), "--nproc",
                std::to_string(nproc)};
+  }
+  if (!traced) {
+    if (int status = run_command(command); status != 0) return status;
+    std::string description;
+    store::ProfileRecord record = from_trainer_timers(work / "run" / "summary.json", &description);
+    std::ofstream(run_yaml, std::ios::trunc) << config::to_yaml(run_config);  // the final paths
+    staged.commit();
+    if (options.trial_id >= 0) record.trial_id = options.trial_id;
+    record.config_path = options.config_path;
+    record.config_yaml = config::to_yaml(run_config);
+    if (!db) db.emplace(store::Store::open(options.db_path));
+    const int64_t id = db->add_profile(record);
+    std::cout << description << "profile " << id << " stored in " << options.db_path << std::endl;
+    return kExitOk;
   }
   if (int status = run_command(nsys_profile_command(nsys, work.string(), command)); status != 0) {
     return status;
