@@ -2,6 +2,9 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <string>
+
 namespace ulysses {
 
 // A zeroed, contiguous host tensor of `sizes` and `dtype`. With `pinned` (and a CUDA build on a
@@ -18,5 +21,14 @@ at::Tensor zeros_on_host(at::IntArrayRef sizes, at::ScalarType dtype, bool pinne
 
 // True when `t` lies in page-locked host memory (either kind).
 bool is_page_locked(const at::Tensor& t);
+
+// Bytes that zeros_on_host was asked to page-lock, on a machine with a GPU, and got as pageable
+// memory because the driver refused, since the process started (0 without CUDA or a GPU). The
+// first refusal prints describe_pageable_fallback's line to stderr, once per process.
+int64_t host_bytes_left_pageable();
+
+// The warning for `bytes` left pageable under a locked-memory limit of `limit_bytes` (RLIMIT_MEMLOCK;
+// negative: unlimited or unknown), one line naming both sizes and what it costs. Pure.
+std::string describe_pageable_fallback(int64_t bytes, int64_t limit_bytes);
 
 }  // namespace ulysses

@@ -7,3 +7,5 @@ add_dependencies(offload_tests ulysses_train)
 # instruction set.
 ulysses_isa_variants(offload_tests FILTER "OptimizerOffload.*:TrainingRun.Offloaded*:MixedPrecision.*"
                      TIMEOUT 600 COST 60 LABELS memory)
+# Page-locked host tensors and the warning when the driver refuses to lock them.
+ulysses_test(pinned_host_tests SOURCES pinned_host_test.cpp DEPS ulysses_common LABELS memory TIMEOUT 60)
