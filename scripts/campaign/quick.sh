@@ -24,6 +24,10 @@
 #   build      scripts/build-gpu.sh: the three programs and the CUDA unit tests, one ninja run
 #   unit       the CUDA unit tests (VarlenFlash, SdpSelection)
 #   smoke      scripts/gpu-smoke.sh, the runs that fit: each SDPA kernel, ALST features, packed
+#   multirank  the multi-rank paths against their single-process runs (scripts/campaign/
+#              multirank.py: ring 2 x 2 on packed documents, uneven heads straddling GQA groups,
+#              ZeRO-0 and ZeRO-3 with the optimizer offloaded): NCCL with a GPU per rank, else
+#              Gloo with several ranks on one GPU (about 30 s)
 #   compare    bench/compare: ulysses-train vs transformers at 8K and 32K, one repeat
 #              (ours-tiled, hf, ours-alst, ours-plain, hf-nockpt; ds-zero3 with DeepSpeed)
 #   sweep      ulysses-tune sweep of experiments/gpu-quick.yaml (Llama-3.2-1B at 8K and 64K,
@@ -44,7 +48,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 campaign=$root/scripts/campaign
 # shellcheck source=common.sh
 source "$campaign/common.sh"
-STAGES=(build unit smoke compare sweep maxlen deepspeed)
+STAGES=(build unit smoke multirank compare sweep maxlen deepspeed)
 MARKER=.ulysses-quick
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -94,21 +98,22 @@ if [ "$dry" = 1 ]; then
   compare_lengths=256 maxlen=(--start 1024 --max-length 2048 --limit-gib 0.1 --granule 1024)
   smoke_env=(SMOKE_DEVICE=cpu SMOKE_STEPS=3)
   export OMP_NUM_THREADS=1
-  #          build unit smoke compare sweep maxlen deepspeed
-  MIN=(      1     1    5     20      20    20     20)
+  #          build unit smoke multirank compare sweep maxlen deepspeed
+  MIN=(      1     1    5     10        20      20    20     20)
 else
   mode=gpu device=cuda dtype=bf16 model=llama-3.2-1b
   detect_gpu
   compare_model=$model compare_lengths=8192,32768
   maxlen=(--start 32768 --max-length 524288 --granule 8192)
   smoke_env=(SMOKE_STEPS=5)
-  MIN=(      60    10   20    60      60    60     60)
+  MIN=(      60    10   20    30        60      60    60     60)
 fi
-# Caps sized from one H200 (16 cores): build 107-137 s, unit 1 s, smoke 16-18 s, eight of the ten
-# comparison runs 180 s (the 32K ALST run is the longest), the sweep's 12 trials 169 s. The ten
-# comparison runs get 250 s, which leaves the 8-trial sweep about 120 s (8K trials ~6 s, 64K
-# ~22 s, then recommend, report and plan --fit); maxlen and deepspeed run only with what is left.
-CAP=(        0     40   30    250     0     0      0)   # 0: all that is left
+# Caps sized from one H200 (16 cores): build 107-137 s, unit 1 s, smoke 16-18 s, the multi-rank
+# runs about 30 s, eight of the ten comparison runs 180 s (the 32K ALST run is the longest), the
+# sweep's 12 trials 169 s. The ten comparison runs get 250 s, which leaves the 8-trial sweep
+# 105-135 s (8K trials ~6 s, 64K ~22 s, then recommend, report and plan --fit); maxlen and
+# deepspeed run only with what is left.
+CAP=(        0     40   30    60        250     0     0      0)   # 0: all that is left
 # Where a stage skipped for time is run in full (said in summary.md).
 declare -A ELSEWHERE=([maxlen]="scripts/gpu-campaign.sh runs it: compare-maxlen-ours, compare-maxlen-theirs")
 cat > "$work/campaign.json" << EOF
@@ -203,6 +208,10 @@ stage_sweep() {
   x "$bin/ulysses-tune" plan --fit "$db" --out "$dir/fit.json" > "$dir/fit.txt"
   x "$bin/ulysses-tune" report --db "$db" --sweep "$sweep" --out "$dir/report"
   [ -s "$dir/trials.txt" ]
+}
+
+stage_multirank() {
+  x "$python" "$campaign/multirank.py" --bin "$bin" --out "$dir" --device "$device"
 }
 
 stage_maxlen() {

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import summary as campaign_summary  # noqa: E402  (the long campaign's summary: its readers)
 from summary import read  # noqa: E402
-STAGES = ["build", "unit", "smoke", "compare", "sweep", "maxlen", "deepspeed"]
+STAGES = ["build", "unit", "smoke", "multirank", "compare", "sweep", "maxlen", "deepspeed"]
 OUT_FILES = ["summary.md", "smoke.tsv", "compare.md", "sweep-trials.txt",
              "recommended.yaml", "plan-fit.txt", "campaign.tgz"]
 MAX_FILE = 16 << 20
@@ -207,6 +207,14 @@ def summary(work, settings, elapsed, compare_md, rows):
     fit = fit_line(work)
     if fit:
         head.append(f"- plan --fit's error on the sweep's own trials: {fit}")
+    multirank = json.loads(read(os.path.join(work, "multirank", "multirank.json"), "{}"))
+    if multirank.get("comparisons"):
+        held = [c for c in multirank["comparisons"] if c["verdict"] == "ok"]
+        head.append(f"- Multi-rank paths ({multirank['backend']}, {multirank['precision']}): "
+                    f"{len(held)} of {len(multirank['comparisons'])} within "
+                    f"{multirank['tolerance']:g} of their reference runs' losses"
+                    + "".join(f"; {c['run']} {c['verdict']}" for c in multirank["comparisons"]
+                              if c["verdict"] != "ok"))
     maxlen = [r for r in records(work, "maxlen") if r.get("kind") == "maxlen"]
     for r in maxlen:
         head.append(f"- Longest length {r['config']} trains: {r['longest_ok']}"
@@ -223,6 +231,20 @@ def summary(work, settings, elapsed, compare_md, rows):
     if wheels:
         lines += ["", "Wheels: " + wheels.replace("\n", "; ")]
     lines += ["", "## Comparison with transformers", "", compare_md or "_Not measured._", ""]
+    if multirank.get("comparisons"):
+        lines += ["## Multi-rank paths", "",
+                  f"{multirank['backend']}, {multirank['precision']}, {multirank['steps']} steps; "
+                  "each run against its reference on the same weights and tokens (peaks of "
+                  "several ranks on one GPU are of several processes on one device).", "",
+                  "| run | against | verdict | worst loss rel | peak MiB | reference peak MiB |",
+                  "|---|---|---|---:|---:|---:|"]
+        for c in multirank["comparisons"]:
+            worst = f"{c['worst_loss_rel']:.2e}" if c["worst_loss_rel"] is not None else "-"
+            peaks = [f"{b / 2**20:.0f}" if b else "-" for b in (c["peak_bytes"],
+                                                                 c["reference_peak_bytes"])]
+            lines.append(f"| {c['what']} | {c['reference']} | {c['verdict']} | {worst} | "
+                         f"{peaks[0]} | {peaks[1]} |")
+        lines.append("")
     lines += ["## Files", "",
               "`compare.md` (the comparison), `sweep-trials.txt`, `recommended.yaml`, "
               "`plan-fit.txt`, `smoke.tsv`; `campaign.tgz` holds every stage's "

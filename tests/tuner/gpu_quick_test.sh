@@ -66,7 +66,7 @@ for f in summary.md smoke.tsv compare.md sweep-trials.txt recommended.yaml plan-
   [ -s "$out/$f" ] || fail "no $f in OUT"
 done
 summary=$out/summary.md
-for stage in build unit smoke compare sweep maxlen; do
+for stage in build unit smoke multirank compare sweep maxlen; do
   grep -q "^| $stage | ok | " "$summary" || { cat "$summary"; fail "summary.md: $stage not ok"; }
 done
 grep -q "^| deepspeed | skipped | 0 | the dry run leaves DeepSpeed out" "$summary" ||
@@ -87,6 +87,8 @@ assert m and int(m.group(1)) >= 8 and re.search(r"\b[1-9]\d* oom\b", m.group(2))
 assert re.search(r"Recommended: trial #\d+: memory\.tiled_loss=\w+, memory\.offload=\w+ at \d+ tokens", head), head
 assert re.search(r"plan --fit's error on the sweep's own trials: time worst [0-9.]+ %, RMS [0-9.]+ %; memory worst", head), head
 assert re.search(r"Longest length hf trains: \d+", head), head
+assert re.search(r"Multi-rank paths \(gloo, fp32\): 4 of 4 within 1e-05 of their reference runs' losses", head), head
+assert "## Multi-rank paths" in text and "| ring 2 x 2 (sp 4) on packed documents vs sp 1 | ring1 | ok |" in text, text
 assert "ulysses_quick_probe" not in head
 wheels = re.search(r"^Wheels: (.*)$", text, re.M).group(1)
 assert "ulysses-quick-probe 1.0: installed" in wheels, wheels
@@ -117,7 +119,7 @@ took=$(($(date +%s) - start))
 out_rules "$out"
 grep -q "^| unit | cut | [0-9]* | stopped at the deadline after [0-9]* s |" "$out/summary.md" ||
   { cat "$out/summary.md"; fail "unit not recorded as cut at the deadline"; }
-for stage in smoke compare sweep maxlen deepspeed; do
+for stage in smoke multirank compare sweep maxlen deepspeed; do
   grep -qE "^\| $stage \| skipped \| 0 \| [0-9]+ s left, needs [0-9]+( \([^|]*\))? \|" "$out/summary.md" ||
     { cat "$out/summary.md"; fail "$stage not skipped for time"; }
 done
