@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -258,7 +259,12 @@ def run_cases(args, prefix, body, failures):
     for case in args.cases:
         args.case = case
         failures.clear()
-        if run_case(f"{prefix}_{case}", body, failures, keep=args.keep):
+        try:
+            status = run_case(f"{prefix}_{case}", body, failures, keep=args.keep)
+        except Exception:  # an error, not a mismatch: the case fails, the next one runs
+            log(f"FAILED {prefix}_{case} with an error:\n{traceback.format_exc()}")
+            status = 1
+        if status:
             failed.append(case)
     failures.clear()
     if failed:
