@@ -10,9 +10,14 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -236,21 +241,111 @@ LoopFn loop_for(const FusedAdamWBuffer& b) {
   }
 }
 
+// Worker threads kept for the life of the process (the host pass runs once per batch of a few
+// tens of MiB, hundreds of times per step: starting and joining threads for each would cost more
+// than the small batches' work). run() hands task(t), t in [1, tasks), to workers 1..tasks-1 and
+// runs task(0) on the caller; it returns when all are done and rethrows the first exception.
+// Workers are started when a call first needs them and joined at exit. Calls are serialised.
+// Invariants: workers_[k] runs index k + 1; remaining_ counts the current call's unfinished
+// worker tasks; task_ is set only during a call.
+class HostThreadPool {
+ public:
+  static HostThreadPool& shared() {
+    static HostThreadPool pool;
+    return pool;
+  }
+
+  ~HostThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+  }
+
+  void run(int64_t tasks, const std::function<void(int64_t)>& task) {
+    std::lock_guard<std::mutex> one_call(call_mutex_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (static_cast<int64_t>(workers_.size()) < tasks - 1) {
+        const int64_t index = static_cast<int64_t>(workers_.size()) + 1;
+        workers_.emplace_back([this, index, seen = generation_] { work(index, seen); });
+        threads_started_.fetch_add(1);
+      }
+      task_ = &task;
+      tasks_ = tasks;
+      remaining_ = tasks - 1;
+      error_ = nullptr;
+      ++generation_;
+    }
+    wake_.notify_all();
+    std::exception_ptr own;
+    try {
+      task(0);
+    } catch (...) {
+      own = std::current_exception();
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return remaining_ == 0; });
+    task_ = nullptr;
+    if (own) std::rethrow_exception(own);
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  static int64_t threads_started() { return threads_started_.load(); }
+
+ private:
+  void work(int64_t index, uint64_t seen) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (index >= tasks_) continue;  // this call needs fewer threads
+      const std::function<void(int64_t)>* task = task_;
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        (*task)(index);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      if (failure && !error_) error_ = failure;
+      if (--remaining_ == 0) done_.notify_one();
+    }
+  }
+
+  inline static std::atomic<int64_t> threads_started_{0};
+  std::mutex call_mutex_;  // one run() at a time
+  std::mutex mutex_;       // everything below
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t)>* task_ = nullptr;
+  int64_t tasks_ = 0;
+  int64_t remaining_ = 0;
+  uint64_t generation_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+};
+
 // Runs fn(begin, end) over [0, count) in `threads` contiguous shares, the first on the calling
-// thread. Plain threads, not at::parallel_for: in a LibTorch built with OpenMP that is an inline
-// `omp parallel` loop, which runs on one thread in a file compiled without -fopenmp (as this one
-// is: the process's one OpenMP runtime is LibTorch's own libgomp).
+// thread, the others on HostThreadPool's workers. Plain threads, not at::parallel_for: in a
+// LibTorch built with OpenMP that is an inline `omp parallel` loop, which runs on one thread in a
+// file compiled without -fopenmp (as this one is: the process's one OpenMP runtime is LibTorch's
+// own libgomp).
 template <typename Fn>
 void run_on_threads(int64_t count, int64_t threads, const Fn& fn) {
   threads = std::clamp<int64_t>(threads, 1, std::max<int64_t>(count, 1));
   const int64_t share = (count + threads - 1) / threads;
-  std::vector<std::thread> workers;
-  workers.reserve(static_cast<size_t>(threads - 1));
-  for (int64_t t = 1; t < threads; ++t) {
-    workers.emplace_back([&fn, t, share, count] { fn(t * share, std::min(count, (t + 1) * share)); });
+  if (threads == 1) {
+    fn(0, count);
+    return;
   }
-  fn(0, std::min(count, share));
-  for (std::thread& w : workers) w.join();
+  HostThreadPool::shared().run(threads, [&fn, share, count](int64_t t) {
+    fn(std::min(count, t * share), std::min(count, (t + 1) * share));
+  });
 }
 
 // The fused pass's thread count: options.host_threads, or at::get_num_threads() when it is 0.
@@ -403,6 +498,8 @@ double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads)
   for (double p : partial) total += p;  // in chunk order: the same sum on any thread count
   return std::sqrt(total);
 }
+
+int64_t host_threads_started() { return HostThreadPool::threads_started(); }
 
 int64_t available_host_cpus() {
   cpu_set_t set;

@@ -56,6 +56,11 @@ void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
 // REQUIRES (TORCH_CHECK): each defined grad contiguous on the CPU, fp32, fp64, bf16 or fp16.
 double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads = 0);
 
+// OS threads the host passes (fused_adamw_cpu, host_gradient_norm) have started since the process
+// began: they keep their workers, so this grows to the largest thread count used, minus one, and
+// no further.
+int64_t host_threads_started();
+
 // The CPUs this process may run on (its affinity mask; the hardware's count if that is unknown),
 // at least 1.
 int64_t available_host_cpus();

@@ -701,6 +701,28 @@ TEST(FusedAdamW, HostThreadsOptionGivesTheSameResult) {
   EXPECT_TRUE(torch::equal(results[0][1], results[1][1]));
 }
 
+// The host passes keep their worker threads: 20 passes on 4 threads (and norms on 2 and 3) start
+// at most 3 OS threads in all, not 3 per pass, and give the one-thread result.
+TEST(FusedAdamW, HostPassesReuseTheirThreads) {
+  const int64_t n = 6 * 65536 + 5;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor grad = at::randn({n}, gen);
+  const at::Tensor start = at::randn({n}, gen);
+  std::vector<at::Tensor> masters;
+  const int64_t before = host_threads_started();
+  for (int64_t threads : {int64_t{1}, int64_t{4}}) {
+    std::vector<FusedAdamWBuffer> buffers = {
+        {start.clone(), at::zeros({n}), at::zeros({n}), grad, at::Tensor(), 1}};
+    config::OptimOptions options = adamw_options();
+    options.host_threads = threads;
+    for (int pass = 0; pass < 20; ++pass) fused_adamw_cpu(buffers, 1e-3, options, 1.0);
+    masters.push_back(buffers[0].master);
+  }
+  EXPECT_EQ(host_gradient_norm({grad}, 2), host_gradient_norm({grad}, 3));
+  EXPECT_LE(host_threads_started() - before, 3);
+  EXPECT_TRUE(torch::equal(masters[0], masters[1]));
+}
+
 // The host gradient norm (optimizer offload's clipping): each element squared in fp64, the
 // chunks' sums added in order. Against an fp64 reference that uses none of it (ATen's norm of the
 // tensors converted to fp64): rel 1e-12 (fp64 sums of ~400K terms); the same bits on 1, 2 and 3
