@@ -8,7 +8,8 @@
 //   model: tiny                    # profiles/models/<name>.yaml (model.preset), or omit and
 //                                  # give base.model inline
 //   world_size: 4                  # ranks per trial (alias: nproc); default: the hardware's
-//   memory_limit_gib: 1.5          # per-rank limit of every trial; default: device memory_gib
+//   memory_limit_gib: 1.5          # per-rank limit of every trial; default: the smaller of
+//                                  # the profile's memory_gib and what the device reports
 //   base: {train: {device: cpu}}   # any run-config keys; the space overrides them
 //   space:
 //     mesh.sp: auto                # every sp that divides world_size and fits the heads
@@ -76,7 +77,8 @@ struct Experiment {
   std::string hardware_path;  // resolved file
   std::string model;          // preset name, "" = base.model inline
   int64_t world_size = 0;     // resolved: written, or the hardware's
-  double memory_limit_gib = 0.0;  // resolved: written, or the hardware's device memory
+  double memory_limit_gib = 0.0;  // resolved: written, else the profile's device memory (the
+                                  // sweep lowers it to what the machine reports)
   bool memory_limit_given = false;  // memory_limit_gib was written in the file
   std::string base_yaml;      // the base run config as a YAML document ("{}" when absent)
   std::vector<AxisSpec> axes; // in file order, sequence.length excluded
