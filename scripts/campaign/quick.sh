@@ -27,7 +27,7 @@
 #   multirank  the multi-rank paths against their single-process runs (scripts/campaign/
 #              multirank.py: ring 2 x 2 on packed documents, uneven heads straddling GQA groups,
 #              ZeRO-0 and ZeRO-3 with the optimizer offloaded): NCCL with a GPU per rank, else
-#              Gloo with several ranks on one GPU (about 30 s)
+#              Gloo with several ranks on one GPU (23 s of runs on one H200)
 #   compare    bench/compare: ulysses-train vs transformers at 8K and 32K, one repeat
 #              (ours-tiled, hf, ours-alst, ours-plain, hf-nockpt; ds-zero3 with DeepSpeed)
 #   sweep      ulysses-tune sweep of experiments/gpu-quick.yaml (Llama-3.2-1B at 8K and 64K,
@@ -108,11 +108,12 @@ else
   smoke_env=(SMOKE_STEPS=5)
   MIN=(      60    10   20    30        60      60    60     60)
 fi
-# Caps sized from one H200 (16 cores): build 107-137 s, unit 1 s, smoke 16-18 s, the multi-rank
-# runs about 30 s, eight of the ten comparison runs 180 s (the 32K ALST run is the longest), the
-# sweep's 12 trials 169 s. The ten comparison runs get 250 s, which leaves the 8-trial sweep
-# 105-135 s (8K trials ~6 s, 64K ~22 s, then recommend, report and plan --fit); maxlen and
-# deepspeed run only with what is left.
+# Caps sized from one H200 (16 cores), measured: build 107-137 s, unit 1 s, smoke 16-18 s, the
+# seven multi-rank runs 23 s (run by hand, not yet as this stage), eight of the ten comparison
+# runs 180 s (the 32K ALST run is the longest), the sweep's 12 trials 169 s. Estimated from
+# those: the ten comparison runs within 250 s, leaving the 8-trial sweep 105-135 s (8K trials
+# ~6 s, 64K ~22 s, then recommend, report and plan --fit); maxlen and deepspeed run only with
+# what is left.
 CAP=(        0     40   30    60        250     0     0      0)   # 0: all that is left
 # Where a stage skipped for time is run in full (said in summary.md).
 declare -A ELSEWHERE=([maxlen]="scripts/gpu-campaign.sh runs it: compare-maxlen-ours, compare-maxlen-theirs")
