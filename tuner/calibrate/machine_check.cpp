@@ -34,15 +34,11 @@ double env_number(const char* name) {
   return value;
 }
 
-// The lines `command` prints (stderr dropped), or "" when it cannot run.
+// The lines `command` prints, or "" when it fails.
 std::string output_of(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(("timeout 20 " + command + " </dev/null 2>/dev/null").c_str(), "r");
-  if (!pipe) return out;
-  char buffer[256];
-  while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
-  if (pclose(pipe) != 0) return "";
-  return out;
+  int status = -1;
+  std::string out = bounded_output(command, &status);
+  return status == 0 ? out : "";
 }
 
 // The smallest GPU's memory as CUDA reports it (GiB), 0 when no GPU answers.
@@ -79,6 +75,18 @@ bool above(double profile, double machine) {
 }
 
 }  // namespace
+
+std::string bounded_output(const std::string& command, int* exit_status) {
+  std::string out;
+  if (exit_status) *exit_status = -1;
+  FILE* pipe = popen(("timeout 20 " + command + " </dev/null 2>/dev/null").c_str(), "r");
+  if (!pipe) return out;
+  char buffer[512];
+  while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
+  const int status = pclose(pipe);
+  if (exit_status) *exit_status = status;
+  return out;
+}
 
 MachineCapacity query_machine(const std::string& device_type) {
   MachineCapacity m;

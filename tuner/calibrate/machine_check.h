@@ -28,6 +28,11 @@ struct MachineCapacity {
 // set to something that is not a positive number.
 MachineCapacity query_machine(const std::string& device_type);
 
+// What shell `command` prints on stdout, with no input, stderr dropped and at most 20 s to run
+// (a tool that waits must not stall the caller); "" when it cannot start. *exit_status, when
+// given, gets pclose's status (0: it ran and exited 0).
+std::string bounded_output(const std::string& command, int* exit_status = nullptr);
+
 // How far a profile's figure may exceed the machine's before it is refused: rounding in a
 // profile (1 %). Within it the machine's figure is used.
 inline constexpr double kProfileTolerance = 0.01;

@@ -9,19 +9,15 @@
 #include <thread>
 
 #include "common/paths.h"
+#include "tuner/calibrate/machine_check.h"
 #include "tuner/launch/launch_plan.h"
 
 namespace ulysses::sweep {
 namespace {
 
+// What `command` prints, trailing blanks removed, whatever its exit status.
 std::string all_output(const std::string& command) {
-  std::string out;
-  // No input, and a time limit: a trainer that waits for input must not stall the sweep.
-  FILE* pipe = popen(("timeout 20 " + command + " </dev/null 2>/dev/null").c_str(), "r");
-  if (!pipe) return out;
-  char buffer[512];
-  while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
-  pclose(pipe);
+  std::string out = calibrate::bounded_output(command);
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
 }
