@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""prepare/prepare_data.py against the tokenizer's own encodings: a tiny byte-level BPE trained on
+the fixture text (the `tokenizers` library, nothing downloaded), wrapped by transformers and saved
+with a chat template that has {% generation %} markers (and a copy without them).
+
+  pretrain     every document of train/eval == tokenizer(text) + EOS, read back from .bin/.idx
+  formats      JSON, JSON lines, Parquet, a text directory, a datasets directory: the same bytes
+  determinism  two runs, and --workers 1 vs 2: the same bytes
+  sft          tokens and loss masks == apply_chat_template(..., return_assistant_tokens_mask=True)
+               for every conversation; prompt/completion pairs == their user/assistant chat
+  fallback     a template without markers that renders the same: the same tokens and masks;
+               one whose prefixes render differently is refused
+  bad input    each kind: exit 2, one line 'error: FILE:RECORD: ...', nothing written
+  skip-bad     the same records skipped and counted by reason
+  out dir      a user's directory is refused and left untouched; a previous output needs --force
+  cli          the script as users run it: --help, exit status 2 without a traceback
+  memory       peak RSS of a corpus 4x larger grows by less than a small margin
+
+  prepare_test.py [--keep]      (exit 0 when every check holds)"""
+import contextlib
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "prepare", "prepare_data.py")
+sys.path.insert(0, os.path.dirname(SCRIPT))
+
+import numpy as np  # noqa: E402
+
+import prepare_data  # noqa: E402
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+TURNS = """{% for m in messages %}{% if m['role'] == 'user' %}<|user|>
+{{ m['content'] }}<|end|>
+{% elif m['role'] == 'system' %}<|system|>
+{{ m['content'] }}<|end|>
+{% elif m['role'] == 'assistant' %}<|assistant|>
+{% generation %}{{ m['content'] }}<|end|>
+{% endgeneration %}{% else %}{{ raise_exception('unknown role ' + m['role']) }}{% endif %}\
+{% endfor %}{% if add_generation_prompt %}<|assistant|>
+{% endif %}"""
+MARKED_TEMPLATE = TURNS
+PLAIN_TEMPLATE = TURNS.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+# The last assistant turn renders differently from the same turn inside a longer conversation.
+UNPREFIXED_TEMPLATE = PLAIN_TEMPLATE.replace("<|end|>\n{% elif m['role'] == 'system'",
+                                             "{% if loop.last %}!{% endif %}<|end|>\n"
+                                             "{% elif m['role'] == 'system'")
+WORDS = ("the a model learns long context attention sequence token shard rank gradient loss "
+         "über naïve 数据 données 🙂 step batch").split()
+
+
+def sentence(rng, low, high):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def make_fixture(root):
+    """Writes the model directories and returns (texts, chats)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    rng = random.Random(7)
+    texts = [sentence(rng, 1, 80) for _ in range(48)]
+    texts[3] = "line one\nline two\n\n  indented\t tab"
+    chats = []
+    for index in range(32):
+        messages = [{"role": "system", "content": sentence(rng, 1, 6)}] if index % 3 == 0 else []
+        for _ in range(1 + index % 3):
+            messages.append({"role": "user", "content": sentence(rng, 1, 12)})
+            messages.append({"role": "assistant", "content": sentence(rng, 1, 20)})
+        chats.append(messages)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=500, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    for name, template in (("marked", MARKED_TEMPLATE), ("plain", PLAIN_TEMPLATE),
+                           ("unprefixed", UNPREFIXED_TEMPLATE)):
+        wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>",
+                                          eos_token="</s>", unk_token="<unk>")
+        wrapped.chat_template = template
+        wrapped.save_pretrained(os.path.join(root, name))
+    return texts, chats
+
+
+def write_jsonl(path, records):
+    with open(path, "w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+def read_indexed(prefix):
+    """[documents] arrays of a Megatron indexed dataset, read with numpy."""
+    with open(prefix + ".idx", "rb") as idx_file:
+        raw = idx_file.read()
+    assert raw[:9] == b"MMIDIDX\x00\x00", prefix
+    version, code, count, doc_count = np.frombuffer(raw[9:9 + 8], "<u8")[0], raw[17], \
+        *np.frombuffer(raw[18:34], "<u8")
+    assert version == 1 and doc_count == count + 1, (prefix, version, count, doc_count)
+    at = 34
+    lengths = np.frombuffer(raw, "<i4", count, at)
+    pointers = np.frombuffer(raw, "<i8", count, at + 4 * count)
+    documents = np.frombuffer(raw, "<i8", doc_count, at + 12 * count)
+    assert at + 12 * count + 8 * doc_count == len(raw), prefix
+    assert list(documents) == list(range(count + 1)), prefix
+    dtype = {1: np.uint8, 4: np.int32, 8: np.uint16}[code]
+    data = np.fromfile(prefix + ".bin", dtype)
+    itemsize = np.dtype(dtype).itemsize
+    assert data.nbytes == int(lengths.sum()) * itemsize, prefix
+    return code, [data[p // itemsize:p // itemsize + n].tolist() for p, n in zip(pointers, lengths)]
+
+
+def run_tool(*args):
+    """prepare_data.main in this process: (exit status, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = prepare_data.main([str(arg) for arg in args])
+    return status, err.getvalue()
+
+
+def output_bytes(out):
+    names = sorted(name for name in os.listdir(out) if name != "manifest.json")
+    return {name: open(os.path.join(out, name), "rb").read() for name in names}
+
+
+def manifest_of(out):
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as manifest_file:
+        return json.load(manifest_file)
+
+
+def split_of(count, fraction):
+    return [prepare_data.is_eval(index, 0, fraction) for index in range(count)]
+
+
+class Suite:
+    def __init__(self, work):
+        self.work = work
+        self.texts, self.chats = make_fixture(work)
+        from transformers import AutoTokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(os.path.join(work, "marked"),
+                                                       local_files_only=True)
+        self.marked = os.path.join(work, "marked")
+        self.jsonl = write_jsonl(os.path.join(work, "corpus.jsonl"),
+                                 [{"text": text, "id": i} for i, text in enumerate(self.texts)])
+        self.chat_jsonl = write_jsonl(os.path.join(work, "chats.jsonl"),
+                                      [{"messages": chat} for chat in self.chats])
+        self.runs = 0
+
+    def out(self, name):
+        return os.path.join(self.work, "out", name)
+
+    def prepare(self, name, *args, tokenizer=None, expect=0):
+        out = self.out(name)
+        status, err = run_tool(*args, "--tokenizer", tokenizer or self.marked, "--out", out,
+                               "--workers", "1" if "--workers" not in args else args[-1])
+        assert status == expect, f"{name}: exit {status}, expected {expect}: {err}"
+        return out, err
+
+    # --- the cases
+    def case_pretrain(self):
+        out, _ = self.prepare("pretrain", self.jsonl, "--eval-fraction", "0.2")
+        held_out = split_of(len(self.texts), 0.2)
+        assert 0 < sum(held_out) < len(self.texts)
+        eos = self.tokenizer.eos_token_id
+        expected = {"train": [], "eval": []}
+        for text, is_eval in zip(self.texts, held_out):
+            ids = self.tokenizer(text)["input_ids"]
+            assert ids[0] == self.tokenizer.bos_token_id
+            expected["eval" if is_eval else "train"].append(ids + [eos])
+        for split in ("train", "eval"):
+            code, documents = read_indexed(os.path.join(out, split))
+            assert code == 8, code
+            assert documents == expected[split], split
+        manifest = manifest_of(out)
+        counts = manifest["counts"]
+        assert counts["records"] == len(self.texts)
+        assert counts["documents"] == {"train": len(expected["train"]),
+                                       "eval": len(expected["eval"])}
+        assert sum(h["documents"] for h in manifest["document_length_histogram"]) == len(
+            self.texts)
+        assert manifest["run_config"]["data.source"] == "megatron:" + os.path.join(out, "train")
+        assert manifest["dtype"] == "uint16" and manifest["dtype_code"] == 8
+        assert len(manifest["tokenizer"]["sha256"]) == 64
+
+    def case_formats(self):
+        import datasets
+        import pyarrow
+        import pyarrow.parquet
+        datasets.disable_progress_bars()
+        reference, _ = self.prepare("jsonl", self.jsonl, "--eval-fraction", "0.2")
+        records = [{"text": text, "id": i} for i, text in enumerate(self.texts)]
+        json_path = os.path.join(self.work, "corpus.json")
+        with open(json_path, "w", encoding="utf-8") as json_file:
+            json.dump(records, json_file, indent=1, ensure_ascii=False)
+        parquet_path = os.path.join(self.work, "corpus.parquet")
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), parquet_path,
+                                    row_group_size=10)
+        text_dir = os.path.join(self.work, "texts")
+        os.makedirs(os.path.join(text_dir, "sub"))
+        for i, text in enumerate(self.texts):  # sorted order: 00..39 then sub/40..47
+            folder = text_dir if i < 40 else os.path.join(text_dir, "sub")
+            with open(os.path.join(folder, f"{i:02d}.txt"), "w", encoding="utf-8") as text_file:
+                text_file.write(text)
+        with open(os.path.join(text_dir, ".hidden.txt"), "w") as hidden:
+            hidden.write("not read")
+        hf_dir = os.path.join(self.work, "hf")
+        datasets.Dataset.from_list(records).save_to_disk(hf_dir)
+        split_dir = os.path.join(self.work, "split")
+        os.makedirs(split_dir)
+        write_jsonl(os.path.join(split_dir, "a.jsonl"), records[:20])
+        write_jsonl(os.path.join(split_dir, "b.jsonl"), records[20:])
+        for name, path in (("json", json_path), ("parquet", parquet_path), ("text_dir", text_dir),
+                           ("datasets", hf_dir), ("jsonl_dir", split_dir)):
+            out, _ = self.prepare(name, path, "--eval-fraction", "0.2")
+            assert output_bytes(out) == output_bytes(reference), name
+            assert manifest_of(out)["counts"] == manifest_of(reference)["counts"], name
+
+    def case_determinism(self):
+        first, _ = self.prepare("det1", self.chat_jsonl, "--mode", "sft", "--eval-fraction",
+                                "0.2")
+        again, _ = self.prepare("det2", self.chat_jsonl, "--mode", "sft", "--eval-fraction",
+                                "0.2")
+        two, _ = self.prepare("det3", self.chat_jsonl, "--mode", "sft", "--eval-fraction",
+                              "0.2", "--workers", "2")
+        assert output_bytes(first) == output_bytes(again), "two runs differ"
+        assert output_bytes(first) == output_bytes(two), "--workers 2 differs from 1"
+        strip = lambda manifest: {k: v for k, v in manifest.items() if k != "run_config"}
+        assert strip(manifest_of(first)) == strip(manifest_of(two))
+        pretrain_two, _ = self.prepare("det4", self.jsonl, "--eval-fraction", "0.2",
+                                       "--workers", "2")
+        pretrain_one, _ = self.prepare("det5", self.jsonl, "--eval-fraction", "0.2")
+        assert output_bytes(pretrain_two) == output_bytes(pretrain_one)
+
+    def expected_chats(self, chats, fraction):
+        expected = {"train": ([], []), "eval": ([], [])}
+        for chat, is_eval in zip(chats, split_of(len(chats), fraction)):
+            out = self.tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True,
+                                                     return_assistant_tokens_mask=True)
+            assert any(out["assistant_masks"]) and not all(out["assistant_masks"])
+            tokens, masks = expected["eval" if is_eval else "train"]
+            tokens.append(list(out["input_ids"]))
+            masks.append(list(out["assistant_masks"]))
+        return expected
+
+    def check_sft(self, out, expected):
+        for split in ("train", "eval"):
+            code, tokens = read_indexed(os.path.join(out, split))
+            mask_code, masks = read_indexed(os.path.join(out, f"{split}_loss_mask"))
+            assert code == 8 and mask_code == 1, (code, mask_code)
+            assert tokens == expected[split][0], f"{split} tokens"
+            assert masks == expected[split][1], f"{split} masks"
+        counts = manifest_of(out)["counts"]
+        assert counts["masked_in_tokens"]["train"] == sum(map(sum, expected["train"][1]))
+
+    def case_sft(self):
+        out, _ = self.prepare("sft", self.chat_jsonl, "--mode", "sft", "--eval-fraction", "0.2")
+        expected = self.expected_chats(self.chats, 0.2)
+        assert expected["eval"][0], "no eval conversation"
+        self.check_sft(out, expected)
+        assert manifest_of(out)["tokenizer"]["assistant_mask"] == "generation markers"
+        pairs = [{"q": chat[-2]["content"], "a": chat[-1]["content"]} for chat in self.chats]
+        pairs_path = write_jsonl(os.path.join(self.work, "pairs.jsonl"), pairs)
+        out, _ = self.prepare("pairs", pairs_path, "--mode", "sft", "--prompt-field", "q",
+                              "--completion-field", "a", "--eval-fraction", "0.2")
+        as_chats = [[{"role": "user", "content": pair["q"]},
+                     {"role": "assistant", "content": pair["a"]}] for pair in pairs]
+        self.check_sft(out, self.expected_chats(as_chats, 0.2))
+
+    def case_fallback(self):
+        marked, _ = self.prepare("fb_marked", self.chat_jsonl, "--mode", "sft")
+        plain, _ = self.prepare("fb_plain", self.chat_jsonl, "--mode", "sft",
+                                tokenizer=os.path.join(self.work, "plain"))
+        assert output_bytes(plain) == output_bytes(marked), "fallback mask differs"
+        assert manifest_of(plain)["tokenizer"]["assistant_mask"] == "rendered prefixes"
+        self.check_sft(plain, self.expected_chats(self.chats, 0.01))
+        self.expect_error("unprefixed", self.chat_jsonl, 1, "differently", "--mode", "sft",
+                          tokenizer=os.path.join(self.work, "unprefixed"))
+
+    def expect_error(self, name, path, record, words, *args, tokenizer=None):
+        out, err = self.prepare(name, path, *args, tokenizer=tokenizer, expect=2)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path}:{record}: "), (name, err)
+        assert words in lines[0], (name, words, err)
+        assert not os.path.exists(out), f"{name}: output written"
+        leftovers = [n for n in os.listdir(os.path.dirname(out)) if n.startswith(".")]
+        assert not leftovers, f"{name}: staging left: {leftovers}"
+
+    def bad_inputs(self):
+        """(name, records as JSON lines text, mode args, record number, words in the error)."""
+        good = json.dumps({"text": "the model"})
+        chat = {"messages": [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "the model"}]}
+        robot = {"messages": [{"role": "robot", "content": "hi"}]}
+        return [
+            ("broken_json", f"{good}\n{good}\n{{\"text\": \"the\n", (), 3, "invalid JSON"),
+            ("missing_field", f"{good}\n{json.dumps({'body': 'x'})}\n", (), 2, "'text'"),
+            ("empty_document", f"{good}\n{good}\n{good}\n{json.dumps({'text': ' '})}\n", (), 4,
+             "empty"),
+            ("refused_role", f"{json.dumps(chat)}\n{json.dumps(robot)}\n", ("--mode", "sft"), 2,
+             "unknown role robot"),
+        ]
+
+    def case_bad_input(self):
+        for name, text, mode, record, words in self.bad_inputs():
+            path = os.path.join(self.work, f"{name}.jsonl")
+            with open(path, "w", encoding="utf-8") as bad_file:
+                bad_file.write(text)
+            self.expect_error(name, path, record, words, *mode)
+        broken_list = os.path.join(self.work, "broken.json")
+        with open(broken_list, "w") as json_file:
+            json_file.write('[{"text": "a"}, {"text": "b"}, {"text": ]')
+        self.expect_error("broken_list", broken_list, 3, "invalid JSON")
+
+    def case_skip_bad(self):
+        lines = "".join(text for _, text, mode, _, _ in self.bad_inputs() if not mode)
+        path = os.path.join(self.work, "mixed.jsonl")
+        with open(path, "w", encoding="utf-8") as mixed:
+            mixed.write(lines)
+        out, err = self.prepare("skip_bad", path, "--skip-bad")
+        counts = manifest_of(out)["counts"]
+        assert counts["skipped"] == {"empty_document": 1, "invalid_json": 1,
+                                     "missing_field": 1}, counts
+        assert sum(counts["documents"].values()) == 6 and counts["records"] == 9, counts
+        assert "skipped 3 of 9 records" in err, err
+
+    def case_out_dir(self):
+        user_dir = self.out("user")
+        os.makedirs(user_dir)
+        with open(os.path.join(user_dir, "notes.txt"), "w") as notes:
+            notes.write("mine")
+        for force in ((), ("--force",)):
+            _, err = self.prepare("user", self.jsonl, *force, expect=2)
+            assert err.startswith("error: ") and "not a previous output" in err, err
+            assert os.listdir(user_dir) == ["notes.txt"]
+            assert open(os.path.join(user_dir, "notes.txt")).read() == "mine"
+        previous, _ = self.prepare("previous", self.jsonl)
+        _, err = self.prepare("previous", self.jsonl, "--eval-fraction", "0.5", expect=2)
+        assert "--force" in err, err
+        assert manifest_of(previous)["eval_fraction"] == 0.01
+        self.prepare("previous", self.jsonl, "--eval-fraction", "0.5", "--force")
+        assert manifest_of(previous)["eval_fraction"] == 0.5
+        empty = self.out("empty")
+        os.makedirs(empty)
+        self.prepare("empty", self.jsonl)
+        assert os.path.exists(os.path.join(empty, "train.idx"))
+
+    def case_cli(self):
+        python = sys.executable
+        shown = subprocess.run([python, SCRIPT, "--help"], capture_output=True, text=True)
+        assert shown.returncode == 0 and "--skip-bad" in shown.stdout, shown.stderr
+        missing = os.path.join(self.work, "no-such.jsonl")
+        out = self.out("cli")
+        failed = subprocess.run([python, SCRIPT, missing, "--tokenizer", self.marked, "--out", out],
+                                capture_output=True, text=True)
+        assert failed.returncode == 2, failed
+        assert failed.stderr == f"error: {missing}: no such file or directory\n", failed.stderr
+        assert not os.path.exists(out)
+
+    def case_memory(self):
+        """One process prepares N then 4N records (about 1.2 and 4.8 MB of text); the peak RSS may
+        grow by 3 MB at most (holding the corpus as text or its ids as lists would add more than
+        10 MB)."""
+        rng = random.Random(3)
+        paragraphs = [sentence(rng, 200, 400) for _ in range(32)]
+        small = os.path.join(self.work, "small.jsonl")
+        large = os.path.join(self.work, "large.jsonl")
+        for path, count in ((small, 600), (large, 2400)):
+            write_jsonl(path, ({"text": paragraphs[i % 32]} for i in range(count)))
+        driver = (
+            "import resource, sys; sys.path.insert(0, sys.argv[1]); import prepare_data\n"
+            "peaks = []\n"
+            "for corpus, out in ((sys.argv[2], sys.argv[4]), (sys.argv[3], sys.argv[5])):\n"
+            "    assert prepare_data.main([corpus, '--tokenizer', sys.argv[6], '--out', out,\n"
+            "                              '--workers', '1']) == 0\n"
+            "    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+            "print('peaks', *peaks)\n")
+        done = subprocess.run([sys.executable, "-c", driver, os.path.dirname(SCRIPT), small,
+                               large, self.out("mem_small"), self.out("mem_large"), self.marked],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        small_kb, large_kb = map(int, done.stdout.split("peaks")[-1].split())
+        grown_mb = (large_kb - small_kb) / 1024
+        bytes_large = os.path.getsize(large) / 2 ** 20
+        print(f"  memory: peak RSS {small_kb / 1024:.0f} MB for {os.path.getsize(small) / 2**20:.0f}"
+              f" MB of text, {large_kb / 1024:.0f} MB for {bytes_large:.0f} MB")
+        assert grown_mb < 3, f"peak RSS grew by {grown_mb:.1f} MB"
+
+
+def main():
+    keep = "--keep" in sys.argv
+    work = tempfile.mkdtemp(prefix="prepare_test.")
+    os.makedirs(os.path.join(work, "out"))
+    failures = 0
+    try:
+        start = time.monotonic()
+        suite = Suite(work)
+        print(f"  fixture: {time.monotonic() - start:.1f} s")
+        for name in [n for n in dir(Suite) if n.startswith("case_")]:
+            start = time.monotonic()
+            try:
+                getattr(suite, name)()
+                print(f"PASS {name[5:]} ({time.monotonic() - start:.1f} s)")
+            except AssertionError as error:
+                failures += 1
+                print(f"FAIL {name[5:]}: {error}")
+    finally:
+        if keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
