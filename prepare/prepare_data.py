@@ -56,6 +56,12 @@ nothing is written; --skip-bad skips such records instead and counts them in the
 Records are numbered from 1 in each file (in JSON lines files: the line number)."""
 
 
+def usable_cpus():
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="prepare_data.py", description=DESCRIPTION, epilog=EPILOG,
@@ -91,7 +97,7 @@ def parse_args(argv):
                              "each record's position (default: 0.01)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the held-out choice (default: 0)")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+    parser.add_argument("--workers", type=int, default=usable_cpus(),
                         metavar="N", help="tokenizing processes (default: the CPUs this process "
                                           "may use)")
     parser.add_argument("--skip-bad", action="store_true",
@@ -312,6 +318,7 @@ def run(args):
                 f"{text_sources[0]}: a plain text file holds no chat records (--mode sft reads "
                 "JSON lines, JSON, Parquet or datasets directories)")
     tokenizer = load_tokenizer(args)
+    start = time.monotonic()
     staged = StagedOutput(args.out, args.force)
     try:
         manifest = prepare(args, tokenizer, sources, staged)
@@ -324,9 +331,11 @@ def run(args):
         print(f"prepare: skipped {sum(counts['skipped'].values())} of {counts['records']} "
               f"records ({reasons})", file=sys.stderr)
     documents, tokens = counts["documents"], counts["tokens"]
+    seconds = time.monotonic() - start
+    rate = (tokens["train"] + tokens["eval"]) / max(seconds, 1e-9)
     print(f"prepare: wrote {args.out}: {documents['train']} train and {documents['eval']} eval "
-          f"documents, {tokens['train']} and {tokens['eval']} tokens ({manifest['dtype']})",
-          file=sys.stderr)
+          f"documents, {tokens['train']} and {tokens['eval']} tokens ({manifest['dtype']}) in "
+          f"{seconds:.2f} s, {rate:,.0f} tokens/s", file=sys.stderr)
     for key, value in manifest["run_config"].items():
         print(f"{key}: {value}")
     return 0

@@ -262,6 +262,28 @@ class Suite:
         counts = manifest_of(out)["counts"]
         assert counts["masked_in_tokens"]["train"] == sum(map(sum, expected["train"][1]))
 
+    def case_int32(self):
+        """A tokenizer with more than 65536 ids writes int32 (code 4)."""
+        from tokenizers import Tokenizer, models, pre_tokenizers, processors
+        from transformers import PreTrainedTokenizerFast
+        vocabulary = {"<unk>": 0, "<s>": 1, "</s>": 2}
+        vocabulary.update((f"w{i}", i + 3) for i in range(70000))
+        tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", 1)])
+        wide = os.path.join(self.work, "wide")
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                unk_token="<unk>").save_pretrained(wide)
+        texts = ["w69999 w1 w65536", "w5", "w70000 w65535 w0"]
+        path = write_jsonl(os.path.join(self.work, "wide.jsonl"), [{"text": t} for t in texts])
+        out, _ = self.prepare("int32", path, "--eval-fraction", "0", tokenizer=wide)
+        code, documents = read_indexed(os.path.join(out, "train"))
+        assert code == 4, code
+        assert documents == [[1, 70002, 4, 65539, 2], [1, 8, 2], [1, 0, 65538, 3, 2]], documents
+        assert read_indexed(os.path.join(out, "eval")) == (4, [])
+        assert manifest_of(out)["dtype"] == "int32"
+
     def case_sft(self):
         out, _ = self.prepare("sft", self.chat_jsonl, "--mode", "sft", "--eval-fraction", "0.2")
         expected = self.expected_chats(self.chats, 0.2)
