@@ -8,6 +8,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -196,9 +197,8 @@ def ordered_results(chunks, workers, config, tokenizer):
         for metas, payloads in chunks:
             yield metas, record_encoder.encode_chunk(payloads)
         return
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods:  # the children inherit the loaded tokenizer
-        pool = multiprocessing.get_context("fork").Pool(workers)
+    if "fork" in multiprocessing.get_all_start_methods():  # children inherit the tokenizer
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=default_signals)
     else:
         pool = multiprocessing.get_context().Pool(
             workers, initializer=record_encoder.init_worker, initargs=(config,))
@@ -216,6 +216,16 @@ def ordered_results(chunks, workers, config, tokenizer):
     finally:
         pool.terminate()
         pool.join()
+
+
+def default_signals():
+    """Workers end on SIGTERM as usual (the pool stops them so); SIGINT is the parent's."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: the staging directory is removed
 
 
 def prepare(args, tokenizer, sources, staged):
@@ -352,9 +362,10 @@ def main(argv=None):
         print(f"error: {error.filename or args.out}: {error.strerror or error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted; nothing written", file=sys.stderr)
+        print("error: interrupted; nothing was written", file=sys.stderr)
         return 130
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     sys.exit(main())

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -309,6 +310,7 @@ class Suite:
                           tokenizer=os.path.join(self.work, "unprefixed"))
 
     def expect_error(self, name, path, record, words, *args, tokenizer=None):
+        """The run exits 2 with one line naming the file and record, and writes nothing."""
         out, err = self.prepare(name, path, *args, tokenizer=tokenizer, expect=2)
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {path}:{record}: "), (name, err)
@@ -342,6 +344,10 @@ class Suite:
         with open(broken_list, "w") as json_file:
             json_file.write('[{"text": "a"}, {"text": "b"}, {"text": ]')
         self.expect_error("broken_list", broken_list, 3, "invalid JSON")
+        many = [{"text": text} for text in self.texts * 20]  # several chunks in flight
+        many[700] = {"text": ""}
+        path = write_jsonl(os.path.join(self.work, "late_bad.jsonl"), many)
+        self.expect_error("late_bad", path, 701, "empty", "--workers", "2")
 
     def case_skip_bad(self):
         lines = "".join(text for _, text, mode, _, _ in self.bad_inputs() if not mode)
@@ -354,6 +360,24 @@ class Suite:
                                      "missing_field": 1}, counts
         assert sum(counts["documents"].values()) == 6 and counts["records"] == 9, counts
         assert "skipped 3 of 9 records" in err, err
+        chats = [{"messages": chat} for chat in self.chats[:6]]
+        chats[1]["messages"] = chats[1]["messages"] + [{"role": "robot", "content": "x"}]
+        chats[2] = {"messages": [{"role": "user", "content": "no reply"}]}
+        chats[4] = {"messages": "not a list"}
+        path = write_jsonl(os.path.join(self.work, "mixed_chats.jsonl"), chats)
+        for name, template, refused in (("skip_marked", "marked", "template_error"),
+                                        ("skip_plain", "plain", "template_error"),
+                                        ("skip_unprefixed", "unprefixed", "mask_unavailable")):
+            out, _ = self.prepare(name, path, "--mode", "sft", "--skip-bad",
+                                  tokenizer=os.path.join(self.work, template))
+            counts = manifest_of(out)["counts"]
+            if refused == "mask_unavailable":  # every conversation with a reply, then
+                assert counts["skipped"] == {"mask_unavailable": 3, "no_assistant_tokens": 1,
+                                             "template_error": 1, "wrong_type": 1}, (name, counts)
+                continue
+            assert counts["skipped"] == {"no_assistant_tokens": 1, refused: 1,
+                                         "wrong_type": 1}, (name, counts)
+            assert sum(counts["documents"].values()) == 3, (name, counts)
 
     def case_out_dir(self):
         user_dir = self.out("user")
@@ -435,6 +459,9 @@ def main():
             except AssertionError as error:
                 failures += 1
                 print(f"FAIL {name[5:]}: {error}")
+            except Exception:  # a crash in one case still lets the others run
+                failures += 1
+                print(f"FAIL {name[5:]}: {traceback.format_exc()}")
     finally:
         if keep:
             print(f"kept {work}")
