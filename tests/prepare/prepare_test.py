@@ -155,7 +155,7 @@ class Suite:
                                  [{"text": text, "id": i} for i, text in enumerate(self.texts)])
         self.chat_jsonl = write_jsonl(os.path.join(work, "chats.jsonl"),
                                       [{"messages": chat} for chat in self.chats])
-        self.runs = 0
+        self.start_memory_run()
 
     def out(self, name):
         return os.path.join(self.work, "out", name)
@@ -412,15 +412,14 @@ class Suite:
         assert failed.stderr == f"error: {missing}: no such file or directory\n", failed.stderr
         assert not os.path.exists(out)
 
-    def case_memory(self):
-        """One process prepares N then 4N records (about 1.2 and 4.8 MB of text); the peak RSS may
-        grow by 3 MB at most (holding the corpus as text or its ids as lists would add more than
-        10 MB)."""
+    def start_memory_run(self):
+        """Starts, beside the other cases, one process that prepares N then 4N records (about 0.8
+        and 3.2 MB of text) and prints its peak RSS after each."""
         rng = random.Random(3)
         paragraphs = [sentence(rng, 200, 400) for _ in range(32)]
-        small = os.path.join(self.work, "small.jsonl")
-        large = os.path.join(self.work, "large.jsonl")
-        for path, count in ((small, 600), (large, 2400)):
+        self.memory_corpora = [os.path.join(self.work, "small.jsonl"),
+                               os.path.join(self.work, "large.jsonl")]
+        for path, count in zip(self.memory_corpora, (400, 1600)):
             write_jsonl(path, ({"text": paragraphs[i % 32]} for i in range(count)))
         driver = (
             "import resource, sys; sys.path.insert(0, sys.argv[1]); import prepare_data\n"
@@ -430,15 +429,22 @@ class Suite:
             "                              '--workers', '1']) == 0\n"
             "    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
             "print('peaks', *peaks)\n")
-        done = subprocess.run([sys.executable, "-c", driver, os.path.dirname(SCRIPT), small,
-                               large, self.out("mem_small"), self.out("mem_large"), self.marked],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        small_kb, large_kb = map(int, done.stdout.split("peaks")[-1].split())
+        self.memory_run = subprocess.Popen(
+            [sys.executable, "-c", driver, os.path.dirname(SCRIPT), *self.memory_corpora,
+             os.path.join(self.work, "memory", "small"), os.path.join(self.work, "memory", "large"),
+             self.marked],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def case_memory(self):
+        """The peak RSS with 4N records may exceed N's by 3 MB at most (holding the corpus as
+        text, or its ids as lists, would add more than 10 MB)."""
+        stdout, stderr = self.memory_run.communicate()
+        assert self.memory_run.returncode == 0, stderr
+        small_kb, large_kb = map(int, stdout.split("peaks")[-1].split())
         grown_mb = (large_kb - small_kb) / 1024
-        bytes_large = os.path.getsize(large) / 2 ** 20
-        print(f"  memory: peak RSS {small_kb / 1024:.0f} MB for {os.path.getsize(small) / 2**20:.0f}"
-              f" MB of text, {large_kb / 1024:.0f} MB for {bytes_large:.0f} MB")
+        small_mb, large_mb = (os.path.getsize(path) / 2 ** 20 for path in self.memory_corpora)
+        print(f"  memory: peak RSS {small_kb / 1024:.0f} MB for {small_mb:.1f} MB of text, "
+              f"{large_kb / 1024:.0f} MB for {large_mb:.1f} MB")
         assert grown_mb < 3, f"peak RSS grew by {grown_mb:.1f} MB"
 
 
