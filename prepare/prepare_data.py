@@ -197,11 +197,20 @@ def ordered_results(chunks, workers, config, tokenizer):
         for metas, payloads in chunks:
             yield metas, record_encoder.encode_chunk(payloads)
         return
-    if "fork" in multiprocessing.get_all_start_methods():  # children inherit the tokenizer
-        pool = multiprocessing.get_context("fork").Pool(workers, initializer=default_signals)
-    else:
-        pool = multiprocessing.get_context().Pool(
-            workers, initializer=record_encoder.init_worker, initargs=(config,))
+    # The workers start with SIGTERM's default action (the pool stops them so) and ignore
+    # SIGINT (Ctrl-C reaches the parent, which stops them).
+    saved = {signum: signal.signal(signum, action)
+             for signum, action in ((signal.SIGTERM, signal.SIG_DFL),
+                                    (signal.SIGINT, signal.SIG_IGN))}
+    try:
+        if "fork" in multiprocessing.get_all_start_methods():  # children inherit the tokenizer
+            pool = multiprocessing.get_context("fork").Pool(workers)
+        else:
+            pool = multiprocessing.get_context().Pool(
+                workers, initializer=record_encoder.init_worker, initargs=(config,))
+    finally:
+        for signum, action in saved.items():
+            signal.signal(signum, action)
     pending = deque()
     try:
         for metas, payloads in chunks:
@@ -216,12 +225,6 @@ def ordered_results(chunks, workers, config, tokenizer):
     finally:
         pool.terminate()
         pool.join()
-
-
-def default_signals():
-    """Workers end on SIGTERM as usual (the pool stops them so); SIGINT is the parent's."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def stop_on_sigterm(signum, frame):
@@ -293,6 +296,10 @@ def prepare(args, tokenizer, sources, staged):
         for writer in list(tokens.values()) + list(masks.values()):
             writer.close()
     counts["skipped"] = dict(sorted(skipped.items()))
+    if not sum(counts["documents"].values()):
+        reasons = "".join(f", {reason} {count}" for reason, count in counts["skipped"].items())
+        raise record_sources.InputError(
+            f"{' '.join(args.inputs)}: no usable record ({counts['records']} read{reasons})")
 
     names = manifest_lib.tokenizer_files(args.tokenizer)
     tokenizer_entry = {

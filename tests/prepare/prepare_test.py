@@ -368,13 +368,16 @@ class Suite:
         for name, template, refused in (("skip_marked", "marked", "template_error"),
                                         ("skip_plain", "plain", "template_error"),
                                         ("skip_unprefixed", "unprefixed", "mask_unavailable")):
+            if refused == "mask_unavailable":  # every conversation with a reply, then
+                _, err = self.prepare(name, path, "--mode", "sft", "--skip-bad",
+                                      tokenizer=os.path.join(self.work, template), expect=2)
+                assert err == (f"error: {path}: no usable record (6 read, mask_unavailable 3, "
+                               "no_assistant_tokens 1, template_error 1, wrong_type 1)\n"), err
+                assert not os.path.exists(self.out(name))
+                continue
             out, _ = self.prepare(name, path, "--mode", "sft", "--skip-bad",
                                   tokenizer=os.path.join(self.work, template))
             counts = manifest_of(out)["counts"]
-            if refused == "mask_unavailable":  # every conversation with a reply, then
-                assert counts["skipped"] == {"mask_unavailable": 3, "no_assistant_tokens": 1,
-                                             "template_error": 1, "wrong_type": 1}, (name, counts)
-                continue
             assert counts["skipped"] == {"no_assistant_tokens": 1, refused: 1,
                                          "wrong_type": 1}, (name, counts)
             assert sum(counts["documents"].values()) == 3, (name, counts)
