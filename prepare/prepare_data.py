@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 
@@ -199,7 +200,8 @@ def ordered_results(chunks, workers, config, tokenizer):
         return
     # The workers start with SIGTERM's default action (the pool stops them so) and ignore
     # SIGINT (Ctrl-C reaches the parent, which stops them).
-    saved = {signum: signal.signal(signum, action)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    saved = {signum: signal.signal(signum, action) if in_main_thread else None
              for signum, action in ((signal.SIGTERM, signal.SIG_DFL),
                                     (signal.SIGINT, signal.SIG_IGN))}
     try:
@@ -210,7 +212,8 @@ def ordered_results(chunks, workers, config, tokenizer):
                 workers, initializer=record_encoder.init_worker, initargs=(config,))
     finally:
         for signum, action in saved.items():
-            signal.signal(signum, action)
+            if action is not None:
+                signal.signal(signum, action)
     pending = deque()
     try:
         for metas, payloads in chunks:
@@ -232,7 +235,7 @@ def stop_on_sigterm(signum, frame):
 
 
 def prepare(args, tokenizer, sources, staged):
-    """Writes the datasets and the manifest into the staging directory; returns the counts."""
+    """Writes the datasets and the manifest into the staging directory; returns the manifest."""
     sft = args.mode == "sft"
     ids = id_count(tokenizer)
     dtype_name = "uint16" if ids <= UINT16_IDS else "int32"
@@ -300,14 +303,21 @@ def prepare(args, tokenizer, sources, staged):
         reasons = "".join(f", {reason} {count}" for reason, count in counts["skipped"].items())
         raise record_sources.InputError(
             f"{' '.join(args.inputs)}: no usable record ({counts['records']} read{reasons})")
+    return write_manifest(args, tokenizer, sources, staged, counts, histogram, dtype_name,
+                          template, use_markers)
 
+
+def write_manifest(args, tokenizer, sources, staged, counts, histogram, dtype_name, template,
+                   use_markers):
+    """OUT/manifest.json (in the staging directory); returns it."""
+    sft = args.mode == "sft"
     names = manifest_lib.tokenizer_files(args.tokenizer)
     tokenizer_entry = {
         "path": os.path.abspath(args.tokenizer),
         "sha256": manifest_lib.tokenizer_sha256(args.tokenizer, names),
         "files": names,
         "class": type(tokenizer).__name__,
-        "ids": ids,
+        "ids": id_count(tokenizer),
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
     }
@@ -317,9 +327,8 @@ def prepare(args, tokenizer, sources, staged):
                                              else "rendered prefixes")
     manifest = manifest_lib.build_manifest(
         tool=TOOL, version=VERSION, args=args, tokenizer=tokenizer_entry, sources=sources,
-        counts=counts, histogram=histogram, dtype={"name": dtype_name,
-                                                   "code": DTYPE_CODES[dtype_name]},
-        out=args.out, has_masks=sft)
+        counts=counts, histogram=histogram,
+        dtype={"name": dtype_name, "code": DTYPE_CODES[dtype_name]}, out=args.out, has_masks=sft)
     with open(staged.path("manifest.json"), "w", encoding="utf-8") as manifest_file:
         json.dump(manifest, manifest_file, indent=2)
         manifest_file.write("\n")
