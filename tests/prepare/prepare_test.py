@@ -15,8 +15,11 @@ with a chat template that has {% generation %} markers (and a copy without them)
   out dir      a user's directory is refused and left untouched; a previous output needs --force
   cli          the script as users run it: --help, exit status 2 without a traceback
   memory       peak RSS of a corpus 4x larger grows by less than a small margin
+  int32        a tokenizer with more than 65536 ids writes int32
+  trainer      with --bin (the build's bin folder holding ulysses-train): one training step reads
+               the pretrain and SFT token datasets as data.source / eval.source (skipped without)
 
-  prepare_test.py [--keep]      (exit 0 when every check holds)"""
+  prepare_test.py [--bin BUILD/bin] [--keep]      (exit 0 when every check holds)"""
 import contextlib
 import io
 import json
@@ -382,6 +385,28 @@ class Suite:
                                          "wrong_type": 1}, (name, counts)
             assert sum(counts["documents"].values()) == 3, (name, counts)
 
+    def case_trainer(self):
+        binary = os.path.join(self.bin_dir or "", "ulysses-train")
+        if not self.bin_dir or not os.path.exists(binary):
+            print("  trainer: skipped (no --bin folder with ulysses-train)")
+            return
+        runs = []
+        for name, args in (("trainer_pretrain", (self.jsonl, "--eval-fraction", "0.2")),
+                           ("trainer_sft", (self.chat_jsonl, "--mode", "sft",
+                                            "--eval-fraction", "0.2"))):
+            out, _ = self.prepare(name, *args)
+            runs.append((name, subprocess.Popen(
+                [binary, "--config", os.path.join(ROOT, "profiles", "models", "tiny.yaml"),
+                 "--set", "sequence.length=32", "--set", "train.steps=1",
+                 "--set", f"data.source=megatron:{os.path.join(out, 'train')}",
+                 "--set", f"eval.source=megatron:{os.path.join(out, 'eval')}",
+                 "--set", f"output.dir={os.path.join(self.work, name + '_run')}"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        for name, run in runs:
+            output, _ = run.communicate(timeout=120)
+            assert run.returncode == 0, f"{name}: ulysses-train: {output[-2000:]}"
+            assert "eval after step 1" in output, f"{name}: {output[-2000:]}"
+
     def case_out_dir(self):
         user_dir = self.out("user")
         os.makedirs(user_dir)
@@ -453,12 +478,14 @@ class Suite:
 
 def main():
     keep = "--keep" in sys.argv
+    bin_dir = sys.argv[sys.argv.index("--bin") + 1] if "--bin" in sys.argv else None
     work = tempfile.mkdtemp(prefix="prepare_test.")
     os.makedirs(os.path.join(work, "out"))
     failures = 0
     try:
         start = time.monotonic()
         suite = Suite(work)
+        suite.bin_dir = bin_dir
         print(f"  fixture: {time.monotonic() - start:.1f} s")
         for name in [n for n in dir(Suite) if n.startswith("case_")]:
             start = time.monotonic()
