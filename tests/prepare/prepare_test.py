@@ -57,6 +57,21 @@ PLAIN_TEMPLATE = TURNS.replace("{% generation %}", "").replace("{% endgeneration
 UNPREFIXED_TEMPLATE = PLAIN_TEMPLATE.replace("<|end|>\n{% elif m['role'] == 'system'",
                                              "{% if loop.last %}!{% endif %}<|end|>\n"
                                              "{% elif m['role'] == 'system'")
+# ChatML as Qwen-style templates write it: whitespace control, a default system message, the
+# generation block opened inside the turn's header line.
+CHATML_TEMPLATE = """\
+{%- if messages[0]['role'] != 'system' %}{{ '<|system|>\\nYou are helpful.<|end|>\\n' }}{% endif %}
+{%- for m in messages %}
+  {%- if m['role'] == 'assistant' %}
+    {{- '<|assistant|>\\n' }}
+    {%- generation %}
+      {{- (m['content'] | trim) + '<|end|>\\n' }}
+    {%- endgeneration %}
+  {%- else %}
+    {{- '<|' + m['role'] + '|>\\n' + (m['content'] | trim) + '<|end|>\\n' }}
+  {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"""
 WORDS = ("the a model learns long context attention sequence token shard rank gradient loss "
          "über naïve 数据 données 🙂 step batch").split()
 
@@ -87,8 +102,11 @@ def make_fixture(root):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    chatml_plain = (CHATML_TEMPLATE.replace("{%- generation %}", "")
+                    .replace("{%- endgeneration %}", ""))
     for name, template in (("marked", MARKED_TEMPLATE), ("plain", PLAIN_TEMPLATE),
-                           ("unprefixed", UNPREFIXED_TEMPLATE)):
+                           ("unprefixed", UNPREFIXED_TEMPLATE), ("chatml", CHATML_TEMPLATE),
+                           ("chatml_plain", chatml_plain)):
         wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>",
                                           eos_token="</s>", unk_token="<unk>")
         wrapped.chat_template = template
@@ -245,11 +263,11 @@ class Suite:
         pretrain_one, _ = self.prepare("det5", self.jsonl, "--eval-fraction", "0.2")
         assert output_bytes(pretrain_two) == output_bytes(pretrain_one)
 
-    def expected_chats(self, chats, fraction):
+    def expected_chats(self, chats, fraction, tokenizer=None):
         expected = {"train": ([], []), "eval": ([], [])}
         for chat, is_eval in zip(chats, split_of(len(chats), fraction)):
-            out = self.tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True,
-                                                     return_assistant_tokens_mask=True)
+            out = (tokenizer or self.tokenizer).apply_chat_template(
+                chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
             assert any(out["assistant_masks"]) and not all(out["assistant_masks"])
             tokens, masks = expected["eval" if is_eval else "train"]
             tokens.append(list(out["input_ids"]))
@@ -311,6 +329,15 @@ class Suite:
         self.check_sft(plain, self.expected_chats(self.chats, 0.01))
         self.expect_error("unprefixed", self.chat_jsonl, 1, "differently", "--mode", "sft",
                           tokenizer=os.path.join(self.work, "unprefixed"))
+        chatml, _ = self.prepare("chatml", self.chat_jsonl, "--mode", "sft",
+                                 tokenizer=os.path.join(self.work, "chatml"))
+        chatml_plain, _ = self.prepare("chatml_plain", self.chat_jsonl, "--mode", "sft",
+                                       tokenizer=os.path.join(self.work, "chatml_plain"))
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(os.path.join(self.work, "chatml"),
+                                                  local_files_only=True)
+        self.check_sft(chatml, self.expected_chats(self.chats, 0.01, tokenizer))
+        assert output_bytes(chatml_plain) == output_bytes(chatml), "ChatML fallback differs"
 
     def expect_error(self, name, path, record, words, *args, tokenizer=None):
         """The run exits 2 with one line naming the file and record, and writes nothing."""
