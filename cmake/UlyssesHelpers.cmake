@@ -15,8 +15,13 @@ function(ulysses_library name)
   ulysses_common_flags(${name})
 endfunction()
 
-# ulysses_test(NAME [NO_PCH] SOURCES a_test.cpp ... DEPS lib ... [LABELS l] [TIMEOUT s])
-#   One GoogleTest executable, registered with ctest as one test per gtest case.
+# ulysses_test(NAME [NO_PCH] SOURCES a_test.cpp ... DEPS lib ... [LABELS l] [TIMEOUT s] [COST c])
+#   One GoogleTest executable, registered with ctest as one test per test suite (TEST, TEST_F and
+#   TEST_P's first argument, read from SOURCES; the parameterized ones under any instantiation
+#   prefix): a suite's cases share one process start (LibTorch's load costs about a third of a
+#   second, more than most cases take), and gtest's output still names each case that failed.
+#   TIMEOUT and COST are per case (seconds); a suite gets them times its number of cases (the
+#   timeout at most 1200 s), so ctest -j starts the costly suites first.
 function(ulysses_test name)
   cmake_parse_arguments(ARG "NO_PCH" "TIMEOUT;COST" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -28,20 +33,49 @@ function(ulysses_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
-  include(GoogleTest)
-  # Tests find binaries beside themselves (build/bin) and the project root through
-  # common/paths.h, so the only environment they need is one OpenMP thread per rank.
-  # ULYSSES_PYTHON: the venv Python whose real clients check what we write (tests/clients/).
-  # (A second variable in ENVIRONMENT would be split on its ';' by gtest_discover_tests.)
-  set(props TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "OMP_NUM_THREADS=1"
-            ENVIRONMENT_MODIFICATION "ULYSSES_PYTHON=set:${ULYSSES_PYTHON}")
-  if(ARG_LABELS)
-    list(APPEND props LABELS ${ARG_LABELS})
+  if(NOT ARG_COST)
+    set(ARG_COST 1)
   endif()
-  if(ARG_COST)  # about the seconds each case takes: ctest -j starts the costly ones first
-    list(APPEND props COST ${ARG_COST})
+  # The suites and their case counts, in the order the sources first name them.
+  set(suites "")
+  foreach(source ${ARG_SOURCES})
+    get_filename_component(path ${source} ABSOLUTE)
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${path})  # a new suite re-registers
+    file(STRINGS ${path} lines REGEX "^[ \t]*TEST(_F|_P)?[ \t]*\\([ \t]*[A-Za-z0-9_]+[ \t]*,")
+    foreach(line ${lines})
+      string(REGEX REPLACE "^[ \t]*TEST(_F|_P)?[ \t]*\\([ \t]*([A-Za-z0-9_]+).*" "\\2" suite "${line}")
+      if(NOT suite IN_LIST suites)
+        list(APPEND suites ${suite})
+        set(cases_${suite} 0)
+      endif()
+      math(EXPR cases_${suite} "${cases_${suite}} + 1")
+    endforeach()
+  endforeach()
+  if(NOT suites)
+    message(FATAL_ERROR "ulysses_test(${name}): no TEST, TEST_F or TEST_P in ${ARG_SOURCES}")
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
+  foreach(suite ${suites})
+    if(TEST ${suite})
+      message(FATAL_ERROR "ulysses_test(${name}): test suite ${suite} is also in another executable")
+    endif()
+    math(EXPR timeout "${ARG_TIMEOUT} * ${cases_${suite}}")
+    if(timeout GREATER 1200)
+      set(timeout 1200)
+    endif()
+    if(timeout LESS ARG_TIMEOUT)
+      set(timeout ${ARG_TIMEOUT})
+    endif()
+    math(EXPR cost "${ARG_COST} * ${cases_${suite}}")
+    add_test(NAME ${suite} COMMAND $<TARGET_FILE:${name}> "--gtest_filter=${suite}.*:*/${suite}.*")
+    # Tests find binaries beside themselves (build/bin) and the project root through
+    # common/paths.h, so the only environment they need is one OpenMP thread per rank.
+    # ULYSSES_PYTHON: the venv Python whose real clients check what we write (tests/clients/).
+    # A filter that selects no case (a suite renamed behind a macro) fails rather than passes.
+    set_tests_properties(${suite} PROPERTIES TIMEOUT ${timeout} COST ${cost}
+      ENVIRONMENT "OMP_NUM_THREADS=1;ULYSSES_PYTHON=${ULYSSES_PYTHON}"
+      FAIL_REGULAR_EXPRESSION "Running 0 tests from"
+      LABELS "${ARG_LABELS}")
+  endforeach()
 endfunction()
 
 # ulysses_isa_variants(TARGET FILTER gtest-filter [TIMEOUT s] [COST c] [LABELS l])

@@ -33,13 +33,16 @@ void expect_one_error_line(const Result& r) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
+// The sweep fixture under its own suite name (ctest runs each suite as one test).
+class SweepGuardTest : public SweepCliTest {};
+
 int64_t ran(const std::vector<store::TrialRecord>& trials) {
   int64_t n = 0;
   for (const auto& t : trials) n += t.ran();
   return n;
 }
 
-TEST_F(SweepCliTest, ResumeRefusesAChangedExperimentNamingTheKey) {
+TEST_F(SweepGuardTest, ResumeRefusesAChangedExperimentNamingTheKey) {
   // The hardware profile beside the experiment, so that the test can change its contents.
   const std::string profile = (dir_ / "hw.yaml").string();
   std::ofstream(profile) << read_text(fs::path(project_home()) /
@@ -113,7 +116,7 @@ TEST_F(SweepCliTest, ResumeRefusesAChangedExperimentNamingTheKey) {
 
 // A sweep name becomes runs/<name> and goes into generated scripts: a line break or a path is
 // refused in one line naming the field, before the database (or anything else) is written.
-TEST_F(SweepCliTest, UnsafeSweepNamesAreRefusedBeforeAnythingIsWritten) {
+TEST_F(SweepGuardTest, UnsafeSweepNamesAreRefusedBeforeAnythingIsWritten) {
   const std::string experiment = read_text(experiment_);
   rewrite(experiment_, "name: fake", "name: \"fake\\ntouch pwned\"");
   Result newline = tune(sweep_args());
