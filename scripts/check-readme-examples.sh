@@ -28,7 +28,7 @@ SKIP=(
   "*sbatch *|needs a SLURM cluster"
   "scripts/fetch-deps.sh*|downloads Debian packages (apt-get download)"
   "scripts/build-gpu.sh|configures and builds the project (minutes); its --print form runs"
-  "scripts/gpu-campaign.sh*--dry-run*|a few minutes: the gpu_campaign_dry_run and gpu_quick_dry_run tests run it"
+  "scripts/gpu-campaign.sh*--dry-run*|a few minutes: the gpu_campaign_dry_run_all and gpu_quick_dry_run tests run it"
   "scripts/make-wheel-bundle.sh*|downloads wheels from the package index and builds DeepSpeed's"
   "bench/compare/compare.py run*--dry-run*|about two minutes: the bench_compare test runs it"
 )

@@ -3,16 +3,23 @@
 # a GPU minute is spent:
 #   1. the dry run (Nsight Systems replaced by tests/tuner/fake_nsys.sh, whose trace has known
 #      counts): every stage ok, every result file present, summary.md in the GPU run's layout,
-#      the trace's host syncs and copy times counted as the fixture says;
+#      the trace's host syncs and copy times counted as the fixture says. By default the stages
+#      this campaign alone has (build, smoke, alst-run, profile, findings), the others listed as
+#      not run: the comparison and the sweep run the same tools as the quick campaign's stages,
+#      whose dry run (gpu_quick_test.sh) runs them, and bench/compare's own test runs every part
+#      of the comparison. --all: every stage (a few minutes);
 #   2. a second invocation skips every stage (resumable) and succeeds;
 #   3. a failed stage is recorded with its command and exit status, the stages that need it are
 #      skipped, the others run, and the campaign exits 1;
 #   4. an OUT it did not make (non-empty, no marker) is refused and left untouched; so is a
 #      campaign directory of the other mode;
 #   5. scripts/campaign/findings.py's verdicts on CUDA-shaped inputs (what a GPU run would feed it).
-# Usage: gpu_campaign_test.sh BUILD_DIR   (ULYSSES_PYTHON: a Python with torch and transformers)
+# Usage: gpu_campaign_test.sh BUILD_DIR [--all]   (ULYSSES_PYTHON: a Python with torch and
+#        transformers)
 set -euo pipefail
-build=$(cd "${1:?usage: gpu_campaign_test.sh BUILD_DIR}" && pwd)
+build=$(cd "${1:?usage: gpu_campaign_test.sh BUILD_DIR [--all]}" && pwd)
+all=0
+[ "${2:-}" = --all ] && all=1
 root=$(cd "$(dirname "$0")/../.." && pwd)
 python=${ULYSSES_PYTHON:-python3}
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-campaign-test.XXXXXX")
@@ -23,18 +30,25 @@ export NSYS=$root/tests/tuner/fake_nsys.sh FAKE_NSYS_PYTHON=$python OMP_NUM_THRE
 
 # 1. The dry run.
 out=$work/out
-campaign "$out" > "$work/run1.log" 2>&1 || { cat "$work/run1.log"; fail "dry run exited $?"; }
-stages=(build smoke compare-throughput compare-maxlen-ours compare-maxlen-theirs sweep plan-fit
-        alst-run profile findings)
+every=(build smoke compare-throughput compare-maxlen-ours compare-maxlen-theirs sweep plan-fit
+       alst-run profile findings)
+if [ "$all" = 1 ]; then
+  stages=("${every[@]}") selected=()
+  files=(compare-throughput/bench/results.jsonl compare-maxlen-ours/bench/summary.md
+         compare-maxlen-theirs/bench/summary.md sweep/report/README.md
+         sweep/recommended/recommended.yaml plan-fit/plan.txt)
+else
+  stages=(build smoke alst-run profile findings) files=()
+  selected=(--stages "$(IFS=,; echo "${stages[*]}")")
+fi
+campaign "$out" "${selected[@]}" > "$work/run1.log" 2>&1 ||
+  { cat "$work/run1.log"; fail "dry run exited $?"; }
 for stage in "${stages[@]}"; do
   grep -qx "status=ok" "$out/$stage/status" ||
     { cat "$work/run1.log"; fail "stage $stage: $(cat "$out/$stage/status")"; }
 done
-for f in build/version.txt smoke/gpu-smoke.tsv compare-throughput/bench/results.jsonl \
-    compare-maxlen-ours/bench/summary.md compare-maxlen-theirs/bench/summary.md \
-    sweep/report/README.md sweep/recommended/recommended.yaml plan-fit/plan.txt \
-    alst-run/alst-run.json profile/syncs.json findings/findings.md findings/findings.json \
-    .ulysses-campaign summary.md; do
+for f in "${files[@]}" build/version.txt smoke/gpu-smoke.tsv alst-run/alst-run.json \
+    profile/syncs.json findings/findings.md findings/findings.json .ulysses-campaign summary.md; do
   [ -e "$out/$f" ] || fail "no $f"
 done
 summary=$out/summary.md
@@ -45,15 +59,19 @@ for heading in "## Stages" "## Smoke" "## Comparison with transformers" "## One-
   [ -n "$line" ] && [ "$line" -gt "$previous" ] || fail "summary.md: '$heading' missing or out of order"
   previous=$line
 done
-for stage in "${stages[@]}"; do
-  grep -q "^| $stage | ok | 0 |" "$summary" || fail "summary.md: no ok row for $stage"
-  grep -qx "### $stage" "$summary" || fail "summary.md: no commands of $stage"
+for stage in "${every[@]}"; do
+  if [[ " ${stages[*]} " == *" $stage "* ]]; then
+    grep -q "^| $stage | ok | 0 |" "$summary" || fail "summary.md: no ok row for $stage"
+    grep -qx "### $stage" "$summary" || fail "summary.md: no commands of $stage"
+  else
+    grep -q "^| $stage | not run |" "$summary" || fail "summary.md: $stage not listed as not run"
+  fi
 done
 grep -q "scripts/gpu-smoke.sh" "$summary" && grep -q "^  exit 0$" "$summary" ||
   fail "summary.md: commands without their exit status"
 grep -q "| Host syncs per step |" "$summary" && grep -q "| Peak reserved vs allocated |" "$summary" &&
   grep -q "| Offload copy time per step |" "$summary" || fail "summary.md: a findings row is missing"
-"$python" - "$out" << 'EOF' || fail "the trace's counts"
+"$python" - "$out" "$all" << 'EOF' || fail "the trace's counts"
 import json, sys
 s = json.load(open(sys.argv[1] + "/profile/syncs.json"))
 assert s["steps"] == 2, s
@@ -63,13 +81,15 @@ run = json.load(open(sys.argv[1] + "/alst-run/alst-run.json"))["variants"]
 for v in ("both", "activations"):  # a CPU build makes no CUDA call
     assert run[v]["syncs"]["host_syncs_per_step"] == 0, run[v]
     assert run[v]["memory"]["offload_optimizer"] == (v == "both"), run[v]["memory"]
-records = [json.loads(l) for l in open(sys.argv[1] + "/compare-throughput/bench/results.jsonl")]
-assert [r["config"] for r in records if r["kind"] == "run"][:4] == ["ours-alst", "hf"] * 2
+if sys.argv[2] == "1":
+    records = [json.loads(l) for l in open(sys.argv[1] + "/compare-throughput/bench/results.jsonl")]
+    assert [r["config"] for r in records if r["kind"] == "run"][:4] == ["ours-alst", "hf"] * 2
 EOF
 echo "1. dry run ok ($(grep -c '' "$summary") lines of summary)"
 
 # 2. Resumed: every stage is done, nothing runs again.
-campaign "$out" > "$work/run2.log" 2>&1 || { cat "$work/run2.log"; fail "second invocation exited $?"; }
+campaign "$out" "${selected[@]}" > "$work/run2.log" 2>&1 ||
+  { cat "$work/run2.log"; fail "second invocation exited $?"; }
 [ "$(grep -c ': done earlier' "$work/run2.log")" -eq ${#stages[@]} ] ||
   { cat "$work/run2.log"; fail "second invocation re-ran a stage"; }
 echo "2. resumed ok"
