@@ -12,12 +12,17 @@
 # made by whichever rank comes first: a rank may be stopped before it gets here).
 [ "$1" = --version ] && { echo "fake trainer"; exit 0; }
 cfg=$2
-get() {
-  awk -v s="$1" -v k="$2" '$0 ~ "^" s ":" { f = 1; next } /^[a-z]/ { f = 0 }
-                           f && $1 == k ":" { print $2; exit }' "$cfg"
-}
-len=$(get sequence length); sp=$(get mesh sp); tl=$(get memory tiled_loss)
-off=$(get memory offload_activations); limit=$(get memory limit_gib); out=$(get output dir)
+# The six keys in one pass (a sweep test starts this script thousands of times): the value of
+# `key:` under `section:`, as shell assignments.
+eval "$(awk '/^[a-z]/ { s = $1 } s != $1 && $1 ~ /:$/ {
+  k = s $1
+  if (k == "sequence:length:") print "len=\047" $2 "\047"
+  if (k == "mesh:sp:") print "sp=\047" $2 "\047"
+  if (k == "memory:tiled_loss:") print "tl=\047" $2 "\047"
+  if (k == "memory:offload_activations:") print "off=\047" $2 "\047"
+  if (k == "memory:limit_gib:") print "limit=\047" $2 "\047"
+  if (k == "output:dir:") print "out=\047" $2 "\047"
+}' "$cfg")"
 if [ -n "$FAKE_TERM_AT" ]; then
   trial=$(basename "$(dirname "$out")")
   mkdir "$FAKE_COUNT_DIR/$trial" 2>/dev/null && first=1 || first=0
