@@ -65,16 +65,18 @@ double nvidia_smi_memory_gib() {
   return smallest;
 }
 
-double physical_memory_gib() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<double>(pages) * page / (1 << 30) : 0.0;
-}
-
 bool above(double profile, double machine) {
   return machine > 0 && profile > machine * (1 + kProfileTolerance);
 }
 
 }  // namespace
+
+double physical_memory_gib() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * page / (1 << 30) : 0.0;
+}
+
+int64_t online_cores() { return std::max(0L, sysconf(_SC_NPROCESSORS_ONLN)); }
 
 std::string bounded_output(const std::string& command, int* exit_status) {
   std::string out;
@@ -93,7 +95,7 @@ MachineCapacity query_machine(const std::string& device_type) {
   m.host_memory_gib = env_number("ULYSSES_HOST_MEMORY_GIB");
   if (m.host_memory_gib == 0) m.host_memory_gib = physical_memory_gib();
   m.host_cores = static_cast<int64_t>(env_number("ULYSSES_HOST_CORES"));
-  if (m.host_cores == 0) m.host_cores = std::max(0L, sysconf(_SC_NPROCESSORS_ONLN));
+  if (m.host_cores == 0) m.host_cores = online_cores();
   m.device = device_type == "cuda" ? "cuda:0" : "the host";
   m.device_memory_gib = env_number("ULYSSES_DEVICE_MEMORY_GIB");
   if (m.device_memory_gib > 0) {

@@ -28,6 +28,11 @@ struct MachineCapacity {
 // set to something that is not a positive number.
 MachineCapacity query_machine(const std::string& device_type);
 
+// This node's physical memory (GiB) and online CPU cores as the OS reports them, without the
+// environment's overrides; 0 when unknown.
+double physical_memory_gib();
+int64_t online_cores();
+
 // What shell `command` prints on stdout, with no input, stderr dropped and at most 20 s to run
 // (a tool that waits must not stall the caller); "" when it cannot start. *exit_status, when
 // given, gets pclose's status (0: it ran and exited 0).

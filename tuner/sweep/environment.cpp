@@ -31,11 +31,6 @@ std::string cpu_model() {
   return "";
 }
 
-double memory_gib() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<double>(pages) * page / (1 << 30) : 0.0;
-}
-
 }  // namespace
 
 std::optional<double> load_average_1m() {
@@ -43,11 +38,6 @@ std::optional<double> load_average_1m() {
   double load = 0.0;
   if (!(in >> load) || load < 0.0) return std::nullopt;
   return load;
-}
-
-int64_t online_cores() {
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  return cores > 0 ? cores : 0;
 }
 
 std::string command_output(const std::string& command) {
@@ -62,7 +52,7 @@ std::string capture_environment(const std::string& trainer) {
   env["host"] = host;
   env["cpu"] = cpu_model();
   env["cpu_cores"] = std::thread::hardware_concurrency();
-  env["memory_gib"] = memory_gib();
+  env["memory_gib"] = calibrate::physical_memory_gib();
   env["gpus"] = all_output(
       "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader");
   env["trainer_version"] = all_output(shell_quote(trainer) + " --version");

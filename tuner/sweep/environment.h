@@ -15,8 +15,6 @@ std::string capture_environment(const std::string& trainer);
 // The machine's 1-minute load average now (the first field of /proc/loadavg); nullopt where it
 // cannot be read (not Linux).
 std::optional<double> load_average_1m();
-// The machine's online CPU cores (0 when unknown).
-int64_t online_cores();
 
 // The first line printed by a command run through /bin/sh (stderr discarded), "" on failure.
 std::string command_output(const std::string& command);

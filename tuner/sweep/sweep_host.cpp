@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "config/run_config.h"
 #include "tuner/backends/deepspeed/deepspeed_trial.h"
+#include "tuner/calibrate/machine_check.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/experiment/trial_space.h"
 #include "tuner/results/calibrated_model.h"
@@ -197,7 +198,7 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   spec.name = "ulysses-trial-" + std::to_string(r.id);
   store::TrialLoad load;  // how loaded the machine was while the trial ran
   load.trial_id = r.id;
-  load.cores = online_cores();
+  load.cores = calibrate::online_cores();
   load.start_load_1m = load_average_1m();
   trial::TrialOutcome outcome;
   try {
