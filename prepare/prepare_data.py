@@ -303,11 +303,11 @@ def prepare(args, tokenizer, sources, staged):
         reasons = "".join(f", {reason} {count}" for reason, count in counts["skipped"].items())
         raise record_sources.InputError(
             f"{' '.join(args.inputs)}: no usable record ({counts['records']} read{reasons})")
-    return write_manifest(args, tokenizer, sources, staged, counts, histogram, dtype_name,
+    return write_manifest(args, tokenizer, ids, sources, staged, counts, histogram, dtype_name,
                           template, use_markers)
 
 
-def write_manifest(args, tokenizer, sources, staged, counts, histogram, dtype_name, template,
+def write_manifest(args, tokenizer, ids, sources, staged, counts, histogram, dtype_name, template,
                    use_markers):
     """OUT/manifest.json (in the staging directory); returns it."""
     sft = args.mode == "sft"
@@ -317,7 +317,7 @@ def write_manifest(args, tokenizer, sources, staged, counts, histogram, dtype_na
         "sha256": manifest_lib.tokenizer_sha256(args.tokenizer, names),
         "files": names,
         "class": type(tokenizer).__name__,
-        "ids": id_count(tokenizer),
+        "ids": ids,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
     }
