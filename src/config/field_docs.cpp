@@ -115,10 +115,29 @@ const std::map<std::string, std::string>& meanings() {
        "megatron:PREFIX (PREFIX.bin + PREFIX.idx, a Megatron-LM indexed dataset)."},
       {"data.seed", "Seed of the synthetic tokens."},
       {"data.token_dtype", "uint16 or uint32: the id size in a tokens:PATH file."},
-      {"data.pack", "Pack documents into each sequence with per-document position ids."},
+      {"data.pack",
+       "Documents inside a sequence get position ids from 0 and attend only to themselves "
+       "(boundaries from a megatron:PREFIX index or data.eod_token); windows may still cut a "
+       "document, which data.packing documents never does."},
       {"data.eod_token",
        "The document separator id of a flat file when packing; -1 = none (required for packing "
        "a tokens:PATH file)."},
+      {"data.packing",
+       "windows: each sequence is the next sequence.length tokens of the stream (documents may be "
+       "cut; the pretraining default). documents: whole documents of a megatron:PREFIX source "
+       "(the conversations of an SFT dataset) packed in order into each sequence, never cut "
+       "across two, the rest padded with ignored labels; implies data.pack. eval.source is read "
+       "the same way."},
+      {"data.overlong",
+       "With data.packing documents, a document longer than sequence.length: truncate (keep its "
+       "first sequence.length tokens) or drop (leave it out). Both are counted in the log and "
+       "summary.json (data_packing)."},
+      {"data.loss_mask",
+       "auto: a megatron:PREFIX source with PREFIX_loss_mask.bin/.idx beside it (the SFT mask "
+       "prepare/prepare_data.py writes) learns only the tokens whose mask is 1: the label "
+       "predicting a token of mask 0 is ignored, before any sharding; require: the same, and a "
+       "source without that mask is an error; ignore: learn every token. Applies to data.source "
+       "and eval.source."},
       {"memory.tiled_mlp",
        "Run the MLP over N sequence tiles (TiledMLP); auto = ceil(local length / hidden_size), "
        "the same on every rank; 1 = off."},

@@ -62,6 +62,9 @@ void for_each_field(C& c, Visit&& visit) {
   visit("data", "token_dtype", c.data.token_dtype);
   visit("data", "pack", c.data.pack);
   visit("data", "eod_token", c.data.eod_token);
+  visit("data", "packing", c.data.packing);
+  visit("data", "overlong", c.data.overlong);
+  visit("data", "loss_mask", c.data.loss_mask);
   visit("memory", "tiled_mlp", c.memory.tiled_mlp);
   visit("memory", "tiled_loss", c.memory.tiled_loss);
   visit("memory", "checkpointing", c.memory.checkpointing);

@@ -85,6 +85,13 @@ struct DataOptions {
   std::string token_dtype = "uint16";  // uint16 | uint32 (tokens:PATH only)
   bool pack = false;                   // pack documents with per-document position ids
   int64_t eod_token = -1;              // document separator for packing; -1 = none
+  // windows: fixed windows of the token stream; documents: whole documents packed into each
+  // sequence, padded (megatron:PREFIX sources; implies pack).
+  std::string packing = "windows";
+  std::string overlong = "truncate";  // documents longer than sequence.length: truncate | drop
+  // PREFIX_loss_mask beside a megatron:PREFIX source: auto (read it when present) | require |
+  // ignore (learn every token).
+  std::string loss_mask = "auto";
 };
 
 struct MemoryOptions {

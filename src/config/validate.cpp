@@ -208,6 +208,22 @@ void validate_run(const RunConfig& c) {
   require(c.data.eod_token >= -1 && c.data.eod_token < c.model.vocab_size, "data.eod_token",
           "must be -1 (none) or a token id below vocab_size " + show(c.model.vocab_size) +
               ", got " + show(c.data.eod_token));
+  one_of("data.packing", c.data.packing, {"windows", "documents"});
+  one_of("data.overlong", c.data.overlong, {"truncate", "drop"});
+  one_of("data.loss_mask", c.data.loss_mask, {"auto", "require", "ignore"});
+  // Whole documents and a required mask come from Megatron datasets (their index and
+  // PREFIX_loss_mask), for training and evaluation alike.
+  const auto megatron_only = [&](const std::string& key, const std::string& source) {
+    if (source.empty() || starts_with(source, "megatron:")) return;
+    require(c.data.packing != "documents", "data.packing",
+            "documents packs whole documents, which only a megatron:PREFIX source marks (in its "
+            "index); " + key + " is " + source + ", which has no document boundaries");
+    require(c.data.loss_mask != "require", "data.loss_mask",
+            "require reads PREFIX_loss_mask beside a megatron:PREFIX source; " + key + " is " +
+                source);
+  };
+  megatron_only("data.source", c.data.source);
+  megatron_only("eval.source", c.eval.source);
 
   require(c.memory.tiled_mlp.value >= 0, "memory.tiled_mlp", "must be >= 1 or auto");
   require(c.memory.tiled_loss.value >= 0, "memory.tiled_loss", "must be >= 1 or auto");

@@ -24,7 +24,8 @@ void require_positive(int64_t value, const char* key) {
 DataLoader::DataLoader(const config::DataOptions& data, const config::SequenceOptions& seq,
                        int64_t vocab_size, int64_t dp_size, int64_t dp_rank, int64_t sp_size,
                        int64_t sp_rank, const std::string& source_key, int64_t sp_ring)
-    : pack_(data.pack),
+    : pack_(data.pack || data.packing == "documents"),
+      whole_documents_(data.packing == "documents"),
       length_(seq.length),
       micro_batch_(seq.micro_batch),
       grad_accum_(seq.grad_accum),
@@ -88,7 +89,7 @@ Batch DataLoader::micro_batch(int64_t step, int64_t micro) const {
     const int64_t index = sample_index(step, micro, row);
     const LabeledSample sample =
         label_sample(source_->tokens(index), pack_ ? source_->document_starts(index) : no_documents,
-                     padded_length_);
+                     padded_length_, source_->loss_mask(index));
     batch.input_ids[row].copy_(shard(sample.input_ids));
     batch.labels[row].copy_(shard(sample.labels));
     batch.position_ids[row].copy_(shard(sample.position_ids));
@@ -101,10 +102,15 @@ Batch DataLoader::micro_batch(int64_t step, int64_t micro) const {
 
 int64_t DataLoader::global_valid_tokens(int64_t step) const {
   const int64_t first = first_sample(step);
-  if (!pack_) return global_batch_ * (length_ - 1);
+  const bool masked = !source_->loss_mask_prefix().empty();
+  if (!pack_ && !masked) return global_batch_ * (length_ - 1);
+  const std::vector<int64_t> no_documents;
   int64_t total = 0;
   for (int64_t index = first; index < first + global_batch_; ++index) {
-    total += count_valid_labels(length_, source_->document_starts(index));
+    const int64_t length =
+        whole_documents_ ? static_cast<int64_t>(source_->tokens(index).size()) : length_;
+    total += count_valid_labels(length, pack_ ? source_->document_starts(index) : no_documents,
+                                source_->loss_mask(index));
   }
   return total;
 }

@@ -4,11 +4,14 @@
 // them, micro-step m the m-th block of mb within that; SP rank r takes the positions
 // shard_positions(P, sp, sp_ring, r) of each sample (sequence_layout.h: [r*P/sp, (r+1)*P/sp)
 // without a ring), P = L padded to a multiple of sp, or of 2 sp with a ring. Labels are shifted
-// before sharding, so every shard keeps its true labels. Batches are a pure function of
-// (config, step, micro, ranks): no state to save for resume.
+// before sharding, so every shard keeps its true labels; a loss mask turns the labels of targets
+// it leaves out into -100 on the whole sample, before sharding too. A sample is a window of L
+// tokens, or with data.packing: documents whole documents (packed_documents.h) padded to P.
+// Batches are a pure function of (config, step, micro, ranks): no state to save for resume.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "config/options.h"
@@ -22,7 +25,8 @@ class DataLoader {
   // Opens the source `data.source` names (see open_token_source). For an evaluation loader pass
   // eval_data_options(...) and source_key "eval.source". Throws UserError naming the field or file
   // on bad input: unknown source, missing/short/corrupt file, sequence.length, micro_batch or
-  // grad_accum < 1, vocab_size < 1, bad token_dtype or eod_token.
+  // grad_accum < 1, vocab_size < 1, bad token_dtype or eod_token, a loss mask that does not fit
+  // the tokens, documents packing without document boundaries (open_token_source).
   // `sp_ring` is the resolved mesh.sp_ring (config/mesh_factors.h).
   // REQUIRES: 1 <= dp_size, 0 <= dp_rank < dp_size, 1 <= sp_size, 0 <= sp_rank < sp_size,
   // sp_size % sp_ring == 0.
@@ -32,8 +36,8 @@ class DataLoader {
 
   // This rank's micro-batch `micro` of step `step`: bs = micro_batch samples, each cut to this SP
   // rank's sl/sp positions; doc_ids (full [bs, sl]) and their documents (document_runs, found
-  // here on the host) only when data.pack. Tensors on CPU. Throws UserError naming the file when
-  // a file token is outside the vocabulary.
+  // here on the host) only when data.pack or data.packing: documents. Tensors on CPU. Throws
+  // UserError naming the file when a file token is outside the vocabulary.
   // REQUIRES: step >= 1, 0 <= micro < grad_accum.
   Batch micro_batch(int64_t step /*1-based*/, int64_t micro /*0..grad_accum-1*/) const;
 
@@ -53,6 +57,11 @@ class DataLoader {
   // Index of the global sample that row `row` of micro_batch(step, micro) holds on this rank.
   int64_t sample_index(int64_t step, int64_t micro, int64_t row) const;
 
+  // How data.packing: documents laid the source's documents into samples; nullopt for windows.
+  std::optional<PackingCounts> packing_counts() const { return source_->packing_counts(); }
+  // The loss-mask dataset the source reads (data.loss_mask), "" when none.
+  std::string loss_mask_prefix() const { return source_->loss_mask_prefix(); }
+
   // Continues the sample stream of a resumed run: step `first_step` begins at global sample
   // `samples_before` (the samples the checkpoint had seen), later steps follow G apart, so a
   // resume with another mesh or batch size neither replays nor skips samples. Without this call
@@ -64,7 +73,8 @@ class DataLoader {
 
  private:
   std::shared_ptr<const TokenSource> source_;  // immutable, shared by copies of the loader
-  bool pack_;
+  bool pack_;             // doc_ids and per-document positions (data.pack, or whole documents)
+  bool whole_documents_;  // data.packing: documents (samples of at most L tokens)
   int64_t length_;         // L
   int64_t padded_length_;  // P
   int64_t micro_batch_;    // bs

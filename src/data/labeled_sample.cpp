@@ -13,9 +13,12 @@ int64_t padded_length(int64_t length, int64_t sp) {
 }
 
 LabeledSample label_sample(const std::vector<int64_t>& tokens,
-                           const std::vector<int64_t>& document_starts, int64_t padded_len) {
+                           const std::vector<int64_t>& document_starts, int64_t padded_len,
+                           const std::vector<uint8_t>& loss_mask) {
   const auto length = static_cast<int64_t>(tokens.size());
   TORCH_CHECK(length >= 1 && padded_len >= length, "label_sample: L=", length, ", P=", padded_len);
+  TORCH_CHECK(loss_mask.empty() || static_cast<int64_t>(loss_mask.size()) == length,
+              "label_sample: loss mask of ", loss_mask.size(), " values for ", length, " tokens");
   // begins[j]: position j begins a document (j in [1, L)); begins[L] stays false.
   std::vector<bool> begins(length + 1, false);
   int64_t previous = 0;
@@ -45,9 +48,10 @@ LabeledSample label_sample(const std::vector<int64_t>& tokens,
       ++document;
     }
     inputs[j] = tokens[j];
-    const bool next_in_document = j + 1 < length && !begins[j + 1];
-    labels[j] = next_in_document ? tokens[j + 1] : kIgnoreIndex;
-    row.valid_tokens += next_in_document ? 1 : 0;
+    const bool learned = j + 1 < length && !begins[j + 1] &&
+                         (loss_mask.empty() || loss_mask[j + 1] != 0);
+    labels[j] = learned ? tokens[j + 1] : kIgnoreIndex;
+    row.valid_tokens += learned ? 1 : 0;
     positions[j] = position++;
     docs[j] = document;
   }
@@ -60,8 +64,24 @@ LabeledSample label_sample(const std::vector<int64_t>& tokens,
   return row;
 }
 
-int64_t count_valid_labels(int64_t length, const std::vector<int64_t>& document_starts) {
-  return length - 1 - static_cast<int64_t>(document_starts.size());
+int64_t count_valid_labels(int64_t length, const std::vector<int64_t>& document_starts,
+                           const std::vector<uint8_t>& loss_mask) {
+  TORCH_CHECK(loss_mask.empty() || static_cast<int64_t>(loss_mask.size()) == length,
+              "count_valid_labels: loss mask of ", loss_mask.size(), " values for ", length,
+              " tokens");
+  int64_t valid = length - 1 - static_cast<int64_t>(document_starts.size());
+  if (loss_mask.empty()) return valid;
+  // Targets j in [1, L) that do not begin a document but are masked out.
+  size_t next_start = 0;
+  for (int64_t j = 1; j < length; ++j) {
+    const bool begins = next_start < document_starts.size() && document_starts[next_start] == j;
+    if (begins) {
+      ++next_start;
+    } else if (loss_mask[j] == 0) {
+      --valid;
+    }
+  }
+  return valid;
 }
 
 }  // namespace ulysses::data

@@ -33,7 +33,15 @@ nlohmann::json EvalResult::to_json() const {
                     {"tokens", b.count}});
   }
   out["buckets"] = rows;
+  if (packing) out["packing"] = packing_counts_json(*packing);
+  if (!loss_mask.empty()) out["loss_mask"] = loss_mask;
   return out;
+}
+
+nlohmann::json packing_counts_json(const data::PackingCounts& counts) {
+  return {{"documents", counts.documents}, {"samples", counts.samples},
+          {"truncated", counts.truncated}, {"dropped", counts.dropped},
+          {"tokens", counts.tokens},       {"padding_tokens", counts.padding_tokens}};
 }
 
 EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& config,
@@ -46,9 +54,7 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
     model->set_attention_core(std::make_shared<model::LocalAttentionCore>(
         model::resolve_attention_backend(config.attention.backend, device)));
   }
-  config::DataOptions data = config.data;
-  data.source = config.eval.source;
-  data.seed = config.eval.seed;
+  const config::DataOptions data = data::eval_data_options(config.data, config.eval);
   config::SequenceOptions seq = config.sequence;
   seq.grad_accum = 1;
   // Without SP, the first rank of each SP group evaluates the group's whole sequences alone, so
@@ -106,6 +112,8 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
   packed = packed.to(at::kCPU);
 
   EvalResult result;
+  result.packing = loader.packing_counts();
+  result.loss_mask = loader.loss_mask_prefix();
   double total_sum = 0.0;
   int64_t total_count = 0;
   for (int64_t b = 0; b < num_buckets; ++b) {

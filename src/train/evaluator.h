@@ -4,10 +4,13 @@
 // rank of each SP group evaluates the group's whole sequences with local attention.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/mesh.h"
 #include "config/options.h"
+#include "data/token_source.h"
 #include "model/llama.h"
 #include "zero/zero_partition.h"
 
@@ -25,8 +28,14 @@ struct EvalResult {
   double perplexity = 0.0;
   int64_t tokens = 0;
   std::vector<BucketLoss> buckets;
-  nlohmann::json to_json() const;
+  std::optional<data::PackingCounts> packing;  // data.packing: documents only
+  std::string loss_mask;                        // the mask dataset read, "" = none
+  nlohmann::json to_json() const;  // packing and loss_mask only when present
 };
+
+// {documents, samples, truncated, dropped, tokens, padding_tokens}: the counts as summary.json and
+// evaluation records write them.
+nlohmann::json packing_counts_json(const data::PackingCounts& counts);
 
 // Bucket edges for a padded sequence length L: 0, L/32, L/16, L/8, L/4, L/2, L (integer halves,
 // repeats dropped), so runs of every size see how the loss falls along the context: 4096 gives
@@ -34,7 +43,8 @@ struct EvalResult {
 // REQUIRES: length >= 1.
 std::vector<int64_t> position_bucket_edges(int64_t length);
 
-// Evaluates `model` on config.eval (source, seed, steps) with the run's sequence settings.
+// Evaluates `model` on config.eval (source, seed, steps) with the run's sequence settings and
+// data options (data.packing, data.loss_mask, data.overlong apply to eval.source as to training).
 // Every rank of `mesh` must call it. `sp_core` is the attention core used with SP (restored on
 // return when SP is bypassed). No gradients are recorded. With a stage-3 `partition` (the
 // model's weights released) the forward goes unit by unit as in training: the embedding, each

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include "common/error.h"
@@ -72,6 +73,31 @@ std::string step_dir(const std::string& dir, int64_t step) {
 }
 
 void say(const std::string& line) { std::cout << "ulysses-train: " << line << std::endl; }
+
+// One line on what the data of `key` (data.source, eval.source) applies beyond its tokens: the
+// loss mask it reads and how whole documents were packed; "" when neither.
+std::string describe_data(const std::string& key, const std::string& loss_mask,
+                          const std::optional<data::PackingCounts>& packing,
+                          const config::DataOptions& options, int64_t length) {
+  std::string line;
+  if (!loss_mask.empty()) {
+    line = key + ": loss mask " + loss_mask + " (labels of tokens it marks 0 are ignored)";
+  }
+  if (packing) {
+    const data::PackingCounts& c = *packing;
+    const double padding = c.samples > 0 ? 100.0 * static_cast<double>(c.padding_tokens) /
+                                               static_cast<double>(c.samples * length)
+                                         : 0.0;
+    char percent[32];
+    std::snprintf(percent, sizeof(percent), "%.1f%%", padding);
+    line += (line.empty() ? key + ": " : std::string("; ")) + "data.packing documents: " +
+            std::to_string(c.documents) + " documents in " + std::to_string(c.samples) +
+            " samples of " + std::to_string(length) + " tokens, " + std::to_string(c.truncated) +
+            " truncated, " + std::to_string(c.dropped) + " dropped (data.overlong: " +
+            options.overlong + "), " + percent + " padding";
+  }
+  return line;
+}
 
 // Writes `config` to <output.dir>/run.yaml (through a temporary name). Throws UserError.
 void write_run_yaml(const config::RunConfig& config, const std::string& path) {
@@ -336,6 +362,10 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                                                            : profile::peak_flops_per_rank_from_env());
     write_run_yaml(config, run_yaml);
     std::cout << describe_run(config, run, run_yaml) << std::flush;
+    const std::string data_line =
+        describe_data("data.source", loader.loss_mask_prefix(), loader.packing_counts(),
+                      config.data, config.sequence.length);
+    if (!data_line.empty()) say(data_line);
     if (metrics->kept_steps() > 0) {
       say("appending to " + config.output.dir + "/metrics.jsonl after its " +
           std::to_string(metrics->kept_steps()) + " records of steps <= " +
@@ -346,9 +376,18 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
       tokens_per_step * profile::training_flops(config.model, loader.padded_length()).per_token();
   const bool evaluating = !config.eval.source.empty();
 
+  std::optional<data::PackingCounts> eval_packing;  // of the last evaluation, for summary.json
+  bool eval_data_said = false;
   auto run_eval = [&](int64_t step) {
     EvalResult result = evaluate(model, config, mesh, device, partition.get());
     if (partition) partition->release_all();  // stage 3: a safety net, nothing should remain
+    if (is_rank0 && !eval_data_said) {  // once: every evaluation reads the same data
+      const std::string line = describe_data("eval.source", result.loss_mask, result.packing,
+                                             config.data, config.sequence.length);
+      if (!line.empty()) say(line);
+      eval_data_said = true;
+    }
+    eval_packing = result.packing;
     if (is_rank0) {
       nlohmann::json record = result.to_json();
       record["step"] = step;
@@ -503,6 +542,11 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                   {"sequence_length", loader.padded_length()},
                   {"device", device.str()},
                   {"attention_kernels", model::attention_kernels_used()}});
+    if (const auto packing = loader.packing_counts()) {
+      extra["data_packing"] = packing_counts_json(*packing);
+    }
+    if (eval_packing) extra["eval_data_packing"] = packing_counts_json(*eval_packing);
+    if (!loader.loss_mask_prefix().empty()) extra["loss_mask"] = loader.loss_mask_prefix();
     metrics->write_summary(extra);
     say("done: outputs in " + config.output.dir + " (metrics.jsonl, summary.json, run.yaml)" +
         (checkpoints ? ", checkpoints in " + config.checkpoint.dir : std::string()));

@@ -88,6 +88,9 @@ inline void expect_same_config(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.data.token_dtype, b.data.token_dtype);
   EXPECT_EQ(a.data.pack, b.data.pack);
   EXPECT_EQ(a.data.eod_token, b.data.eod_token);
+  EXPECT_EQ(a.data.packing, b.data.packing);
+  EXPECT_EQ(a.data.overlong, b.data.overlong);
+  EXPECT_EQ(a.data.loss_mask, b.data.loss_mask);
   EXPECT_EQ(a.memory.tiled_mlp.value, b.memory.tiled_mlp.value);
   EXPECT_EQ(a.memory.tiled_loss.value, b.memory.tiled_loss.value);
   EXPECT_EQ(a.memory.checkpointing, b.memory.checkpointing);

@@ -121,6 +121,26 @@ TEST(ConfigErrors, OutOfRangeOrNotAllowed) {
       {"model: {preset: llama-3.2-1b}\ndata: {source: 'tokens:t.bin'}\n",
        {},
        "data.token_dtype: uint16 cannot hold the ids of vocab_size 128256; use uint32"},
+      {"data: {packing: conversations}\n",
+       {},
+       "data.packing: must be one of windows|documents, got 'conversations'"},
+      {"data: {overlong: keep}\n", {}, "data.overlong: must be one of truncate|drop, got 'keep'"},
+      {"data: {loss_mask: always}\n",
+       {},
+       "data.loss_mask: must be one of auto|require|ignore, got 'always'"},
+      {"data: {packing: documents}\n",
+       {},
+       "data.packing: documents packs whole documents, which only a megatron:PREFIX source marks "
+       "(in its index); data.source is synthetic, which has no document boundaries"},
+      {"data: {source: 'megatron:chats/train', packing: documents}\n"
+       "eval: {source: 'tokens:e.bin'}\n",
+       {},
+       "data.packing: documents packs whole documents, which only a megatron:PREFIX source marks "
+       "(in its index); eval.source is tokens:e.bin, which has no document boundaries"},
+      {"data: {loss_mask: require}\n",
+       {},
+       "data.loss_mask: require reads PREFIX_loss_mask beside a megatron:PREFIX source; "
+       "data.source is synthetic"},
       {"checkpoint: {every: -1}\n", {}, "checkpoint.every: must be >= 0, got -1"},
       {"checkpoint: {save_initial: true}\n", {}, "checkpoint.save_initial: needs checkpoint.dir"},
       {"eval: {source: bogus}\n",

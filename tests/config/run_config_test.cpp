@@ -183,11 +183,14 @@ RunConfig every_field_changed() {
   c.mesh.sp = 4;
   c.mesh.dp = 3;
   c.sequence = {1000, 2, 3};
-  c.data.source = "tokens:/data/corpus.bin";
+  c.data.source = "megatron:/data/corpus";  // documents packing and a required mask need one
   c.data.seed = (uint64_t{1} << 63) + 5;  // needs all 64 bits
   c.data.token_dtype = "uint32";
   c.data.pack = true;
   c.data.eod_token = 7;
+  c.data.packing = "documents";
+  c.data.overlong = "drop";
+  c.data.loss_mask = "require";
   c.memory.tiled_mlp.value = 0;  // auto
   c.memory.tiled_loss.value = 5;
   c.memory.checkpointing = true;
@@ -210,7 +213,7 @@ RunConfig every_field_changed() {
   c.checkpoint = {"ckpt", 2, true, "latest"};
   c.profile = {2, false};
   c.output.dir = "2024";  // reads as a number unless quoted
-  c.eval = {"synthetic", 3, 5, 2};
+  c.eval = {"megatron:/data/held-out", 3, 5, 2};
   c.comm = {60.5, 900.25, "file:/tmp/store", "nccl"};
   return c;
 }

@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -85,8 +88,10 @@ Assembled assemble(const config::DataOptions& data, int64_t length, const Layout
 
 // The data rules checked on a reference batch [G, L] from its own inputs, independently of
 // how the loader computes them: a label is the next input unless the position is the last or the
-// next one restarts its position count; positions restart exactly where doc ids change.
-void expect_consistent_rows(const Batch& reference, bool packed) {
+// next one restarts its position count (with a loss mask, `masked`, it may also be -100: the mask
+// is checked against the data by the tests that use one); positions restart exactly where doc ids
+// change.
+void expect_consistent_rows(const Batch& reference, bool packed, bool masked) {
   const auto inputs = reference.input_ids.accessor<int64_t, 2>();
   const auto labels = reference.labels.accessor<int64_t, 2>();
   const auto positions = reference.position_ids.accessor<int64_t, 2>();
@@ -98,7 +103,7 @@ void expect_consistent_rows(const Batch& reference, bool packed) {
       const bool next_restarts = j + 1 < length && positions[g][j + 1] == 0;
       if (j + 1 == length || next_restarts) {
         ASSERT_EQ(labels[g][j], -100) << "row " << g << " pos " << j;
-      } else {
+      } else if (!masked || labels[g][j] != -100) {
         ASSERT_EQ(labels[g][j], inputs[g][j + 1]) << "row " << g << " pos " << j;
       }
       if (!packed) {
@@ -114,8 +119,9 @@ void expect_consistent_rows(const Batch& reference, bool packed) {
   }
 }
 
-// Checks every layout and steps 1 and 3 against the single-process batch.
-void check_reassembly(const config::DataOptions& data, int64_t length) {
+// Checks every layout and steps 1 and 3 against the single-process batch. `masked`: the source
+// has a loss mask.
+void check_reassembly(const config::DataOptions& data, int64_t length, bool masked = false) {
   const std::vector<Layout> layouts = {{1, 2, 1, 1}, {2, 2, 2, 3}, {3, 4, 1, 2},
                                        {1, 3, 2, 2}, {4, 1, 1, 1}, {2, 5, 1, 2}};
   for (const Layout& layout : layouts) {
@@ -127,7 +133,7 @@ void check_reassembly(const config::DataOptions& data, int64_t length) {
       DataLoader single(data, {length, global, 1}, kVocab, 1, 0, 1, 0);
       ASSERT_EQ(single.padded_length(), length);
       const Batch reference = single.micro_batch(step, 0);  // [G, L]
-      expect_consistent_rows(reference, data.pack);
+      expect_consistent_rows(reference, data.pack, masked);
       const Assembled all = assemble(data, length, layout, step);
       const int64_t padded = all.inputs.size(1);
       if (layout.sp > 1) {
@@ -155,7 +161,7 @@ void check_reassembly(const config::DataOptions& data, int64_t length) {
       EXPECT_EQ(all.valid_sum, expected_valid);
       EXPECT_EQ(single.global_valid_tokens(step), expected_valid);
       for (int64_t count : all.global_valid) EXPECT_EQ(count, expected_valid);
-      if (!data.pack) {
+      if (!data.pack && !masked) {
         EXPECT_EQ(expected_valid, global * (length - 1));
       }
     }
@@ -381,6 +387,203 @@ TEST(DataLoaderPacking, DocumentsAreTheRunsOfTheDocIds) {
   }
 }
 
+// An SFT-like Megatron dataset: documents of the given lengths with recognizable tokens, and a
+// loss mask beside it (PREFIX_loss_mask, uint8) that leaves out the first tokens of each document
+// (its "prompt") and every third token after them. `stream` and `mask` receive both streams.
+std::string write_masked_dataset(const TempDir& dir, const std::vector<int64_t>& lengths,
+                                 std::vector<int64_t>* stream, std::vector<uint8_t>* mask) {
+  std::vector<std::vector<int64_t>> documents, masks;
+  stream->clear();
+  mask->clear();
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    documents.emplace_back();
+    masks.emplace_back();
+    for (int64_t t = 0; t < lengths[d]; ++t) {
+      documents.back().push_back(4 + static_cast<int64_t>(d * 13 + t * 5) % (kVocab - 4));
+      masks.back().push_back(t >= 2 && (t + static_cast<int64_t>(d)) % 3 != 0 ? 1 : 0);
+      stream->push_back(documents.back().back());
+      mask->push_back(static_cast<uint8_t>(masks.back().back()));
+    }
+  }
+  const std::string prefix = dir.file("sft");
+  write_megatron_dataset(prefix, documents, TokenDType::kUInt16);
+  write_megatron_dataset(prefix + "_loss_mask", masks, TokenDType::kUInt8);
+  return prefix;
+}
+
+// Every SP rank's shard (contiguous, or zig-zag blocks with a ring) equals the single-rank batch
+// at the positions it holds, labels included; padding beyond it is input 0, label -100; the
+// shards' valid counts sum to the single batch's, which every rank's global count knows.
+void expect_shards_equal_single(const config::DataOptions& data, int64_t length,
+                                int64_t micro_batch, int64_t sp, int64_t ring, int64_t step) {
+  SCOPED_TRACE("sp " + std::to_string(sp) + " ring " + std::to_string(ring) + " step " +
+               std::to_string(step));
+  const DataLoader single(data, {length, micro_batch, 1}, kVocab, 1, 0, 1, 0);
+  const Batch whole = single.micro_batch(step, 0);  // [bs, L]
+  int64_t valid = 0;
+  for (int64_t r = 0; r < sp; ++r) {
+    const DataLoader loader(data, {length, micro_batch, 1}, kVocab, 1, 0, sp, r, "data.source",
+                            ring);
+    EXPECT_EQ(loader.global_valid_tokens(step), whole.valid_tokens);
+    const Batch shard = loader.micro_batch(step, 0);
+    valid += shard.valid_tokens;
+    const at::Tensor at_positions = loader.shard_positions();
+    for (int64_t b = 0; b < micro_batch; ++b) {
+      for (int64_t i = 0; i < at_positions.numel(); ++i) {
+        const int64_t p = at_positions[i].item<int64_t>();
+        if (p >= length) {
+          EXPECT_EQ(shard.input_ids[b][i].item<int64_t>(), 0);
+          EXPECT_EQ(shard.labels[b][i].item<int64_t>(), -100);
+          continue;
+        }
+        ASSERT_EQ(shard.input_ids[b][i].item<int64_t>(), whole.input_ids[b][p].item<int64_t>());
+        ASSERT_EQ(shard.labels[b][i].item<int64_t>(), whole.labels[b][p].item<int64_t>())
+            << "rank " << r << " row " << b << " position " << p;
+        ASSERT_EQ(shard.position_ids[b][i].item<int64_t>(),
+                  whole.position_ids[b][p].item<int64_t>());
+      }
+      if (whole.doc_ids.defined()) {
+        EXPECT_TRUE(shard.doc_ids[b].narrow(0, 0, length).equal(whole.doc_ids[b]));
+      }
+    }
+  }
+  EXPECT_EQ(valid, whole.valid_tokens);
+}
+
+// The loss mask in windows: label j of sample i is ignored exactly where the stream's token
+// i*L + j + 1 has mask 0 (besides the sample's last position and, packed, each document's last
+// token), on the whole sample, so every rank's shard at sp 2, 4, 3 and with a ring (4 = 2 x 2,
+// 8 = 2 x 4) holds the single rank's labels.
+TEST(DataLoaderSharding, LossMaskAppliedBeforeSharding) {
+  TempDir dir;
+  std::vector<int64_t> stream;
+  std::vector<uint8_t> mask;
+  const std::vector<int64_t> lengths = {9, 4, 12, 3, 7, 10, 5, 8, 6, 11};  // 75 tokens
+  const std::string prefix = write_masked_dataset(dir, lengths, &stream, &mask);
+  std::vector<int64_t> begin = {0};  // stream offsets where documents begin
+  for (int64_t n : lengths) begin.push_back(begin.back() + n);
+  const int64_t length = 13;
+  for (bool pack : {false, true}) {
+    SCOPED_TRACE(pack ? "packed" : "unpacked");
+    config::DataOptions data;
+    data.source = "megatron:" + prefix;
+    data.pack = pack;
+    ASSERT_EQ(open_token_source(data, length, kVocab)->loss_mask_prefix(), prefix + "_loss_mask");
+    const DataLoader single(data, {length, 5, 1}, kVocab, 1, 0, 1, 0);
+    const Batch batch = single.micro_batch(1, 0);  // samples 0..4: stream [0, 65)
+    int64_t ignored_by_mask = 0;  // labels the mask alone ignores
+    for (int64_t i = 0; i < 5; ++i) {
+      for (int64_t j = 0; j < length; ++j) {
+        const int64_t target = i * length + j + 1;
+        const bool last = j + 1 == length;
+        const bool next_begins = pack && std::count(begin.begin(), begin.end(), target) > 0;
+        const bool learned = !last && !next_begins && mask[target] == 1;
+        EXPECT_EQ(batch.labels[i][j].item<int64_t>(), learned ? stream[target] : -100)
+            << "sample " << i << " position " << j;
+        if (!last && !next_begins && mask[target] == 0) ++ignored_by_mask;
+      }
+    }
+    EXPECT_GT(ignored_by_mask, 10);
+    EXPECT_EQ(single.global_valid_tokens(1), batch.valid_tokens);
+    for (const auto& [sp, ring] : {std::pair<int64_t, int64_t>{2, 1}, {4, 1}, {3, 1}, {4, 2},
+                                   {8, 4}}) {
+      expect_shards_equal_single(data, length, 2, sp, ring, 2);
+    }
+    // Every layout of dp, sp, micro-batches and accumulation reassembles the single batch.
+    check_reassembly(data, length, /*masked=*/true);
+
+    data.loss_mask = "ignore";  // the same data learning every token
+    const Batch unmasked = DataLoader(data, {length, 5, 1}, kVocab, 1, 0, 1, 0).micro_batch(1, 0);
+    EXPECT_EQ(unmasked.valid_tokens, batch.valid_tokens + ignored_by_mask);
+  }
+}
+
+// Whole documents: lengths 3 4 2 9 5 1 12 at L 8 pack, in order, as [3 4] [2] [9 cut to 8] [5 1]
+// [12 cut to 8] (truncate) or [3 4] [2 5 1] (drop: 9 and 12 left out); no document is cut across
+// two samples; each sample is padded with label -100 and a doc id of its own; labels follow the
+// mask; the plan wraps after its last sample.
+TEST(DataLoaderPacking, WholeDocumentsTruncatedOrDroppedAndCounted) {
+  TempDir dir;
+  std::vector<int64_t> stream;
+  std::vector<uint8_t> mask;
+  const std::vector<int64_t> lengths = {3, 4, 2, 9, 5, 1, 12};
+  const std::string prefix = write_masked_dataset(dir, lengths, &stream, &mask);
+  std::vector<int64_t> begin = {0};  // stream offset of each document
+  for (int64_t n : lengths) begin.push_back(begin.back() + n);
+  const int64_t length = 8;
+  struct Plan {
+    std::string overlong;
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> samples;  // (document, tokens taken)
+    int64_t truncated, dropped;
+  };
+  const std::vector<Plan> plans = {
+      {"truncate", {{{0, 3}, {1, 4}}, {{2, 2}}, {{3, 8}}, {{4, 5}, {5, 1}}, {{6, 8}}}, 2, 0},
+      {"drop", {{{0, 3}, {1, 4}}, {{2, 2}, {4, 5}, {5, 1}}}, 0, 2}};
+  for (const Plan& plan : plans) {
+    SCOPED_TRACE("data.overlong " + plan.overlong);
+    config::DataOptions data;
+    data.source = "megatron:" + prefix;
+    data.packing = "documents";
+    data.overlong = plan.overlong;
+    const auto samples = static_cast<int64_t>(plan.samples.size());
+    const DataLoader single(data, {length, samples, 1}, kVocab, 1, 0, 1, 0);
+    const std::optional<PackingCounts> counts = single.packing_counts();
+    ASSERT_TRUE(counts.has_value());
+    int64_t tokens = 0;
+    for (const auto& sample : plan.samples) {
+      for (const auto& piece : sample) tokens += piece.second;
+    }
+    EXPECT_EQ(counts->documents, 7);
+    EXPECT_EQ(counts->samples, samples);
+    EXPECT_EQ(counts->truncated, plan.truncated);
+    EXPECT_EQ(counts->dropped, plan.dropped);
+    EXPECT_EQ(counts->tokens, tokens);
+    EXPECT_EQ(counts->padding_tokens, samples * length - tokens);
+
+    for (int64_t step : {1, 2}) {  // step 2 wraps: the same samples again
+      const Batch batch = single.micro_batch(step, 0);  // [samples, L]
+      ASSERT_TRUE(batch.doc_ids.defined()) << "documents mode implies per-document attention";
+      int64_t valid = 0;
+      for (int64_t i = 0; i < samples; ++i) {
+        int64_t j = 0;
+        for (size_t k = 0; k < plan.samples[i].size(); ++k) {
+          const auto [document, taken] = plan.samples[i][k];
+          for (int64_t t = 0; t < taken; ++t, ++j) {
+            const int64_t at = begin[document] + t;
+            ASSERT_EQ(batch.input_ids[i][j].item<int64_t>(), stream[at]) << i << "/" << j;
+            ASSERT_EQ(batch.position_ids[i][j].item<int64_t>(), t);
+            ASSERT_EQ(batch.doc_ids[i][j].item<int64_t>(), static_cast<int64_t>(k));
+            const bool learned = t + 1 < taken && mask[at + 1] == 1;
+            ASSERT_EQ(batch.labels[i][j].item<int64_t>(), learned ? stream[at + 1] : -100)
+                << "sample " << i << " position " << j;
+            valid += learned ? 1 : 0;
+          }
+        }
+        const auto documents = static_cast<int64_t>(plan.samples[i].size());
+        for (; j < length; ++j) {  // padding: attends to nothing real, learns nothing
+          EXPECT_EQ(batch.input_ids[i][j].item<int64_t>(), 0);
+          EXPECT_EQ(batch.labels[i][j].item<int64_t>(), -100);
+          EXPECT_EQ(batch.doc_ids[i][j].item<int64_t>(), documents);
+        }
+      }
+      EXPECT_EQ(batch.valid_tokens, valid);
+      EXPECT_EQ(single.global_valid_tokens(step), valid);
+    }
+    // SP shards, with and without a ring, hold the single rank's rows.
+    for (const auto& [sp, ring] : {std::pair<int64_t, int64_t>{2, 1}, {4, 1}, {3, 1}, {4, 2}}) {
+      expect_shards_equal_single(data, length, samples, sp, ring, 1);
+    }
+  }
+  // Deterministic: another loader, another rank layout, the same rows.
+  config::DataOptions data;
+  data.source = "megatron:" + prefix;
+  data.packing = "documents";
+  const Batch a = DataLoader(data, {length, 3, 1}, kVocab, 1, 0, 1, 0).micro_batch(2, 0);
+  const Batch b = DataLoader(data, {length, 3, 1}, kVocab, 1, 0, 1, 0).micro_batch(2, 0);
+  EXPECT_TRUE(a.input_ids.equal(b.input_ids));
+  EXPECT_TRUE(a.labels.equal(b.labels));
+}
+
 TEST(DataLoaderSynthetic, DeterministicAcrossLoaders) {
   config::DataOptions data;
   data.seed = 21;
@@ -470,6 +673,70 @@ TEST(DataLoaderErrors, BadInputNamesTheKeyOrFile) {
   DataLoader loader(data, seq, kVocab, 1, 0, 1, 0);
   EXPECT_NO_THROW(loader.micro_batch(1, 0));
   expect_user_error([&] { loader.micro_batch(2, 0); }, {big_file, "token 97", "offset 20"});
+}
+
+// A loss mask that does not fit its tokens, a mask named as the token source, a required mask
+// that is missing, documents packing of a source without document boundaries, and a dataset whose
+// every document is dropped: one line naming the key and the file, before any batch.
+TEST(DataLoaderErrors, LossMaskAndDocumentsBadInput) {
+  TempDir dir;
+  const config::SequenceOptions seq{4, 1, 1};
+  const std::string prefix = dir.file("chats");
+  const std::string mask = prefix + "_loss_mask";
+  write_megatron_dataset(prefix, {{5, 6, 7}, {8, 9}}, TokenDType::kUInt16);
+  config::DataOptions data;
+  data.source = "megatron:" + prefix;
+  const auto load = [&](const std::string& key = "data.source") {
+    config::EvalOptions eval;
+    eval.source = data.source;
+    DataLoader(key == "data.source" ? data : eval_data_options(data, eval), seq, kVocab, 1, 0, 1,
+               0, key);
+  };
+
+  write_megatron_dataset(mask, {{0, 1, 1}, {1}}, TokenDType::kUInt8);
+  expect_user_error([&] { load(); }, {"data.source: ", mask + ".idx", "sequence 1 has 1 values",
+                                      prefix + ".idx", "are 2"});
+  data.packing = "documents";
+  expect_user_error([&] { load("eval.source"); }, {"eval.source: ", mask + ".idx", "sequence 1"});
+  data.packing = "windows";
+  write_megatron_dataset(mask, {{0, 1, 1}}, TokenDType::kUInt8);
+  expect_user_error([&] { load(); }, {mask + ".idx", "holds 1 sequences", "holds 2"});
+  data.loss_mask = "ignore";  // the user's choice: the mask is not read at all
+  EXPECT_NO_THROW(load());
+  data.loss_mask = "auto";
+  std::filesystem::remove(mask + ".idx");  // half a mask dataset is not silently skipped
+  expect_user_error([&] { load(); }, {"data.source", mask + ".idx", "cannot open"});
+  std::filesystem::remove(mask + ".bin");
+  EXPECT_NO_THROW(load());  // no mask: every token is learned
+  data.loss_mask = "require";
+  expect_user_error([&] { load(); }, {"data.source", "data.loss_mask", mask + ".bin"});
+
+  write_megatron_dataset(mask, {{0, 1, 1}, {1, 1}}, TokenDType::kUInt8);
+  EXPECT_NO_THROW(load());
+  data.source = "megatron:" + mask;  // the mask where the tokens belong
+  expect_user_error([&] { load(); }, {"data.source", "is the loss mask of megatron:" + prefix});
+
+  data.source = "synthetic";
+  expect_user_error([&] { load(); }, {"data.loss_mask", "require", "data.source is synthetic"});
+  data.loss_mask = "auto";
+  data.packing = "documents";
+  expect_user_error([&] { load(); }, {"data.packing", "data.source is synthetic"});
+  const std::string flat = dir.file("flat.bin");
+  write_token_file(flat, std::vector<int64_t>(16, 5), TokenDType::kUInt16);
+  data.source = "tokens:" + flat;
+  expect_user_error([&] { load("eval.source"); },
+                    {"data.packing", "eval.source is tokens:" + flat, "no document boundaries"});
+  data.packing = "conversations";
+  expect_user_error([&] { load(); }, {"data.packing", "windows or documents", "conversations"});
+
+  data.source = "megatron:" + prefix;
+  data.packing = "documents";
+  data.overlong = "drop";
+  expect_user_error([&] { DataLoader(data, {1, 1, 1}, kVocab, 1, 0, 1, 0); },
+                    {"data.source", prefix, "every one of its 2 documents", "data.overlong"});
+  data.overlong = "truncate";
+  const DataLoader truncated(data, {1, 1, 1}, kVocab, 1, 0, 1, 0);
+  EXPECT_EQ(truncated.packing_counts()->truncated, 2);
 }
 
 }  // namespace
