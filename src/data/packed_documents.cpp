@@ -26,6 +26,12 @@ PackedDocumentSource::PackedDocumentSource(const std::string& prefix, int64_t le
     throw UserError(key + ": " + prefix + ".idx: no documents (data.packing: documents packs "
                     "whole documents)");
   }
+  if (begins.size() == 1 && stream_.sequence_count() > 1) {
+    throw UserError(key + ": " + prefix + ".idx: one document holds all " +
+                    std::to_string(stream_.sequence_count()) +
+                    " sequences: the index marks no document boundaries, which data.packing: "
+                    "documents needs (windows cuts the stream instead)");
+  }
   counts_.documents = static_cast<int64_t>(begins.size());
   int64_t fill = 0;  // tokens of the sample being filled
   for (size_t d = 0; d < begins.size(); ++d) {

@@ -19,7 +19,8 @@ class PackedDocumentSource final : public TokenSource {
  public:
   // Reads the index of `prefix` (and of `mask_prefix`, "" = none, checked as MegatronSource
   // does) and plans the samples. Throws UserError("<key>: ...") for a missing or corrupt file, a
-  // dataset without documents, or one whose every document is longer than `length` under drop.
+  // dataset without documents, one whose index marks no boundaries (a single document of several
+  // sequences), or one whose every document is longer than `length` under drop.
   // REQUIRES: length >= 1, vocab_size >= 1, drop_overlong or truncation.
   PackedDocumentSource(const std::string& prefix, int64_t length, int64_t vocab_size,
                        bool drop_overlong, const std::string& key,

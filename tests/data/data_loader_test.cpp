@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -737,6 +740,23 @@ TEST(DataLoaderErrors, LossMaskAndDocumentsBadInput) {
   data.overlong = "truncate";
   const DataLoader truncated(data, {1, 1, 1}, kVocab, 1, 0, 1, 0);
   EXPECT_EQ(truncated.packing_counts()->truncated, 2);
+
+  // An index whose one document spans every sequence marks no boundaries: document_indices
+  // [0, 2] instead of [0, 1, 2] (the last 8 bytes dropped, document_count 3 -> 2).
+  std::ifstream in(prefix + ".idx", std::ios::binary);
+  std::vector<char> idx((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const size_t indices = idx.size() - 3 * 8;  // document_indices i64[3] end the file
+  const int64_t two = 2;
+  std::memcpy(idx.data() + indices + 8, &two, 8);
+  idx.resize(idx.size() - 8);
+  const uint64_t document_count = 2;
+  std::memcpy(idx.data() + 9 + 8 + 1 + 8, &document_count, 8);  // after magic, version, code, seqs
+  std::ofstream(prefix + ".idx", std::ios::binary).write(idx.data(), idx.size());
+  expect_user_error([&] { DataLoader(data, seq, kVocab, 1, 0, 1, 0); },
+                    {"data.source", prefix + ".idx", "no document boundaries"});
+  data.packing = "windows";  // windows need none
+  EXPECT_NO_THROW(DataLoader(data, seq, kVocab, 1, 0, 1, 0));
 }
 
 }  // namespace
