@@ -83,12 +83,27 @@ int64_t read_step(const std::string& source, const std::string& key, const at::T
 
 }  // namespace
 
-AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, OptimizerPlacement placement)
+UploadStats& UploadStats::operator+=(const UploadStats& other) {
+  staged += other.staged;
+  staged_bytes += other.staged_bytes;
+  direct += other.direct;
+  direct_bytes += other.direct_bytes;
+  blocking += other.blocking;
+  blocking_bytes += other.blocking_bytes;
+  return *this;
+}
+
+AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, OptimizerPlacement placement,
+             std::vector<at::Tensor> masters)
     : options_(options), placement_(placement) {
   check_options(options_);
+  TORCH_CHECK(masters.empty() || (placement_ == OptimizerPlacement::kHost &&
+                                  masters.size() == params.size()),
+              "AdamW: the caller's masters need kHost and one master per parameter");
   std::set<std::string> seen;
   slots_.reserve(params.size());
-  for (auto& [name, param] : params) {
+  for (size_t index = 0; index < params.size(); ++index) {
+    const auto& [name, param] = params[index];
     TORCH_CHECK(seen.insert(name).second, "AdamW: duplicate parameter name '", name, "'");
     TORCH_CHECK(param.defined(), "AdamW: parameter '", name, "' is undefined");
     TORCH_CHECK(param.layout() == at::kStrided, "AdamW: parameter '", name, "' is not dense");
@@ -101,7 +116,16 @@ AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, Optimizer
     slot.param = param;
     const at::ScalarType master_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
     at::NoGradGuard no_grad;
-    if (placement_ == OptimizerPlacement::kHost) {
+    if (!masters.empty()) {
+      const at::Tensor& master = masters[index];
+      TORCH_CHECK(master.is_cpu() && master.is_contiguous() &&
+                      master.scalar_type() == master_dtype && master.sizes() == param.sizes(),
+                  "AdamW: the master of '", name, "' must be a contiguous host tensor of shape ",
+                  param.sizes(), " and dtype ", master_dtype, ", got ", master.sizes(), " ",
+                  master.scalar_type(), " ", master.device());
+      slot.master = master;
+      slot.own_master = false;
+    } else if (placement_ == OptimizerPlacement::kHost) {
       if (param.device().is_cpu() && param.is_contiguous() && dtype == master_dtype) {
         slot.master = param;  // its own master: updated in place, nothing to copy back
       } else {
@@ -154,6 +178,7 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
     if (grads[i].defined()) check_grad(slots_[i], grads[i]);
   }
   at::NoGradGuard no_grad;
+  last_uploads_ = UploadStats();
   std::vector<Slot*> on_host;            // kHost: slots with a gradient this step
   std::vector<at::Tensor> host_sources;  // their gradients
   std::vector<FusedAdamWEntry> fused;    // kDevice on CUDA: updated by one multi-tensor call
@@ -395,6 +420,14 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
         from = range(p.slot->master, p);  // the same dtype, from pinned memory
       }
       if (!from.defined()) continue;
+      const int64_t bytes = p.length * static_cast<int64_t>(param.element_size());
+      if (p.up >= 0) {
+        last_uploads_.staged += 1;
+        last_uploads_.staged_bytes += bytes;
+      } else {
+        last_uploads_.direct += 1;
+        last_uploads_.direct_bytes += bytes;
+      }
       if (param.is_contiguous()) {
         range(param, p).copy_(from, /*non_blocking=*/param.is_cuda());
       } else {  // whole (see above): a strided copy of the parameter's shape
@@ -424,13 +457,16 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
     }
     profile::ScopedPhase upload("optimizer_upload", profile::Category::kOptimizer);
     slot->param.copy_(slot->master);
+    last_uploads_.blocking += 1;
+    last_uploads_.blocking_bytes +=
+        slot->param.numel() * static_cast<int64_t>(slot->param.element_size());
   }
 }
 
 void AdamW::reload_parameters() {
   at::NoGradGuard no_grad;
   for (Slot& slot : slots_) {
-    if (slot.master.defined()) slot.master.copy_(slot.param);
+    if (slot.master.defined() && slot.own_master) slot.master.copy_(slot.param);
   }
 }
 
@@ -450,7 +486,9 @@ NamedTensors AdamW::state_tensors() const {
     state.emplace_back(slot.name + kExpAvg, slot.exp_avg);
     state.emplace_back(slot.name + kExpAvgSq, slot.exp_avg_sq);
     state.emplace_back(slot.name + kStep, at::scalar_tensor(slot.step, at::kLong));
-    if (is_reduced(slot.param.scalar_type())) state.emplace_back(slot.name + kMaster, slot.master);
+    if (is_reduced(slot.param.scalar_type()) && slot.own_master) {
+      state.emplace_back(slot.name + kMaster, slot.master);
+    }
   }
   return state;
 }
@@ -492,7 +530,7 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
     check_moment(source, slot.name + kExpAvgSq, *exp_avg_sq, slot.exp_avg_sq);
     const at::Tensor* master = nullptr;
     auto master_entry = unused.find(slot.name + kMaster);
-    if (is_reduced(slot.param.scalar_type()) && master_entry != unused.end()) {
+    if (is_reduced(slot.param.scalar_type()) && slot.own_master && master_entry != unused.end()) {
       master = master_entry->second;
       check_moment(source, slot.name + kMaster, *master, slot.master);
       unused.erase(master_entry);
@@ -510,7 +548,7 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
     slots_[i].step = saved[i].step;
     if (saved[i].master != nullptr) {
       slots_[i].master.copy_(*saved[i].master);
-    } else if (slots_[i].master.defined()) {
+    } else if (slots_[i].master.defined() && slots_[i].own_master) {
       slots_[i].master.copy_(slots_[i].param);
     }
   }

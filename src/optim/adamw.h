@@ -53,7 +53,7 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // pass itself, written into one of two page-locked staging buffers (upload_staging_bytes() each)
 // and copied from there without blocking, so that the host updates the next piece of the model
 // while the previous one travels, and no fp32 weight crosses the bus. A parameter larger than a
-// staging buffer goes in pieces.
+// staging buffer goes in pieces. last_step_uploads() counts these copies.
 //
 // Not thread-safe. The optimizer holds references to the parameter tensors (shared storage): the
 // caller's module sees every update.
@@ -63,14 +63,40 @@ enum class OptimizerPlacement {
   kHost,    // host memory, pinned for CUDA parameters; update on the CPU (offload_optimizer: true)
 };
 
+// kHost: how one step's updated weights reached the parameters that the host pass does not write
+// where they lie (device parameters; host ones too under stage_host_parameters), counted per copy
+// (a parameter larger than a staging buffer is several pieces, each one copy).
+// Bytes are counted in the parameter's dtype.
+struct UploadStats {
+  // Converted by the pass into a page-locked staging buffer and copied from there (non_blocking
+  // to a device).
+  int64_t staged = 0, staged_bytes = 0;
+  // Copied from the master itself, of the parameter's dtype (page-locked: non_blocking to a
+  // device).
+  int64_t direct = 0, direct_bytes = 0;
+  // Copies that wait for their end: a non-contiguous parameter larger than a staging buffer;
+  // ZeRO's conversions outside AdamW.
+  int64_t blocking = 0, blocking_bytes = 0;
+
+  UploadStats& operator+=(const UploadStats& other);
+};
+
 class AdamW {
  public:
   // REQUIRES: names unique; every tensor defined, dense, fp32, fp64, bf16 or fp16.
   // Throws UserError "optim.<key>: ..." when lr < 0, eps < 0, weight_decay < 0 or a beta is
   // outside [0, 1). State (master copies where needed, exp_avg, exp_avg_sq as zeros) is allocated
   // here, in host memory for kHost.
+  // masters (kHost only; empty: AdamW makes its own): the caller's master weights, masters[i] of
+  // params[i], used as they are (not read from the parameter, which may hold anything until the
+  // first step writes it): contiguous host tensors of the parameter's shape in its master dtype
+  // (fp64 for fp64 parameters, else fp32), page-locked for device parameters, or the parameter
+  // itself. The caller owns them: state_tensors() lists no "<param>.master" for them, and
+  // load_state and reload_parameters leave them alone. (ZeRO: host master shards whose updated
+  // weights go to device shards through the staging path below.)
   AdamW(NamedTensors params, const config::OptimOptions& options,
-        OptimizerPlacement placement = OptimizerPlacement::kDevice);
+        OptimizerPlacement placement = OptimizerPlacement::kDevice,
+        std::vector<at::Tensor> masters = {});
 
   // One optimizer step at learning rate lr (from lr_at()), using each parameter's .grad().
   // Parameters with an undefined grad are skipped. Gradients are read, never modified.
@@ -136,6 +162,9 @@ class AdamW {
   void set_upload_staging_bytes(int64_t bytes, bool stage_host_parameters = false);
   int64_t upload_staging_bytes() const { return staging_bytes_; }
 
+  // The copies into the parameters of the last step() (zeros before the first and for kDevice).
+  const UploadStats& last_step_uploads() const { return last_uploads_; }
+
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -151,6 +180,7 @@ class AdamW {
     at::Tensor exp_avg;     // [param shape] first moment m
     at::Tensor exp_avg_sq;  // [param shape] second moment v
     int64_t step = 0;       // updates applied to this parameter (bias-correction exponent)
+    bool own_master = true;  // false: the caller's (constructor's masters), not saved or reloaded
   };
 
   void check_grad(const Slot& slot, const at::Tensor& grad) const;
@@ -183,6 +213,7 @@ class AdamW {
   at::Tensor downloads_[2];  // [staging_bytes_] uint8: device gradients on their way to the host
   std::vector<c10::Event> staging_copies_[2];  // copies out of staging_[k] still in flight
   std::vector<c10::Event> master_copies_;      // copies out of the masters (same dtype)
+  UploadStats last_uploads_;                   // the last step's copies into the parameters
 };
 
 }  // namespace ulysses::train

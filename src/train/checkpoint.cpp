@@ -378,10 +378,11 @@ void write_sharded_weights(const fs::path& path, ZeroPartition& partition, bool 
   for (size_t i = 0; i < count; ++i) {
     const int64_t numel = partition.param_numel(i);
     for (int64_t k = 0; k < partition.part_count(i); ++k) {
-      const at::Tensor gathered = partition.gather_part(i, k).cpu();  // [world * P_i]
+      // Every rank takes part in the gather; only the writer copies the part to the host.
+      const at::Tensor gathered = partition.gather_part(i, k);  // [world * P_i]
       const int64_t begin = k * gathered.numel();
       const int64_t valid = std::min(gathered.numel(), numel - begin);  // past numel: padding
-      if (writer && valid > 0) writer->write(i, begin, gathered.narrow(0, 0, valid));
+      if (writer && valid > 0) writer->write(i, begin, gathered.narrow(0, 0, valid).cpu());
     }
   }
   if (writer) writer->close();

@@ -24,7 +24,7 @@ std::string param_name(size_t i) { return "zero.param" + std::to_string(i); }
 
 ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world,
                              const config::OptimOptions& options, OptimizerPlacement placement,
-                             int64_t bucket_bytes)
+                             int64_t bucket_bytes, const ZeroStaging& staging)
     : buffers_(&buffers), world_(world), stage_(1), bucket_bytes_(bucket_bytes) {
   TORCH_CHECK(bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1");
   NamedTensors named;
@@ -38,14 +38,23 @@ ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world,
     } else {
       masters_.push_back(at::zeros({shard_numel_.back()}, flat.options()));  // [S_f]
     }
-    named.emplace_back(flat_name(f), masters_.back());
+    targets_.push_back(masters_.back());
+    if (placement == OptimizerPlacement::kHost &&
+        (!flat.is_cpu() || staging.stage_host_parameters)) {
+      const at::ScalarType wire = gathered_dtype(f);
+      const at::Tensor gathered =
+          wire == flat.scalar_type() ? flat : flat.view(wire).narrow(0, 0, flat.numel());
+      const int64_t shard = shard_numel_.back();
+      targets_.back() = gathered.narrow(0, world_.rank() * shard, shard);  // [S_f]
+    }
+    named.emplace_back(flat_name(f), targets_.back());
   }
   copy_parameters_to_masters();
-  adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+  make_adamw(std::move(named), options, placement, staging);
 }
 
 ZeroOptimizer::ZeroOptimizer(ZeroPartition& partition, const config::OptimOptions& options,
-                             OptimizerPlacement placement)
+                             OptimizerPlacement placement, const ZeroStaging& staging)
     : partition_(&partition),
       world_(partition.world()),
       stage_(partition.stage()),
@@ -65,10 +74,30 @@ ZeroOptimizer::ZeroOptimizer(ZeroPartition& partition, const config::OptimOption
     } else {
       masters_.push_back(at::zeros({shard_numel_.back()}, where));  // [S_i]
     }
-    named.emplace_back(entry_name(i), masters_.back());
+    targets_.push_back(masters_.back());
+    if (placement == OptimizerPlacement::kHost &&
+        (partition.stage() == 3 || !partition.grad_shards()[i].is_cpu() ||
+         staging.stage_host_parameters)) {
+      targets_.back() = partition.update_target(i);
+    }
+    named.emplace_back(entry_name(i), targets_.back());
   }
   copy_parameters_to_masters();
-  adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+  make_adamw(std::move(named), options, placement, staging);
+}
+
+void ZeroOptimizer::make_adamw(NamedTensors named, const config::OptimOptions& options,
+                               OptimizerPlacement placement, const ZeroStaging& staging) {
+  if (placement == OptimizerPlacement::kHost) {
+    adamw_ = std::make_unique<AdamW>(std::move(named), options, placement, masters_);
+    if (staging.bytes > 0 || staging.stage_host_parameters) {
+      adamw_->set_upload_staging_bytes(
+          staging.bytes > 0 ? staging.bytes : adamw_->upload_staging_bytes(),
+          staging.stage_host_parameters);
+    }
+  } else {
+    adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+  }
 }
 
 at::ScalarType ZeroOptimizer::gathered_dtype(size_t f) const {
@@ -175,13 +204,16 @@ void ZeroOptimizer::step(double lr) {
   // Device shards of host masters (optimizer offload) stay where they are: AdamW copies them to
   // page-locked host buffers without blocking, all before its host pass waits for them.
   const std::vector<at::Tensor> grads = shard_grads();
+  // Stage 3 under kHost: AdamW writes the weight shards (no gather in flight may read them).
+  if (partition_ != nullptr) partition_->begin_weight_update();
   {
     profile::ScopedPhase phase("optimizer");
     adamw_->step(lr, grads);
   }
+  uploads_ = adamw_->last_step_uploads();
   at::NoGradGuard no_grad;
   if (partition_ != nullptr) {  // stage 3: into the weight shards; stage 2: all-gathered
-    partition_->set_weights(masters_);
+    partition_->set_weights(targets_, &uploads_);
     return;
   }
   // All-gather the updated shards into the (now dead) gradient buffers, bucket by bucket, then
@@ -202,7 +234,14 @@ void ZeroOptimizer::step(double lr) {
       const int64_t bucket = std::max<int64_t>(bucket_bytes_ / target.element_size() / world, 1);
       for (int64_t o = 0; o < shard; o += bucket) {
         const int64_t n = std::min(bucket, shard - o);
-        at::Tensor gathered = world_.all_gather(masters_[f].narrow(0, o, n).to(flat.device(), wire));
+        // The updated shard where AdamW left it: converted and on the flat's device already,
+        // unless the masters are the targets (kDevice, or a CPU run).
+        const at::Tensor mine = targets_[f].narrow(0, o, n);
+        if (mine.device() != flat.device()) {
+          uploads_.blocking += 1;
+          uploads_.blocking_bytes += n * static_cast<int64_t>(c10::elementSize(wire));
+        }
+        at::Tensor gathered = world_.all_gather(mine.to(flat.device(), wire));
         target.view({world, shard}).narrow(1, o, n).copy_(gathered);  // [world, n]
       }
       gathered_flats.push_back(target);

@@ -19,6 +19,12 @@
 
 namespace ulysses::train {
 
+// Optimizer offload (kHost): AdamW's two staging buffers (AdamW::set_upload_staging_bytes).
+struct ZeroStaging {
+  int64_t bytes = 0;                   // of each buffer; 0: AdamW's default
+  bool stage_host_parameters = false;  // a CPU run takes the device path (tests; targets_)
+};
+
 // The optimizer of a ZeRO run. Flat layout (the first constructor; the trainer's stage 1): each flat buffer f of `buffers` ([world * S_f],
 // padded by GradientBuffers(params, world)) is split into `world` contiguous shards of S_f
 // elements; this rank owns shard rank(), elements [rank * S_f, (rank + 1) * S_f). For every f it
@@ -26,7 +32,9 @@ namespace ulysses::train {
 // AdamW over those masters ("zero.flat<f>"): AdamW is elementwise and optim.weight_decay is one
 // value for all parameters, so updating a flat shard is the same arithmetic as updating the
 // parameters one by one (padding stays 0: zero gradient, zero moments, zero weight).
-// With kHost (memory.offload_optimizer) the masters and moments live in host memory (ZeRO-Offload).
+// With kHost (memory.offload_optimizer) the masters and moments live in host memory (ZeRO-Offload),
+// and the updated weights go back to the device converted, through AdamW's page-locked staging
+// buffers, piece by piece without blocking while the host updates the next piece (targets_).
 // Parameter layout (the second constructor; stages 2 and 3): shard i is parameter i's [S_i]
 // (zero_partition.h), AdamW entries "zero.param<i>"; the partition already reduce-scattered the
 // gradients during backward, so reduce_gradients() does nothing, and step() hands the updated
@@ -45,11 +53,12 @@ class ZeroOptimizer {
   // trained. Throws UserError as AdamW does for bad optim options. Copies the parameters' values
   // of this rank's shard into the masters.
   ZeroOptimizer(GradientBuffers& buffers, comm::Group& world, const config::OptimOptions& options,
-                OptimizerPlacement placement, int64_t bucket_bytes);
+                OptimizerPlacement placement, int64_t bucket_bytes,
+                const ZeroStaging& staging = {});
   // Parameter layout over `partition` (stage 2 or 3; it must outlive this). Masters from
   // partition.weight_values().
   ZeroOptimizer(ZeroPartition& partition, const config::OptimOptions& options,
-                OptimizerPlacement placement);
+                OptimizerPlacement placement, const ZeroStaging& staging = {});
 
   int stage() const { return stage_; }
   // "flat" (first constructor) or "param" (second): how the shards cut the model.
@@ -68,6 +77,12 @@ class ZeroOptimizer {
 
   // AdamW at lr on this rank's shards, then all-gathers every shard into the parameters.
   void step(double lr);
+
+  // The last step()'s copies of updated weights from the host masters to the weights' device
+  // (kHost; zeros for kDevice): AdamW's (through its staging buffers or from the masters) plus any
+  // blocking copy outside it (none where the gradients are on a device or stage_host_parameters
+  // is set: see targets_).
+  const UploadStats& last_step_uploads() const { return uploads_; }
 
   // This rank's gradient shards ([S_f] views of the buffers), valid after reduce_gradients().
   std::vector<at::Tensor> shard_grads() const;
@@ -112,6 +127,9 @@ class ZeroOptimizer {
 
   // Copies the parameters' values that fall in this rank's shard of each flat into masters_.
   void copy_parameters_to_masters();
+  // Builds adamw_ over `named` (targets_), with masters_ as its masters under kHost.
+  void make_adamw(NamedTensors named, const config::OptimOptions& options,
+                  OptimizerPlacement placement, const ZeroStaging& staging);
 
   GradientBuffers* buffers_ = nullptr;  // flat layout
   ZeroPartition* partition_ = nullptr;  // parameter layout
@@ -120,7 +138,18 @@ class ZeroOptimizer {
   int64_t bucket_bytes_;
   std::vector<int64_t> shard_numel_;   // S_f per flat (S_i per parameter)
   std::vector<at::Tensor> masters_;    // [S_f] per flat, master weights of this rank's shard
-  std::unique_ptr<AdamW> adamw_;       // over ("zero.flat<f>", masters_[f])
+  // [S_f] per flat: the parameters AdamW updates, where the gathers read the updated shard.
+  // kDevice, and kHost with host gradients (a CPU run): masters_ themselves (AdamW's pass reads
+  // the gradients where they lie, so nothing may share their memory). Otherwise (kHost with
+  // device gradients, or stage_host_parameters) AdamW copies each piece of the gradients to the
+  // host before it writes that piece's weights, converted, through its page-locked staging
+  // buffers, without blocking, into memory on the gradients' device that holds no other live
+  // data: stage 1 this rank's slice of the flat's first bytes viewed in the gathered dtype
+  // (where the all-gather puts it anyway); stage 2 the gradient shard's memory viewed in the
+  // weights' dtype (ZeroPartition::update_target); stage 3 (any kHost) the weight shards.
+  std::vector<at::Tensor> targets_;
+  std::unique_ptr<AdamW> adamw_;       // over ("zero.flat<f>", targets_[f]) with masters_
+  UploadStats uploads_;
 };
 
 }  // namespace ulysses::train

@@ -409,14 +409,38 @@ at::Tensor ZeroPartition::embed(const at::Tensor& input_ids) {
   return out;  // [bs, T, h]
 }
 
-void ZeroPartition::set_weights(const std::vector<at::Tensor>& masters) {
+void ZeroPartition::begin_weight_update() {
+  if (stage_ != 3) return;
+  settle_prefetch();  // a gather in flight reads the shards about to change
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK(!whole_[i], "ZeroPartition: ", names_[i],
+                " is gathered while its shard is updated");
+  }
+}
+
+at::Tensor ZeroPartition::update_target(size_t i) const {
+  if (stage_ == 3) return weight_shards_[i];
+  const at::ScalarType dtype = params_[i].scalar_type();
+  TORCH_CHECK(c10::elementSize(dtype) <= static_cast<size_t>(grad_shards_[i].element_size()),
+              "ZeroPartition::update_target: weights wider than their gradients");
+  const at::Tensor& grad = grad_shards_[i];  // [S_i]
+  return (dtype == grad.scalar_type() ? grad : grad.view(dtype)).narrow(0, 0, shard_numel_[i]);
+}
+
+void ZeroPartition::set_weights(const std::vector<at::Tensor>& masters, UploadStats* uploads) {
   TORCH_CHECK(masters.size() == params_.size(), "ZeroPartition::set_weights: one master per parameter");
   at::NoGradGuard no_grad;
+  begin_weight_update();
+  const auto count = [&](const at::Tensor& from, const at::Tensor& to, int64_t n) {
+    if (uploads == nullptr || from.device() == to.device()) return;
+    uploads->blocking += 1;
+    uploads->blocking_bytes += n * static_cast<int64_t>(to.element_size());
+  };
   if (stage_ == 3) {
-    settle_prefetch();  // a gather in flight reads the shards about to change
     for (size_t i = 0; i < params_.size(); ++i) {
-      TORCH_CHECK(!whole_[i], "ZeroPartition::set_weights: ", names_[i], " is gathered");
-      if (!weight_shards_[i].is_same(masters[i])) weight_shards_[i].copy_(masters[i]);
+      if (weight_shards_[i].is_same(masters[i])) continue;
+      count(masters[i], weight_shards_[i], shard_numel_[i]);
+      weight_shards_[i].copy_(masters[i]);
     }
     return;
   }
@@ -426,7 +450,9 @@ void ZeroPartition::set_weights(const std::vector<at::Tensor>& masters) {
     const int64_t s = shard_numel_[i], p = part_numel_[i];
     at::Tensor full = at::empty({w * s}, params_[i].options());  // [world * S_i]
     for (int64_t k = 0; k * p < s; ++k) {
-      const at::Tensor mine = masters[i].narrow(0, k * p, p).to(full.scalar_type());  // [P_i]
+      count(masters[i], full, p);
+      // [P_i]: no copy when the master is the update target (update_target)
+      const at::Tensor mine = masters[i].narrow(0, k * p, p).to(full.scalar_type());
       world_.all_gather_start(mine, full.narrow(0, k * w * p, w * p).view({w, p})).wait();
     }
     params_[i].detach().copy_(full.narrow(0, 0, params_[i].numel()).view(shapes_[i]));

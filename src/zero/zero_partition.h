@@ -15,6 +15,7 @@
 #include "comm/group.h"
 #include "memory/activation_checkpoint.h"
 #include "model/llama.h"
+#include "optim/adamw.h"
 
 namespace ulysses::train {
 
@@ -150,8 +151,23 @@ class ZeroPartition : public memory::LayerParameterHooks {
   // the dtypes match), in stage 2 a fresh copy.
   at::Tensor weight_values(size_t i) const;
   // Writes updated shards (masters[i] [S_i], any float dtype) into the weights: stage 3 into the
-  // weight shards, stage 2 all-gathered (bucketed) into the whole parameters.
-  void set_weights(const std::vector<at::Tensor>& masters);
+  // weight shards (nothing to do for a master that is the shard itself), stage 2 all-gathered
+  // (bucketed) into the whole parameters. Starts with begin_weight_update(). `uploads`, when
+  // given, counts the copies from another device than the weights' (blocking, one per parameter
+  // in stage 3, one per part in stage 2).
+  void set_weights(const std::vector<at::Tensor>& masters, UploadStats* uploads = nullptr);
+  // Stage 3: finishes a prefetch in flight (it reads the weight shards) and checks that no
+  // parameter is gathered; call it before writing the weight shards in place. Stage 2: nothing.
+  void begin_weight_update();
+  // Where an optimizer may leave this rank's updated shard of parameter i for set_weights ([S_i],
+  // the weights' dtype and device), so that set_weights copies nothing and converts nothing:
+  // stage 3 the weight shard itself; stage 2 the gradient shard's memory from its start, viewed in
+  // the weights' dtype (never wider than the gradients'), which holds nothing live from the
+  // optimizer step until zero_grads(). Writing element j there overwrites gradient elements up to
+  // j only: a stage-2 writer must have read the gradient's elements [0, j] before it writes
+  // element j (AdamW does, with device gradients or stage_host_parameters: each piece of the
+  // gradient reaches the host before that piece's weights are written).
+  at::Tensor update_target(size_t i) const;
   // Recomputes the weight shards of the parameters that are whole from their values (after
   // loading whole weights); a released parameter's shard is its value already.
   void reshard_from_params();

@@ -420,6 +420,20 @@ TEST(OptimizerOffload, StagedUploadsEqualTheDirectPassBitForBit) {
   for (size_t i = 0; i < direct_params.size(); ++i) {
     EXPECT_TRUE(staged_params[i].second.equal(direct_params[i].second)) << direct_params[i].first;
   }
+  // The last step's copies: every bf16 parameter but "e" through the staging buffers (its bf16
+  // bytes), "e" (non-contiguous, 400 bytes > 256) whole and blocking; "g" is its own master. The
+  // direct pass writes the contiguous host parameters itself; the non-contiguous ones ("d", "e")
+  // go through its (64 MiB) staging buffers, each in one piece.
+  const train::UploadStats& uploads = staged.last_step_uploads();
+  EXPECT_EQ(uploads.staged_bytes, (300 + 35 + 1000 + 24 + 9) * 2);
+  EXPECT_GE(uploads.staged, (300 + 35 + 1000 + 24 + 9) * 2 / 256);
+  EXPECT_EQ(uploads.direct, 0);
+  EXPECT_EQ(uploads.blocking, 1);
+  EXPECT_EQ(uploads.blocking_bytes, 200 * 2);
+  EXPECT_EQ(direct.last_step_uploads().staged, 2);
+  EXPECT_EQ(direct.last_step_uploads().staged_bytes, (24 + 200) * 2);
+  EXPECT_EQ(direct.last_step_uploads().direct, 0);
+  EXPECT_EQ(direct.last_step_uploads().blocking, 0);
   const train::NamedTensors state = staged.state_tensors();
   const train::NamedTensors ref_state = direct.state_tensors();
   ASSERT_EQ(state.size(), ref_state.size());

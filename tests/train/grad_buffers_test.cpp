@@ -1,10 +1,14 @@
 // GradientBuffers: fp32 accumulation of bf16 gradients across backward passes (where bf16
 // accumulation loses the small contributions), fp32 gradients as views of the flat buffer, and the
 // bucketed in-place all-reduce on real Gloo ranks. Values are small integers or powers of two:
-// exact in fp32, so no tolerance.
+// exact in fp32, so no tolerance. Also the way ZeRO's offloaded optimizer returns the updated
+// weights (through AdamW's staging buffers), counted per step.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <memory>
 #include <stdexcept>
+#include <string>
 
 #include "comm/mesh.h"
 #include "data/data_loader.h"
@@ -17,6 +21,8 @@
 #include "zero/grad_buffers.h"
 #include "zero/gradient_step.h"
 #include "zero/layer_all_reduce.h"
+#include "zero/zero_optimizer.h"
+#include "zero/zero_partition.h"
 
 namespace ulysses::train {
 namespace {
@@ -320,6 +326,117 @@ TEST(GradientBuffers, OnHostTiledWeightsMatchTheDeviceBuffersBitForBit) {
   EXPECT_FALSE(w_host.grad().defined());
   EXPECT_TRUE(at::equal(host.grads()[0], device.grads()[0]))
       << (host.grads()[0] - device.grads()[0]).abs().max();
+}
+
+// A ZeRO optimizer with optimizer offload over a tiny bf16 model on the CPU, with what it holds.
+struct OffloadedZero {
+  model::LlamaForCausalLM model;
+  std::unique_ptr<GradientBuffers> buffers;  // stage 1
+  std::unique_ptr<ZeroPartition> partition;  // stages 2 and 3
+  std::unique_ptr<ZeroOptimizer> zero;
+};
+
+constexpr int64_t kZeroBucketBytes = 512;  // stage 1: several gathers; 2/3: parameters in parts
+
+std::unique_ptr<OffloadedZero> offloaded_zero(const config::RunConfig& c, comm::DeviceMesh& mesh,
+                                              int stage, const ZeroStaging& staging) {
+  auto z = std::make_unique<OffloadedZero>(
+      OffloadedZero{build_model(c, mesh, at::Device(at::kCPU)), nullptr, nullptr, nullptr});
+  if (stage == 1) {
+    z->buffers = std::make_unique<GradientBuffers>(z->model->parameters(), mesh.world().size());
+    z->zero = std::make_unique<ZeroOptimizer>(*z->buffers, mesh.world(), c.optim,
+                                              OptimizerPlacement::kHost, kZeroBucketBytes, staging);
+  } else {
+    z->partition = std::make_unique<ZeroPartition>(z->model, mesh.world(), stage, kZeroBucketBytes);
+    z->partition->release_all();  // stage 3: shards only
+    z->zero = std::make_unique<ZeroOptimizer>(*z->partition, c.optim, OptimizerPlacement::kHost,
+                                              staging);
+  }
+  return z;
+}
+
+// Optimizer offload at ZeRO stages 1, 2 and 3 on 2 Gloo ranks with bf16 weights. With
+// stage_host_parameters a CPU run takes the device path: every updated weight reaches the weights
+// through AdamW's staging buffers (converted there, in pieces of at most 256 bytes), so the staged
+// bytes are exactly this rank's shards in bf16, and no copy goes around them (none from the fp32
+// masters, none blocking). Weights and optimizer state equal the plain CPU path's bit for bit
+// after two steps of random gradient shards, and the stage-2/3 weight shards are the fp32 masters
+// rounded to bf16 (what a copy_ from the masters gave). The plain path copies nothing: its
+// masters and weights share the host.
+TEST(ZeroOffload, UpdatedWeightsGoThroughTheStagingBuffersAtStages1To3) {
+  constexpr int kWorld = 2;
+  run_ranks(kWorld, [](const RankContext& ctx) {
+    config::RunConfig c = testing::tiny_run_config(4, 2, kWorld, 1);
+    c.memory.precision = "bf16";
+    c.optim.lr = 1e-2;
+    c.optim.weight_decay = 0.1;
+    auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, kWorld, 1);
+    for (int stage : {1, 2, 3}) {
+      const std::string what = "stage " + std::to_string(stage);
+      auto plain = offloaded_zero(c, mesh, stage, ZeroStaging{});
+      auto staged = offloaded_zero(c, mesh, stage, ZeroStaging{256, true});
+      for (int64_t step = 1; step <= 2; ++step) {
+        for (OffloadedZero* z : {plain.get(), staged.get()}) {
+          at::manual_seed(100 * stage + 10 * step + ctx.rank);  // the same for both
+          for (const at::Tensor& g : z->zero->shard_grads()) g.copy_(at::randn(g.sizes()));
+          z->zero->step(c.optim.lr);
+        }
+      }
+      int64_t shard_bf16_bytes = 0;
+      for (const at::Tensor& g : staged->zero->shard_grads()) shard_bf16_bytes += g.numel() * 2;
+      for (const at::Tensor& p : staged->model->parameters()) {
+        ASSERT_EQ(p.scalar_type(), at::kBFloat16) << what;
+      }
+      const UploadStats& up = staged->zero->last_step_uploads();
+      EXPECT_EQ(up.staged_bytes, shard_bf16_bytes) << what;
+      EXPECT_GE(up.staged, shard_bf16_bytes / 256) << what;
+      EXPECT_EQ(up.direct, 0) << what;
+      EXPECT_EQ(up.blocking, 0) << what;
+      EXPECT_EQ(up.blocking_bytes, 0) << what;
+      const UploadStats& none = plain->zero->last_step_uploads();
+      EXPECT_EQ(none.staged + none.direct + none.blocking, 0) << what;
+
+      if (stage == 3) {
+        plain->partition->gather_all();
+        staged->partition->gather_all();
+      }
+      const std::vector<at::Tensor> want = plain->model->parameters();
+      const std::vector<at::Tensor> got = staged->model->parameters();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(at::equal(got[i], want[i])) << what << " parameter " << i;
+      }
+      const NamedTensors want_state = plain->zero->state_tensors();
+      const NamedTensors got_state = staged->zero->state_tensors();
+      ASSERT_EQ(got_state.size(), want_state.size()) << what;
+      std::map<std::string, at::Tensor> masters;
+      for (size_t k = 0; k < want_state.size(); ++k) {
+        EXPECT_EQ(got_state[k].first, want_state[k].first) << what;
+        EXPECT_TRUE(at::equal(got_state[k].second, want_state[k].second))
+            << what << " " << want_state[k].first;
+        const std::string& name = want_state[k].first;
+        if (name.size() > 7 && name.compare(name.size() - 7, 7, ".master") == 0) {
+          EXPECT_TRUE(masters.emplace(name, want_state[k].second).second) << what << " " << name;
+        }
+      }
+      EXPECT_EQ(masters.size(), plain->zero->shard_grads().size()) << what << ": one master each";
+      if (stage == 3) {
+        plain->partition->release_all();
+        staged->partition->release_all();
+      }
+      if (stage == 1) continue;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const at::Tensor master = masters.at("zero.param" + std::to_string(i) + ".master");
+        const at::Tensor shard = staged->partition->weight_values(i);  // [S_i] bf16
+        for (const ZeroPartition::ShardPiece& piece : staged->partition->shard_pieces(i)) {
+          EXPECT_TRUE(at::equal(shard.narrow(0, piece.shard_offset, piece.length),
+                                master.narrow(0, piece.shard_offset, piece.length)
+                                    .to(at::kBFloat16)))
+              << what << " parameter " << i;
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
