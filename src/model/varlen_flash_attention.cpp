@@ -6,7 +6,9 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <optional>
 
 namespace ulysses::model {
 namespace {
@@ -64,7 +66,163 @@ struct VarlenFlashFunction : public torch::autograd::Function<VarlenFlashFunctio
   }
 };
 
+// How this LibTorch's varlen kernel lays out its log-sum-exp, learnt from its first forward: older
+// releases pad each run to max_q ([n, hq, max_q]), newer ones keep the rows ([hq, total_q]).
+enum class LseLayout : int { kUnknown, kRows, kPaddedRuns };
+std::atomic<LseLayout> lse_layout{LseLayout::kUnknown};
+
+// A host tensor on `device`: a non-blocking copy from page-locked memory on CUDA.
+at::Tensor on_device(const at::Tensor& host, const at::Device& device) {
+  return device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host;
+}
+
+// The CPU's stand-in for the varlen kernels: SDPA's CPU flash kernel once per run, K/V expanded
+// to every query head of their group. Calls visit(q0, nq, k0, nk) for each run: its first query
+// row and count, its first key row and count.
+template <class Visit>
+void for_each_run(const VarlenRuns& runs, Visit&& visit) {
+  const int32_t* cu_q = runs.cu_q.data_ptr<int32_t>();
+  const int32_t* cu_k = runs.cu_k.data_ptr<int32_t>();
+  for (int64_t i = 0; i + 1 < runs.cu_q.size(0); ++i) {
+    visit(cu_q[i], cu_q[i + 1] - cu_q[i], cu_k[i], cu_k[i + 1] - cu_k[i]);
+  }
+}
+
+// [n, h, hd] rows -> [1, h, n, hd] (the CPU kernel's layout), heads repeated `group` times.
+at::Tensor heads_first(const at::Tensor& t, int64_t group = 1) {
+  const int64_t n = t.size(0), h = t.size(1), hd = t.size(2);
+  const at::Tensor heads =
+      group == 1 ? t : t.unsqueeze(2).expand({n, h, group, hd}).reshape({n, h * group, hd});
+  return heads.transpose(0, 1).unsqueeze(0).contiguous();
+}
+
+// The CPU kernel's log-sum-exp dtype for `q`: fp64 for fp64, else fp32.
+at::ScalarType cpu_lse_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+VarlenOutput cpu_runs_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const VarlenRuns& runs, bool causal, double scale) {
+  const int64_t hq = q.size(1), group = hq / k.size(1);
+  VarlenOutput result{at::empty_like(q),
+                      at::empty({hq, q.size(0)}, q.options().dtype(cpu_lse_dtype(q)))};
+  for_each_run(runs, [&](int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+        heads_first(q.narrow(0, q0, nq)), heads_first(k.narrow(0, k0, nk), group),
+        heads_first(v.narrow(0, k0, nk), group), /*dropout_p=*/0.0, causal, {}, scale);
+    result.out.narrow(0, q0, nq).copy_(out[0].transpose(0, 1));  // [nq, hq, hd]
+    result.lse.narrow(1, q0, nq).copy_(lse[0]);                  // [hq, nq]
+  });
+  return result;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_runs_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const VarlenRuns& runs, bool causal,
+    double scale) {
+  const int64_t hq = q.size(1), hkv = k.size(1), hd = q.size(2), group = hq / hkv;
+  const at::ScalarType sum_dtype = cpu_lse_dtype(q);
+  at::Tensor dq = at::zeros_like(q);
+  at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(sum_dtype));
+  at::Tensor dv = at::zeros(v.sizes(), v.options().dtype(sum_dtype));
+  for_each_run(runs, [&](int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        heads_first(grad_out.narrow(0, q0, nq)), heads_first(q.narrow(0, q0, nq)),
+        heads_first(k.narrow(0, k0, nk), group), heads_first(v.narrow(0, k0, nk), group),
+        heads_first(out.narrow(0, q0, nq)),
+        lse.narrow(1, q0, nq).to(sum_dtype).unsqueeze(0).contiguous(), /*dropout_p=*/0.0, causal,
+        {}, scale);
+    dq.narrow(0, q0, nq).copy_(gq[0].transpose(0, 1));
+    const auto grouped = [&](const at::Tensor& g) {  // [1, hq, nk, hd] -> [nk, hkv, hd]
+      return g[0].transpose(0, 1).reshape({nk, hkv, group, hd}).sum(2, false, sum_dtype);
+    };
+    dk.narrow(0, k0, nk).add_(grouped(gk));
+    dv.narrow(0, k0, nk).add_(grouped(gv));
+  });
+  return {dq, dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+}
+
 }  // namespace
+
+VarlenRuns varlen_runs(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
+                       const at::Device& device) {
+  TORCH_CHECK(
+      cu_q.size() == cu_k.size() && cu_q.size() >= 2 && cu_q.front() == 0 && cu_k.front() == 0,
+      "varlen_runs: ", cu_q.size(), " query and ", cu_k.size(), " key offsets");
+  const int64_t count = static_cast<int64_t>(cu_q.size()) - 1;
+  VarlenRuns runs;
+  runs.max_q = 2;  // a longest run of 1 would take the kernel's single-query path (other layout)
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(cu_q[i + 1] > cu_q[i] && cu_k[i + 1] > cu_k[i], "varlen_runs: run ", i,
+                " is empty or negative");
+    runs.max_q = std::max<int64_t>(runs.max_q, cu_q[i + 1] - cu_q[i]);
+    runs.max_k = std::max<int64_t>(runs.max_k, cu_k[i + 1] - cu_k[i]);
+  }
+  at::Tensor offsets = at::empty({2, count + 1}, at::TensorOptions(at::kInt));  // cu_q; cu_k
+  std::copy(cu_q.begin(), cu_q.end(), offsets.data_ptr<int32_t>());
+  std::copy(cu_k.begin(), cu_k.end(), offsets.data_ptr<int32_t>() + count + 1);
+  at::Tensor slots = at::empty({cu_q.back()}, at::TensorOptions(at::kLong));  // [total_q]
+  int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t r = cu_q[i]; r < cu_q[i + 1]; ++r) *slot++ = i * runs.max_q + (r - cu_q[i]);
+  }
+  const at::Tensor device_offsets = on_device(offsets, device);
+  runs.cu_q = device_offsets[0];
+  runs.cu_k = device_offsets[1];
+  runs.lse_slots = on_device(slots, device);
+  return runs;
+}
+
+VarlenOutput varlen_flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const VarlenRuns& runs, bool causal, double scale) {
+  TORCH_CHECK(q.size(0) == runs.lse_slots.size(0), "varlen_flash_forward: ", q.size(0),
+              " query rows for runs of ", runs.lse_slots.size(0));
+  if (q.is_cpu()) return cpu_runs_forward(q, k, v, runs, causal, scale);
+  auto [out, lse, rng_state, unused, debug_mask] = at::_flash_attention_forward(
+      q, k, v, runs.cu_q, runs.cu_k, runs.max_q, runs.max_k, /*dropout_p=*/0.0, causal,
+      /*return_debug_mask=*/false, std::optional<double>(scale));
+  const int64_t hq = q.size(1), total_q = q.size(0), count = runs.cu_q.size(0) - 1;
+  if (lse.dim() == 2) {
+    TORCH_CHECK(lse.size(0) == hq && lse.size(1) == total_q, "varlen_flash_forward: lse ",
+                lse.sizes(), " for ", total_q, " rows of ", hq, " heads");
+    lse_layout.store(LseLayout::kRows);
+    return {out, lse};
+  }
+  TORCH_CHECK(
+      lse.dim() == 3 && lse.size(0) == count && lse.size(1) == hq && lse.size(2) == runs.max_q,
+      "varlen_flash_forward: lse ", lse.sizes(), " for ", count, " runs of at most ", runs.max_q,
+      " rows, ", hq, " heads");
+  lse_layout.store(LseLayout::kPaddedRuns);
+  return {out, lse.permute({1, 0, 2})
+                   .reshape({hq, count * runs.max_q})
+                   .index_select(1, runs.lse_slots)};  // [hq, total_q]
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_flash_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const VarlenRuns& runs, bool causal,
+    double scale) {
+  TORCH_CHECK(q.size(0) == runs.lse_slots.size(0), "varlen_flash_backward: ", q.size(0),
+              " query rows for runs of ", runs.lse_slots.size(0));
+  if (q.is_cpu()) return cpu_runs_backward(grad_out, q, k, v, out, lse, runs, causal, scale);
+  const LseLayout layout = lse_layout.load();
+  TORCH_CHECK(layout != LseLayout::kUnknown,
+              "varlen_flash_backward: no varlen_flash_forward has run in this process");
+  const int64_t hq = q.size(1), count = runs.cu_q.size(0) - 1;
+  at::Tensor kernel_lse = lse.to(at::kFloat).contiguous();  // [hq, total_q]
+  if (layout == LseLayout::kPaddedRuns) {
+    kernel_lse = at::zeros({hq, count * runs.max_q}, kernel_lse.options())
+                     .index_copy_(1, runs.lse_slots, kernel_lse)
+                     .view({hq, count, runs.max_q})
+                     .permute({1, 0, 2})
+                     .contiguous();  // [n, hq, max_q]
+  }
+  const at::Tensor none = at::empty({0}, q.options().dtype(at::kLong));  // no dropout: no RNG
+  return at::_flash_attention_backward(grad_out.contiguous(), q, k, v, out.contiguous(), kernel_lse,
+                                       runs.cu_q, runs.cu_k, runs.max_q, runs.max_k,
+                                       /*dropout_p=*/0.0, causal, none, none,
+                                       std::optional<double>(scale));
+}
 
 bool varlen_flash_applies(const at::Tensor& q, const at::Tensor& k, const DocumentRuns& documents) {
   const int64_t hd = q.size(3);

@@ -2,14 +2,19 @@
 // - The kernel alone, in fp64: each ring rank's output and q/k/v gradients for its zig-zag block
 //   equal plain ATen causal attention over the whole sequence (scores, mask, softmax, written here
 //   without project code) within 1e-10, for rings of 2, 3 and 4 ranks, GQA, and packed documents
-//   whose boundaries fall inside and across blocks; through materialised scores and through SDPA's
-//   CPU flash kernel.
+//   whose boundaries fall inside and across blocks; through the math path and through SDPA's CPU
+//   flash kernel (packed pairs per shared document, as the varlen kernel runs them on CUDA; no
+//   scores materialised). With a score budget of a few query rows (packed documents mostly shorter
+//   than a chunk, fp32 and fp64), the math path holds no block larger than [bs, hq, rows, C]
+//   (never [C, C]) and still equals the reference (fp32 within 2e-5).
+// - On a GPU only: packed bf16 through the flash and varlen kernels and through the math path.
 // - Whole 3-step runs: loss and grad_norm every step and the final weights of sp 4 = 2 x 2,
 //   sp 8 = 2 x 4 with 4 query heads (sp > heads), and dp 2 x (2 x 2) with tiled MLP,
 //   checkpointing, the offloaded optimizer and ZeRO-3, equal the single process within the
 //   equivalence tolerances (fp32: relative 1e-5 on the loss, 1e-4 on grad_norm; 5e-4 on each final
 //   weight, see kWeightRelTol), as the all-to-all alone at sp 4 does.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <cstdio>
@@ -31,6 +36,7 @@ namespace ulysses {
 namespace {
 
 constexpr double kFp64Tol = 1e-10;    // fp64 kernel against fp64 plain attention
+constexpr double kFp32Tol = 2e-5;     // fp32 kernel against fp64 plain attention (inputs in fp32)
 constexpr double kLossRelTol = 1e-5;  // the equivalence tolerances (fp32)
 constexpr double kGradRelTol = 1e-4;
 // Final weights after 3 AdamW steps: m / sqrt(v) divides each element by its own gradient's size,
@@ -60,6 +66,9 @@ struct KernelCase {
   int64_t ring, hq, hkv;
   bool packed;
   bool fused = false;  // SDPA's CPU flash kernel per pair of chunks
+  at::ScalarType dtype = at::kDouble;
+  int64_t chunk = 5;      // C
+  int64_t tile_rows = 0;  // > 0: a score budget of this many query rows (< C), checked
 };
 void PrintTo(const KernelCase& kc, std::ostream* os) { *os << kc.name; }
 
@@ -68,13 +77,15 @@ class RingKernel : public ::testing::TestWithParam<KernelCase> {};
 TEST_P(RingKernel, BlocksEqualPlainAttentionOverTheWholeSequence) {
   const KernelCase kc = GetParam();
   testing::run_ranks(static_cast<int>(kc.ring), [&](const testing::RankContext& ctx) {
-    constexpr int64_t kBs = 2, kChunk = 5, kHd = 8;
-    const int64_t length = 2 * kc.ring * kChunk;
+    constexpr int64_t kBs = 2, kHd = 8;
+    const int64_t chunk = kc.chunk, length = 2 * kc.ring * chunk;
     const auto f64 = at::TensorOptions().dtype(at::kDouble);
     at::manual_seed(11);  // the same tensors on every rank
-    const at::Tensor q = at::randn({kBs, length, kc.hq, kHd}, f64);
-    const at::Tensor k = at::randn({kBs, length, kc.hkv, kHd}, f64);
-    const at::Tensor v = at::randn({kBs, length, kc.hkv, kHd}, f64);
+    // The kernel's inputs in kc.dtype; the reference takes the same values in fp64.
+    const auto input = [&](int64_t heads) {
+      return at::randn({kBs, length, heads, kHd}, f64).to(kc.dtype).to(at::kDouble);
+    };
+    const at::Tensor q = input(kc.hq), k = input(kc.hkv), v = input(kc.hkv);
     const at::Tensor grad_out = at::randn({kBs, length, kc.hq, kHd}, f64);
     at::Tensor doc_ids;
     if (kc.packed) {  // documents of 3, 9, 1, 14, ... positions: boundaries inside and across
@@ -100,16 +111,43 @@ TEST_P(RingKernel, BlocksEqualPlainAttentionOverTheWholeSequence) {
     auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, 1, kc.ring,
                                                   60.0, at::Device(at::kCPU), kc.ring);
     const at::Tensor mine = data::shard_positions(length, kc.ring, kc.ring, ctx.rank);  // [2C]
-    const at::Tensor bq = q.index_select(1, mine).requires_grad_();
-    const at::Tensor bk = k.index_select(1, mine).requires_grad_();
-    const at::Tensor bv = v.index_select(1, mine).requires_grad_();
+    const auto block = [&](const at::Tensor& t) {
+      return t.index_select(1, mine).to(kc.dtype).requires_grad_();
+    };
+    const at::Tensor bq = block(q), bk = block(k), bv = block(v);
+    sp::RingOptions options;
+    options.backend =
+        kc.fused ? model::AttentionBackend::kSdpaAuto : model::AttentionBackend::kMath;
+    // One query row of scores: [bs, hq, 1, C] in the compute dtype (the input's here).
+    const int64_t row_elements = kBs * kc.hq * chunk;
+    if (kc.tile_rows > 0) {
+      options.score_block_bytes =
+          kc.tile_rows * row_elements * static_cast<int64_t>(c10::elementSize(kc.dtype));
+    }
+    sp::RingStats stats;
+    options.stats = &stats;
     const at::Tensor got = sp::ring_attention(bq, bk, bv, doc_ids, kc.fused ? &runs : nullptr,
-                                              mesh.sp_ring(), kc.fused);
-    got.backward(grad_out.index_select(1, mine));
+                                              mesh.sp_ring(), options);
+    const int64_t forward_block = stats.largest_score_block;  // before the backward adds its own
+    got.backward(grad_out.index_select(1, mine).to(kc.dtype));
 
+    if (kc.fused) {  // every pair through a flash kernel (documents as runs): no scores at all
+      EXPECT_EQ(stats.largest_score_block, 0) << kc.name << " rank " << ctx.rank;
+    } else {
+      EXPECT_GT(forward_block, 0) << kc.name << " rank " << ctx.rank;
+    }
+    if (kc.tile_rows > 0) {
+      // Every score block the math path held, forward and backward, is one tile of query rows
+      // against the key chunk; a [C, C] block (all rows at once) would be chunk / tile_rows
+      // times larger.
+      EXPECT_LE(stats.largest_score_block, kc.tile_rows * row_elements)
+          << kc.name << " rank " << ctx.rank;
+      EXPECT_LT(stats.largest_score_block, chunk * row_elements) << kc.name << " rank " << ctx.rank;
+    }
+    const double tolerance = kc.dtype == at::kDouble ? kFp64Tol : kFp32Tol;
     const auto check = [&](const char* what, const at::Tensor& a, const at::Tensor& b) {
-      const double err = (a - b).abs().max().item<double>();
-      EXPECT_LT(err, kFp64Tol) << kc.name << " " << what << " rank " << ctx.rank;
+      const double err = (a.to(at::kDouble) - b).abs().max().item<double>();
+      EXPECT_LT(err, tolerance) << kc.name << " " << what << " rank " << ctx.rank;
       EXPECT_GT(b.abs().max().item<double>(), 0.1) << what;  // not trivially zero
     };
     check("out", got, want.index_select(1, mine));
@@ -128,11 +166,87 @@ INSTANTIATE_TEST_SUITE_P(Rings, RingKernel,
                                            KernelCase{"ring2_gqa_fused", 2, 4, 2, false, true},
                                            KernelCase{"ring3_mqa_fused", 3, 3, 1, false, true},
                                            // Pairs inside one document run fused, the others
-                                           // through their document mask.
-                                           KernelCase{"ring2_packed_fused", 2, 4, 2, true, true}),
+                                           // through the varlen path (on CPU one flash call
+                                           // per document the two chunks share).
+                                           KernelCase{"ring2_packed_fused", 2, 4, 2, true, true},
+                                           KernelCase{"ring3_packed_fp32_fused", 3, 4, 2, true,
+                                                      true, at::kFloat, 12},
+                                           // The math path in blocks of 5 query rows (C = 12,
+                                           // most documents shorter than a chunk).
+                                           KernelCase{"ring2_packed_fp32_tiled", 2, 4, 2, true,
+                                                      false, at::kFloat, 12, 5},
+                                           KernelCase{"ring3_packed_mqa_tiled", 3, 4, 1, true,
+                                                      false, at::kDouble, 12, 5}),
                          [](const ::testing::TestParamInfo<KernelCase>& info) {
                            return info.param.name;
                          });
+
+// On a GPU (skipped without one; the flash expectations need compute capability 8.0 or newer):
+// a ring of one rank holds chunks 0 and 1, so its pairs are both kinds, diagonal and full. Packed
+// bf16 documents shorter and longer than a chunk, through the flash and varlen kernels
+// (attention.backend flash: no scores materialised) and through the math path in blocks of 16
+// query rows (attention.backend efficient, which the ring does not call flash for), equal fp64
+// plain attention within bf16's precision: relative 3e-2 of each tensor's largest element.
+// It sits in the RingAttentionRun suite, so that where it is skipped it costs no process start.
+TEST(RingAttentionRun, GpuKernelPackedBf16EqualsPlainAttention) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  constexpr int64_t kBs = 2, kChunk = 64, kHq = 4, kHkv = 2, kHd = 64, kTileRows = 16;
+  constexpr double kBf16RelTol = 3e-2;
+  const int64_t length = 2 * kChunk;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::manual_seed(11);
+  const auto input = [&](int64_t heads) {  // bf16 values, held in fp64 for the reference
+    return at::randn({kBs, length, heads, kHd}, f64).to(at::kBFloat16).to(at::kDouble);
+  };
+  const at::Tensor q = input(kHq), k = input(kHkv), v = input(kHkv), grad_out = input(kHq);
+  std::vector<int64_t> ids;
+  const std::vector<int64_t> lengths = {5, 40, 3, 70, 10};
+  for (int64_t doc = 0; static_cast<int64_t>(ids.size()) < length; ++doc) {
+    ids.insert(ids.end(), lengths[doc % lengths.size()], doc);
+  }
+  ids.resize(length);
+  const at::Tensor row = at::tensor(ids, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor doc_ids = at::stack({row, (row + 1).div(2, "floor")});
+  const DocumentRuns runs = document_runs(doc_ids);
+  const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(),
+                   rv = v.clone().requires_grad_();
+  const at::Tensor want = plain_attention(rq, rk, rv, doc_ids);
+  want.backward(grad_out);
+
+  comm::Group single;  // a ring of one rank
+  for (const auto backend :
+       {model::AttentionBackend::kFlash, model::AttentionBackend::kEfficient}) {
+    const std::string name = model::attention_backend_name(backend);
+    const auto on_gpu = [](const at::Tensor& t) {
+      return t.to(at::kCUDA, at::kBFloat16).requires_grad_();
+    };
+    const at::Tensor bq = on_gpu(q), bk = on_gpu(k), bv = on_gpu(v);
+    sp::RingOptions options;
+    options.backend = backend;
+    options.score_block_bytes = kTileRows * kBs * kHq * kChunk * 4;  // fp32 scores
+    sp::RingStats stats;
+    options.stats = &stats;
+    const at::Tensor got =
+        sp::ring_attention(bq, bk, bv, doc_ids.to(at::kCUDA), &runs, single, options);
+    got.backward(grad_out.to(at::kCUDA, at::kBFloat16));
+    if (backend == model::AttentionBackend::kFlash) {
+      EXPECT_EQ(stats.largest_score_block, 0) << name;
+    } else {
+      EXPECT_GT(stats.largest_score_block, 0) << name;
+      EXPECT_LE(stats.largest_score_block, kBs * kHq * kTileRows * kChunk) << name;
+    }
+    const auto check = [&](const char* what, const at::Tensor& a, const at::Tensor& b) {
+      const double scale = b.abs().max().item<double>();
+      const double err = (a.cpu().to(at::kDouble) - b).abs().max().item<double>();
+      EXPECT_LT(err, kBf16RelTol * scale) << name << " " << what;
+      EXPECT_GT(scale, 0.1) << what;  // not trivially zero
+    };
+    check("out", got, want);
+    check("dq", bq.grad(), rq.grad());
+    check("dk", bk.grad(), rk.grad());
+    check("dv", bv.grad(), rv.grad());
+  }
+}
 
 struct RunCase {
   std::string name;
