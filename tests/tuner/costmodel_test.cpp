@@ -66,15 +66,15 @@ TEST(CostModel, EveryComponentOfTheTinyModelByHand) {
   // Embedding output and hidden-state gradient 2h x 4 B, and the final norm's 68 B, per token.
   EXPECT_EQ(m.at("residual stream"), (2 * 8 * 4 + 68) * 8);
   EXPECT_EQ(m.at("tiled MLP tile"), 6 * 16 * 4 * 4);   // 6 ffn x ceil(8 / 2) tokens x 4 B
-  // Loss tile: 3 fp32 [4, 32] + grad W [32, 8] + grad hidden [8, 8].
-  EXPECT_EQ(m.at("loss tile"), 12 * 4 * 32 + 32 * 8 * 4 + 8 * 8 * 4);
+  // Loss tile: fp32 logits and their softmax [4, 32] + grad W [32, 8] + grad hidden [8, 8].
+  EXPECT_EQ(m.at("loss tile"), 8 * 4 * 32 + 32 * 8 * 4 + 8 * 8 * 4);
   EXPECT_EQ(m.at("all-to-all buffers"), 2 * 8 * (8 + 16) * 4);
   EXPECT_EQ(m.count("attention scores"), 0u);  // auto = SDPA: no [sl, sl] scores
   // The device AdamW off CUDA: two fp32 temporaries of min(4M, largest parameter [V, h] = 256).
   EXPECT_EQ(m.at("optimizer step"), 2 * 256 * 4);
   // Peak = static + saved + the largest transient (the loss tile) + 10 % of the dynamic part (the
   // optimizer step's 2048 B come after backward and stay below saved + tile).
-  const int64_t stat = 1000 + 6816 + 6816 + 6816 + 13632, saved = 4736 + 1056, tile = 2816;
+  const int64_t stat = 1000 + 6816 + 6816 + 6816 + 13632, saved = 4736 + 1056, tile = 2304;
   EXPECT_EQ(p.largest_transient, "loss tile");
   EXPECT_EQ(m.at("allocator overhead"), static_cast<int64_t>(0.1 * (stat - 1000 + saved + tile)));
   EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(stat + saved + tile + 0.1 * (stat - 1000 + saved + tile)));
@@ -150,14 +150,47 @@ TEST(CostModel, Bf16RmsNormSavesItsInputInBf16) {
 }
 
 // bf16: the loss tile's weight gradient is still an fp32 sum over the tiles, plus one bf16
-// product block of min(V, 8192) rows: 3 fp32 [4, 32] + 2 B cast [4, 32] + fp32 grad W [32, 8] +
-// bf16 block [32, 8] + bf16 grad hidden [8, 8].
+// product block of min(V, 8192) rows: fp32 logits and softmax [4, 32] (the bf16 logit gradient
+// takes the freed logits' place) + fp32 grad W [32, 8] + bf16 block [32, 8] + bf16 grad hidden
+// [8, 8].
 TEST(CostModel, Bf16LossTileSumsTheWeightGradientInFp32) {
   config::RunConfig c = tiny();
   c.train.device = "cuda";
   c.memory.precision = "bf16";
   const std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
-  EXPECT_EQ(m.at("loss tile"), 14 * 4 * 32 + 32 * 8 * 4 + 32 * 8 * 2 + 8 * 8 * 2);
+  EXPECT_EQ(m.at("loss tile"), 8 * 4 * 32 + 32 * 8 * 4 + 32 * 8 * 2 + 8 * 8 * 2);
+}
+
+// CUDA's caching allocator keeps the layers' blocks (at most fp32 [T, max(h, qd)] = 4 x 8 x 8 =
+// 256 B here) while the loss asks for larger ones (a tile's fp32 logits, 4 x 4 x 32 = 512 B): the
+// peak holds the largest layer working set beside the loss tile. Not on CPU, and not when the
+// loss's tiles are as small as the layers' blocks (8 tiles of one row: 128 B).
+TEST(CostModel, CudaKeepsTheLayerBlocksBesideLargerLossBlocks) {
+  config::RunConfig c = tiny();
+  c.train.device = "cuda";
+  c.memory.precision = "bf16";
+  MemoryCoefficients k;
+  k.allocator_fraction = 0;
+  const MemoryPrediction p = predict_memory(c, k);
+  const std::map<std::string, int64_t> m = by_name(p);
+  // The largest layer working set: the tiled MLP tile 6 ffn x 4 tokens x 2 B = 768 (the
+  // all-to-all buffers 2 x 8 x 24 x 2 B are as large); the loss tile 2688.
+  EXPECT_EQ(m.at("tiled MLP tile"), 768);
+  EXPECT_EQ(m.at("cached layer blocks"), 768);
+  EXPECT_EQ(p.largest_transient, "loss tile");
+  int64_t stat = 0, saved = 0;
+  for (const MemoryTerm& t : p.terms) {
+    if (t.location != Location::kDevice) continue;
+    if (t.lifetime == Lifetime::kStatic) stat += t.bytes;
+    if (t.lifetime == Lifetime::kSaved) saved += t.bytes;
+  }
+  EXPECT_EQ(p.peak_bytes, stat + saved + 2688 + 768);
+  config::RunConfig small_tiles = c;
+  small_tiles.memory.tiled_loss.value = 8;
+  EXPECT_EQ(by_name(predict_memory(small_tiles, k)).count("cached layer blocks"), 0u);
+  config::RunConfig cpu = c;
+  cpu.train.device = "cpu";
+  EXPECT_EQ(by_name(predict_memory(cpu, k)).count("cached layer blocks"), 0u);
 }
 
 TEST(CostModel, OffloadedCheckpointsTakeWholePagesOfTheirOwnSize) {
@@ -215,11 +248,11 @@ TEST(CostModel, OptimizerStepSetsThePeakWhenLargerThanBackward) {
   const std::map<std::string, int64_t> m = by_name(p);
   // Static: runtime, weights 4 P, gradients 4 P, reduction bucket 4 P, moments 8 P.
   const int64_t stat = 1000 + 20 * 66728;
-  // Saved 5760 + 1312; the largest transient, the loss tile: 12 B x 1 x 4096 + grad W
-  // 4096 x 8 x 4 + grad hidden 8 x 8 x 4 = 180480.
-  EXPECT_EQ(m.at("loss tile"), 180480);
-  const int64_t backward = 5760 + 1312 + 180480;
-  // The step: 2 x [V, h] = 32768 elements x 4 B = 262144 > 187552.
+  // Saved 5760 + 1312; the largest transient, the loss tile: 8 B x 1 x 4096 + grad W
+  // 4096 x 8 x 4 + grad hidden 8 x 8 x 4 = 164096.
+  EXPECT_EQ(m.at("loss tile"), 164096);
+  const int64_t backward = 5760 + 1312 + 164096;
+  // The step: 2 x [V, h] = 32768 elements x 4 B = 262144 > 171168.
   const int64_t step = 2 * 32768 * 4;
   EXPECT_EQ(m.at("optimizer step"), step);
   EXPECT_GT(step, backward);

@@ -3,8 +3,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <set>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/input_file.h"
@@ -64,6 +66,10 @@ double HardwareProfile::peak_tflops(const std::string& precision) const {
   return precision == "bf16" ? peak_tflops_bf16 : peak_tflops_fp32;
 }
 
+double HardwareProfile::host_memory_bandwidth_gbps() const {
+  return host_memory_gbps > 0 ? host_memory_gbps : kDefaultHostMemoryGBps;
+}
+
 HardwareProfile load_hardware_profile(const std::string& path) {
   if (!std::filesystem::is_regular_file(path)) throw UserError(path + ": no such file");
   YAML::Node root;
@@ -77,7 +83,7 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   Reader r(path);
   r.only(root, "",
          {"name", "description", "device", "nodes", "devices_per_node", "host_memory_gib",
-          "host_cores", "peak_tflops", "links", "launcher", "runner"});
+          "host_cores", "host_memory_GBps", "peak_tflops", "links", "launcher", "runner"});
   HardwareProfile p;
   p.name = std::filesystem::path(path).stem().string();
   r.read(root, "name", "name", &p.name);
@@ -86,6 +92,7 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   r.read(root, "devices_per_node", "devices_per_node", &p.devices_per_node);
   r.read(root, "host_memory_gib", "host_memory_gib", &p.host_memory_gib);
   r.read(root, "host_cores", "host_cores", &p.host_cores);
+  r.read(root, "host_memory_GBps", "host_memory_GBps", &p.host_memory_gbps);
   r.read(root, "launcher", "launcher", &p.launcher);
   p.runner = p.launcher == "srun" ? "srun" : "local";
   r.read(root, "runner", "runner", &p.runner);
@@ -121,6 +128,11 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   r.non_negative(p.device_memory_gib, "device.memory_gib");
   r.non_negative(p.host_memory_gib, "host_memory_gib");
   if (p.host_cores < 0) r.fail("host_cores", "must be >= 0 (0 = not given)");
+  if (!(std::isfinite(p.host_memory_gbps) && p.host_memory_gbps >= 0)) {
+    std::ostringstream got;
+    got << p.host_memory_gbps;
+    r.fail("host_memory_GBps", "must be a number >= 0 (0 = not given), got " + got.str());
+  }
   r.non_negative(p.peak_tflops_bf16, "peak_tflops.bf16");
   r.non_negative(p.peak_tflops_fp32, "peak_tflops.fp32");
   r.non_negative(p.intra_node_gbps, "links.intra_node_GBps");

@@ -10,6 +10,9 @@
 //   devices_per_node: 1                # ranks per node (CPU profiles: processes)
 //   host_memory_gib: 2048
 //   host_cores: 112                    # per node; optional (0 = not given)
+//   host_memory_GBps: 563.2            # per node: the host memory's peak bandwidth (channels x
+//                                      # MT/s x 8 B), shared by the node's ranks; optional (0 =
+//                                      # not given: kDefaultHostMemoryGBps)
 //   peak_tflops: {bf16: 989.4, fp32: 66.9}  # dense, per device
 //   links:                             # GB/s per device and direction
 //     {intra_node_GBps: 450, inter_node_GBps: 50, host_to_device_GBps: 64}
@@ -32,6 +35,7 @@ struct HardwareProfile {
   int64_t devices_per_node = 1;
   double host_memory_gib = 0.0;   // per node
   int64_t host_cores = 0;         // per node; 0 = not given
+  double host_memory_gbps = 0.0;  // per node, peak GB/s; 0 = not given
   double peak_tflops_bf16 = 0.0;  // dense, per device
   double peak_tflops_fp32 = 0.0;
   double intra_node_gbps = 0.0;      // GB/s per device and direction (NVLink; 0 = none)
@@ -43,7 +47,13 @@ struct HardwareProfile {
   // Peak TFLOP/s per device for memory.precision `precision` ("bf16" | "fp32"); 0 = unknown.
   double peak_tflops(const std::string& precision) const;
   int64_t world_size() const { return nodes * devices_per_node; }
+  // host_memory_gbps, or kDefaultHostMemoryGBps when the profile gives none.
+  double host_memory_bandwidth_gbps() const;
 };
+
+// What the cost model assumes of a node's host memory when its profile gives no
+// host_memory_GBps: one socket of DDR5-4800 in 8 channels (8 x 4.8 GT/s x 8 B).
+inline constexpr double kDefaultHostMemoryGBps = 307.2;
 
 // Reads and checks a profile. Throws UserError("<path>: <key>: <what is wrong>") for a missing
 // or malformed file, an unknown key, a wrong type or value (negative sizes, unknown device type,

@@ -96,8 +96,10 @@ TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoeffic
   k.ms_per_tflop_attention = b[1];
   k.ms_per_gb_a2a = k.ms_per_gb_allreduce = b[2];
   k.overhead_ms = b[3];
-  k.ms_per_gb_host = b[4];
-  k.host_threads = std::max<int64_t>(0, threads);
+  // A host rate no trial measured (none offloaded its optimizer) stays base's, the profile's.
+  const bool host_measured = threads >= 0;
+  k.ms_per_gb_host = host_measured ? b[4] : base.ms_per_gb_host;
+  k.host_threads = host_measured ? threads : base.host_threads;
   k.ms_per_gb_upload = upload_known ? upload_ms_per_gb : b[5];
   return k;
 }

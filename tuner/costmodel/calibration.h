@@ -36,7 +36,8 @@ double comm_bytes(const StepWork& w);
 // proportions: GEMM alone then explains them), named in `inseparable` (kTimeColumns' names); and
 // so is a coefficient the least-squares fit makes negative (that column is dropped and the rest
 // refitted). host_threads becomes the optim.host_threads the offloaded trials share (0 = auto or
-// mixed). Offload, overlap and optimizer_overlap keep their values from `base`.
+// mixed). Offload, overlap and optimizer_overlap keep their values from `base`, and so do
+// ms_per_gb_host and host_threads when no trial offloaded its optimizer (nothing measured them).
 // REQUIRES >= 1 trial (else UserError).
 TimeCoefficients fit_time(const std::vector<Measured>& trials, const TimeCoefficients& base,
                           LinearFit* fit = nullptr,

@@ -378,17 +378,26 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   }
   const int64_t lt = loss_tiles(c);
   const double cast = bf16 ? 2.0 : 0.0;  // the GEMM's model-dtype logits before the fp32 upcast
+  // The largest block of the loss's working set: one tile's fp32 logits [rows, V].
+  double loss_block = 0;
   if (lt > 1) {
     const int64_t rows = ceil_div(tokens, lt);
-    // The weight gradient is summed over the tiles in fp32; with bf16 each tile's product is made
-    // a block of rows at a time (sp/tiled_logits_loss.cpp: 8192 rows).
+    loss_block = 4.0 * rows * v;
+    // Per tile (sp/tiled_logits_loss.cpp): the fp32 logits and their softmax, the logits freed once
+    // the softmax exists; the logit gradient is the softmax corrected in place, and for bf16 its
+    // bf16 copy takes the freed logits' place: 8 B per logit at once. Kept over the tiles: the
+    // weight gradient summed in fp32 (with bf16, where the GEMM cannot add into the fp32 sum, each
+    // tile's product a block of 8192 rows at a time) and the hidden gradient.
     const double grad_w = 4.0 * v * h + (bf16 ? 1.0 * std::min<int64_t>(v, 8192) * h * d : 0.0);
-    add("loss tile", (3.0 * 4 + cast) * rows * v + grad_w + static_cast<double>(tokens) * h * d,
-        "(3 x 4 B" + std::string(bf16 ? " + 2 B" : "") +
-            ") x ceil(bs T / tiles) x V + fp32 grad W [V, h]" +
+    add("loss tile", 8.0 * rows * v + grad_w + static_cast<double>(tokens) * h * d,
+        "2 x 4 B x ceil(bs T / tiles) x V (fp32 logits, softmax) + fp32 grad W [V, h]" +
             std::string(bf16 ? " + a [8192, h] product block" : "") + " + grad hidden [bs T, h]",
         Lifetime::kTransient);
   } else {
+    loss_block = 4.0 * tokens * v;
+    // The plain loss through autograd (model/lm_loss.cpp): the fp32 upcast of the logits (for bf16
+    // made from the GEMM's bf16 logits), the log-softmax autograd keeps, and in backward the NLL
+    // and log-softmax gradients beside it.
     add("logits", (3.0 * 4 + cast) * tokens * v,
         "(3 x 4 B" + std::string(bf16 ? " + 2 B" : "") +
             ") x bs x T x V (fp32 logits, log-softmax, its gradient)",
@@ -398,6 +407,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     add("attention scores", 2.0 * probs, "2 x bs x hq/sp x sl^2 x " + ds + " (math backend)",
         Lifetime::kTransient);
   }
+  double ring_pair_scores_block = 0;  // one pair's fp32 scores (pairs without the flash kernel)
   if (ring > 1) {
     // One layer's ring attention: the block's K/V and the next one arriving (d), their fp32
     // gradients travelling in backward (two), and the fp32 output / dq accumulators of the
@@ -413,6 +423,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     const bool scores = math || c.data.pack || (!on_cpu && !bf16);
     if (scores) {
       const double chunk = static_cast<double>(a2a) * t / 2;
+      ring_pair_scores_block = 1.0 * bs * most.q * chunk * chunk * 4;
       add("ring pair scores", 3.0 * bs * most.q * chunk * chunk * 4,
           "3 x bs x hq/sp_a2a x (sl / (2 sp_ring))^2 x 4 B (pairs without the flash kernel)",
           Lifetime::kTransient);
@@ -449,6 +460,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
 
   // --- combine ---
   double stat = 0, saved = 0, transient = 0, step = 0, host = 0;
+  double layer_transient = 0, loss_transient = 0;  // the largest of each kind
   std::string largest_step;
   for (const MemoryTerm& term : out.terms) {
     if (term.location == Location::kHost) {
@@ -457,14 +469,33 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     }
     if (term.lifetime == Lifetime::kStatic) stat += term.bytes;
     if (term.lifetime == Lifetime::kSaved) saved += term.bytes;
-    if (term.lifetime == Lifetime::kTransient && term.bytes > transient) {
-      transient = term.bytes;
-      out.largest_transient = term.name;
+    if (term.lifetime == Lifetime::kTransient) {
+      const bool loss = term.name == "loss tile" || term.name == "logits";
+      double& largest = loss ? loss_transient : layer_transient;
+      largest = std::max(largest, static_cast<double>(term.bytes));
+      if (term.bytes > transient) {
+        transient = term.bytes;
+        out.largest_transient = term.name;
+      }
     }
     if (term.lifetime == Lifetime::kStep && term.bytes > step) {
       step = term.bytes;
       largest_step = term.name;
     }
+  }
+  // CUDA's caching allocator keeps every block it has handed out and serves a request only from a
+  // free block at least as large. The layers' working set, drawn in the forward before the loss,
+  // is made of blocks of at most layer_block: when the loss's are larger, none of them can hold a
+  // loss block, so the reserved peak holds both working sets. (On CPU large blocks go back to the
+  // system when freed: the larger working set alone.)
+  const double layer_block =
+      std::max({4.0 * tokens * std::max(h, qd_a2a), probs, ring_pair_scores_block});
+  if (!on_cpu && loss_block > layer_block && layer_transient > 0 && loss_transient > 0) {
+    add("cached layer blocks", std::min(layer_transient, loss_transient),
+        "the smaller of the largest layer working set and the loss's (CUDA: the layers' blocks, "
+        "at most fp32 [bs T, max(h, qd)], stay reserved beside the loss's larger ones)",
+        Lifetime::kOverhead);
+    transient += out.terms.back().bytes;
   }
   // Forward/backward holds the saved terms and one transient; the optimizer step comes after
   // backward has freed them.
@@ -473,7 +504,8 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const double dynamic = stat - k.runtime_bytes + working;
   const double overhead = k.allocator_fraction * dynamic;
   add("allocator overhead", overhead,
-      "fraction x (static - runtime + max(saved + largest transient, optimizer step))",
+      "fraction x (static - runtime + max(saved + largest transient (+ cached layer blocks), "
+      "optimizer step))",
       Lifetime::kOverhead);
   out.peak_bytes = static_cast<int64_t>(stat + working + overhead);
   out.host_bytes = static_cast<int64_t>(host);

@@ -6,7 +6,8 @@
 //   predict_memory    the full model: static state, saved activations, the largest transient
 //                     working set (or the optimizer step's, when that is higher), the allocator's
 //                     overhead and (CPU) the process baseline; on CPU it predicts the rank's peak
-//                     RSS, on CUDA the caching allocator's peak.
+//                     RSS, on CUDA the caching allocator's reserved peak, which also holds the
+//                     layers' cached blocks beside the loss's larger ones ("cached layer blocks").
 #pragma once
 #include <cstdint>
 #include <string>

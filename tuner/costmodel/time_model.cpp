@@ -146,4 +146,11 @@ TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k) {
   return p;
 }
 
+double default_ms_per_gb_host(double host_memory_gbps, int64_t ranks_on_node) {
+  if (!(host_memory_gbps > 0)) return 0.0;
+  const double ranks = static_cast<double>(std::max<int64_t>(1, ranks_on_node));
+  const double per_rank = host_memory_gbps / ranks;
+  return 1000.0 / (kHostPassEfficiency * per_rank);
+}
+
 }  // namespace ulysses::costmodel

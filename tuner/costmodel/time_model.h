@@ -90,4 +90,14 @@ struct TimePrediction {
 
 TimePrediction predict_time(const StepWork& w, const TimeCoefficients& k);
 
+// The offloaded optimizer's host passes before any calibration. Every rank of a node runs its
+// pass at once, after its backward, so a rank streams its share of the node's host memory
+// bandwidth: host_memory_gbps / ranks_on_node, at kHostPassEfficiency of that peak. The
+// efficiency: the AdamW pass moves 44 B per 30 B that StepWork counts (each written cache line is
+// read first: 16 B read + 2 x 14 B written), 0.68, and a streaming kernel reaches about 0.9 of
+// the DDR peak. Returns ms per GB as StepWork counts it (ms_per_gb_host); 0 when the bandwidth is
+// not > 0. REQUIRES: ranks_on_node >= 1.
+inline constexpr double kHostPassEfficiency = 0.6;
+double default_ms_per_gb_host(double host_memory_gbps, int64_t ranks_on_node);
+
 }  // namespace ulysses::costmodel

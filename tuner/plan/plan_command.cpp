@@ -124,13 +124,17 @@ void check_fitted_profile(const report::SweepData& data, const std::string& devi
 
 // What the time fit takes as known: the offloaded optimizer's upload at the sweep's profile's
 // host link (as the planner assumes it: 0.8 of host_to_device_GBps). Without a readable profile
-// or link the upload is a column of the fit.
+// or link the upload is a column of the fit. The profile's host pass rate (time_coefficients)
+// stands where no trial offloaded its optimizer.
 costmodel::TimeCoefficients fit_base(const report::SweepData& data) {
   costmodel::TimeCoefficients base;
   const std::string name = hardware_of(data);
   if (name.empty()) return base;
   try {
     const calibrate::HardwareProfile hw = calibrate::load_hardware_profile(hardware_path(name));
+    const costmodel::TimeCoefficients profile = time_coefficients(hw, "", 1, 1);
+    base.ms_per_gb_host = profile.ms_per_gb_host;
+    base.host_threads = profile.host_threads;
     if (hw.host_to_device_gbps > 0) base.ms_per_gb_upload = 1000.0 / (0.8 * hw.host_to_device_gbps);
   } catch (const UserError&) {  // a path of another machine: fit the upload too
   }
@@ -211,12 +215,18 @@ int run_fit(const PlanOptions& o) {
             << fmt(", %.1f ms/GB comm", tk.ms_per_gb_a2a)
             << fmt(", overhead %.1f ms", tk.overhead_ms)
             << fmt("; worst error %.1f %%", 100 * worst_time) << "\n";
+  bool host_measured = false;  // some trial offloaded its optimizer
+  for (const costmodel::Measured& m : time) {
+    host_measured = host_measured || costmodel::step_work(m.config).optimizer_host_bytes > 0;
+  }
   if (tk.ms_per_gb_host > 0) {
+    const std::string threads =
+        tk.host_threads > 0 ? " at " + std::to_string(tk.host_threads) + " threads"
+                            : std::string(host_measured ? " at the trials' host threads" : "");
     std::cout << "time: offloaded optimizer: host passes (norm, AdamW) "
               << fmt("%.1f ms/GB", tk.ms_per_gb_host)
-              << fmt(" (%.0f GB/s", 1000 / tk.ms_per_gb_host)
-              << (tk.host_threads > 0 ? " at " + std::to_string(tk.host_threads) + " threads"
-                                      : std::string(" at the trials' host threads"))
+              << fmt(" (%.0f GB/s", 1000 / tk.ms_per_gb_host) << threads
+              << (host_measured ? "" : ", the profile's host memory: no trial offloaded it")
               << fmt("), upload %.1f ms/GB", tk.ms_per_gb_upload)
               << (fit_base(data).ms_per_gb_upload >= 0 ? " (the profile's host link)" : "")
               << fmt(", %.0f %% overlapping backward", 100 * tk.optimizer_overlap) << "\n";

@@ -30,6 +30,12 @@ costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& 
   k.ms_per_gb_ring = link(sp);
   k.ms_per_gb_allreduce = link(world);
   k.ms_per_gb_offload = hw.host_to_device_gbps > 0 ? 1000.0 / (0.8 * hw.host_to_device_gbps) : 0;
+  // The offloaded optimizer's host passes: the rank's share of the node's host memory bandwidth,
+  // reached by the threads the trainer gives a rank by default (the node's cores over its ranks).
+  k.ms_per_gb_host =
+      costmodel::default_ms_per_gb_host(hw.host_memory_bandwidth_gbps(), hw.devices_per_node);
+  k.host_threads =
+      hw.host_cores > 0 ? std::max<int64_t>(1, hw.host_cores / hw.devices_per_node) : 0;
   k.overhead_ms = 5.0;
   k.overlap = 0.0;
   return k;

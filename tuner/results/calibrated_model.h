@@ -22,9 +22,11 @@ std::string default_precision(const calibrate::HardwareProfile& hw);
 // Time coefficients for a profile and sp: ms per TFLOP from peak x efficiency (GEMM 0.60,
 // attention 0.45 on CUDA; 0.25 / 0.10 on CPU), all-to-all and all-reduce at 0.8 x the link they
 // cross (intra-node when sp (resp. world) <= devices_per_node, else inter-node), offload at
-// 0.8 x host_to_device, 5 ms overhead, no overlap. With ring attention (sp_ring > 1) the
-// all-to-all spans sp / sp_ring ranks and the ring's neighbour transfers cross the link of the
-// whole SP group.
+// 0.8 x host_to_device, the offloaded optimizer's host passes at the rank's share of the node's
+// host memory bandwidth (costmodel::default_ms_per_gb_host; host_threads = host_cores /
+// devices_per_node, 0 when the profile gives no cores), 5 ms overhead, no overlap. With ring
+// attention (sp_ring > 1) the all-to-all spans sp / sp_ring ranks and the ring's neighbour
+// transfers cross the link of the whole SP group.
 costmodel::TimeCoefficients time_coefficients(const calibrate::HardwareProfile& hw,
                                               const std::string& precision, int64_t sp,
                                               int64_t world, int64_t sp_ring = 1);
