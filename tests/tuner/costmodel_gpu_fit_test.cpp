@@ -147,6 +147,8 @@ TEST(GpuFit, PlanFitOnTheH200SweepHoldsEveryTrial) {
   const std::vector<Trial> trials = load_trials("limit130");
   ASSERT_EQ(trials.size(), 12u);
   const Fitted f = fit(trials);
+  std::printf("memory: runtime %.0f MiB, allocator overhead %+.1f %%\n",
+              f.memory.runtime_bytes / kMiB, 100 * f.memory.allocator_fraction);
   std::printf("time: %.2f ms/GEMM-TFLOP, %.2f ms/attention-TFLOP, overhead %.1f ms, host pass "
               "%.2f ms/GB, upload %.2f ms/GB\n",
               f.time.ms_per_tflop, f.time.ms_per_tflop_attention, f.time.overhead_ms,
@@ -171,8 +173,12 @@ TEST(GpuFit, EachTrialLeftOutOfTheFitIsPredicted) {
     for (size_t i = 0; i < trials.size(); ++i) {
       if (i != out) rest.push_back(trials[i]);
     }
-    // Memory is not held out: its 2 coefficients are one offset and one scale, and the 2
-    // known-gap trials are the only small peaks, which each fit needs to place its offset.
+    // Memory is not held out (no memory term is fitted beyond plan --fit's offset and scale):
+    // trial 11 held out comes out +14.8 % (the one small 8K peak places the offset), trials 2
+    // and 4 +10.6 and +11.2 %. Those two ran at their limit: under 130 GiB they peak 16 GiB
+    // lower than under 139.8 (the allocator frees its cache at the cap), so they pull the fit's
+    // scale below 1 (allocator overhead -6.5 %, offset 1.7 GiB); without them the fit is
+    // -1.6 % and 1.1 GiB, and every trial held out is within 5.2 %.
     expect_within(fit(rest), {trials[out]}, "held out", /*check_memory=*/false);
   }
 }
