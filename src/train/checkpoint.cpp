@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -362,6 +363,8 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& checkp
 
 namespace {
 
+std::atomic<int64_t> streamed_host_bytes{0};  // streamed_save_host_bytes()
+
 // Collective over `partition`'s world: writes the stage-3 weights to `path` (rank 0) part by
 // part, in HF order (the partition's parameter order), each part all-gathered from the shards.
 void write_sharded_weights(const fs::path& path, ZeroPartition& partition, bool is_rank0) {
@@ -382,7 +385,11 @@ void write_sharded_weights(const fs::path& path, ZeroPartition& partition, bool 
       const at::Tensor gathered = partition.gather_part(i, k);  // [world * P_i]
       const int64_t begin = k * gathered.numel();
       const int64_t valid = std::min(gathered.numel(), numel - begin);  // past numel: padding
-      if (writer && valid > 0) writer->write(i, begin, gathered.narrow(0, 0, valid).cpu());
+      if (writer && valid > 0) {
+        const at::Tensor on_host = gathered.narrow(0, 0, valid).cpu();
+        streamed_host_bytes += tensor_bytes(on_host);
+        writer->write(i, begin, on_host);
+      }
     }
   }
   if (writer) writer->close();
@@ -407,6 +414,8 @@ std::vector<at::Tensor> parameter_descriptions(model::LlamaForCausalLM& model,
 }
 
 }  // namespace
+
+int64_t streamed_save_host_bytes() { return streamed_host_bytes.load(); }
 
 void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& model,
                      const config::ModelOptions& model_options, const AdamW* optimizer,

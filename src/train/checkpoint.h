@@ -81,6 +81,11 @@ void save_checkpoint(const std::string& final_dir, model::LlamaForCausalLM& mode
                      const ZeroOptimizer* zero = nullptr, bool overwrite = false,
                      ZeroPartition* sharded_weights = nullptr);
 
+// Bytes of gathered ZeRO-3 weights this process has copied to the host for streamed saves since
+// it started: on the rank that writes model.safetensors, the weights' bytes per save; on the
+// others, which take part in the gathers only, 0.
+int64_t streamed_save_host_bytes();
+
 // Loads weights, optimizer state (when `optimizer` is non-null) and trainer state from `dir`.
 // Throws UserError naming the file when something is missing or does not match the model; in
 // particular when `optimizer` is non-null and a checkpoint past step 0 holds no optimizer state

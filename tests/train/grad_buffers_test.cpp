@@ -17,6 +17,7 @@
 #include "sp/sequence_tiled_compute.h"
 #include "support/multi_rank.h"
 #include "train/train_test_util.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "zero/grad_buffers.h"
 #include "zero/gradient_step.h"
@@ -423,6 +424,16 @@ TEST(ZeroOffload, UpdatedWeightsGoThroughTheStagingBuffersAtStages1To3) {
       if (stage == 3) {
         plain->partition->release_all();
         staged->partition->release_all();
+        // A streamed save: every rank joins each part's gather, only rank 0 (the writer) copies
+        // the parts to the host, the model's bf16 bytes.
+        int64_t weight_bytes = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          weight_bytes += staged->partition->param_numel(i) * 2;
+        }
+        const int64_t before = streamed_save_host_bytes();
+        save_checkpoint(ctx.temp_dir + "/step-2", staged->model, c.model, nullptr, TrainerState{},
+                        mesh.world(), staged->zero.get());
+        EXPECT_EQ(streamed_save_host_bytes() - before, ctx.rank == 0 ? weight_bytes : 0);
       }
       if (stage == 1) continue;
       for (size_t i = 0; i < want.size(); ++i) {
