@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "config/run_config.h"
+#include "data/dataset_writer.h"
 #include "tuner/sweep_cli_fixture.h"
 
 namespace ulysses::sweep {
@@ -246,6 +247,12 @@ TEST_F(SweepCliTest, BadInputIsOneLineAndWritesNothing) {
   bad_axis.replace(bad_axis.find("memory.tiled_loss"), 17, "memory.tiled_los");
   std::ofstream(experiment_) << bad_axis;
   expect_one_line(tune(sweep_args()), "memory.tiled_los: unknown key");
+  std::string no_data = kExperiment;
+  no_data.replace(no_data.find("  train: {device: cpu"), 0, "  data: {source: megatron:prepared/train}\n");
+  std::ofstream(experiment_) << no_data;
+  expect_one_line(tune(sweep_args()), "base.data.source: megatron:prepared/train: no "
+                                      "prepared/train.idx in the working directory or beside the "
+                                      "experiment");
   EXPECT_FALSE(fs::exists(db_));  // nothing was written for any of them
 
   expect_one_line(tune("recommend --db '" + db_ + "' --out '" + (dir_ / "rec").string() + "'"),
@@ -264,6 +271,93 @@ TEST_F(SweepCliTest, BadInputIsOneLineAndWritesNothing) {
                        (dir_ / "rec").string() + "'"),
                   "--sweep nope: no such sweep");
   EXPECT_FALSE(fs::exists(dir_ / "rec"));
+}
+
+// A sweep on prepared data (a Megatron dataset with prepare_data.py's manifest beside it), named
+// by a path relative to the experiment and run from another directory: every trial reads it by
+// its absolute path, the report and WHY.md say which data was measured (tokens, documents, the
+// loss mask, the tokenizer, the document lengths), and a resume after its loss mask changed is
+// refused in one line.
+TEST_F(SweepCliTest, PreparedDataIsNamedInTheReportAndChangedDataStopsAResume) {
+  const fs::path prepared = dir_ / "prepared";
+  fs::create_directories(prepared);
+  const std::string prefix = (prepared / "train").string();
+  data::write_megatron_dataset(prefix, {{1, 2, 3}, {4, 5, 6, 7}, {8, 9}}, data::TokenDType::kUInt16);
+  data::write_megatron_dataset(prefix + "_loss_mask", {{0, 1, 1}, {0, 0, 1, 1}, {0, 1}},
+                               data::TokenDType::kUInt8);
+  std::ofstream(prepared / "manifest.json")
+      << R"({"tool": "prepare_data.py", "version": 1, "mode": "sft",
+             "tokenizer": {"path": "/models/tiny", "sha256": "0123456789abcdef0123", "files": []},
+             "outputs": {"train": "train", "eval": "eval"},
+             "document_length_histogram": [{"min": 2, "max": 3, "documents": 2},
+                                           {"min": 4, "max": 7, "documents": 1}]})";
+  std::ofstream(experiment_) << R"(name: prepared
+hardware: cpu-local
+world_size: 2
+memory_limit_gib: 1.0
+base:
+  model: {hidden_size: 32, num_layers: 1, num_heads: 4, num_kv_heads: 2, intermediate_size: 64,
+          vocab_size: 128}
+  data: {source: megatron:prepared/train}
+  train: {device: cpu, steps: 5}
+space:
+  mesh.sp: [2]
+  data.packing: [windows, documents]
+  sequence.length: [1024]
+objective: throughput
+trial: {warmup_steps: 1, steps: 2}
+backend: [native, deepspeed]
+search: {probe: false}
+)";
+  const std::string python = (fs::path(project_home()) / "tests/tuner/fake_python.sh").string();
+  const Result run =
+      shell("cd / && '" + tune_ + "' " + sweep_args("--python '" + python + "'"));
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  const auto stored = trials("prepared");
+  ASSERT_EQ(count(stored, "ok"), 2);
+  ASSERT_EQ(count(stored, "invalid"), 2);
+  for (const auto& t : stored) {
+    if (t.status == "ok") {
+      EXPECT_NE(t.config_yaml.find("megatron:" + prefix), std::string::npos) << t.config_yaml;
+      continue;
+    }
+    // The deepspeed backend trains windows of the stream without a mask: both are refused.
+    const bool documents = t.point.find("documents") != std::string::npos;
+    EXPECT_NE(t.reason.find(documents ? "data.packing: documents: the deepspeed backend trains "
+                                        "windows of the token stream"
+                                      : "data.loss_mask: the deepspeed backend learns every token"),
+              std::string::npos)
+        << t.point << ": " << t.reason;
+  }
+
+  const std::string report = (dir_ / "report").string();
+  const Result reported = tune("report --db '" + db_ + "' --out '" + report + "'");
+  ASSERT_EQ(reported.status, 0) << reported.err;
+  const std::string readme = read_text(fs::path(report) / "README.md");
+  for (const std::string& expected :
+       {std::string("## Data\n\nThe trials trained on `megatron:") + prefix +
+            "`: 9 tokens in 3 documents, with a loss mask; prepared by prepare_data.py in sft mode with the tokenizer "
+            "/models/tiny (sha256 0123456789ab) (" + (prepared / "manifest.json").string() +
+            "); windows of the stream.",
+        std::string("| 2-3 "), std::string("| 4-7 "),
+        // gnuplot refuses a histogram of one backend: the comparison plot says why it is absent
+        std::string("Not drawn: only the native backend measured a configuration")}) {
+    EXPECT_NE(readme.find(expected), std::string::npos) << expected << "\n" << readme;
+  }
+  const std::string rec = (dir_ / "rec").string();
+  ASSERT_EQ(tune("recommend --db '" + db_ + "' --out '" + rec + "'").status, 0);
+  EXPECT_NE(read_text(fs::path(rec) / "WHY.md").find("Data: `megatron:" + prefix + "`: 9 tokens"),
+            std::string::npos);
+
+  data::write_megatron_dataset(prefix + "_loss_mask", {{0, 1, 1}, {0, 1, 1, 1}, {0, 1}},
+                               data::TokenDType::kUInt8);  // the same tokens, another mask
+  const Result resumed = tune(sweep_args("--resume --python '" + python + "'"));
+  EXPECT_EQ(resumed.status, 2) << resumed.out << resumed.err;
+  EXPECT_NE(resumed.err.find("base.data.source: the data its trials read changed since sweep "
+                             "'prepared' started"),
+            std::string::npos)
+      << resumed.err;
+  EXPECT_EQ(std::count(resumed.err.begin(), resumed.err.end(), '\n'), 1) << resumed.err;
 }
 
 // Both backends in one sweep, with a stand-in for the deepspeed backend's Python

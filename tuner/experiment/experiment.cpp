@@ -13,6 +13,7 @@
 #include "config/yaml_reader.h"
 #include "config/yaml_values.h"
 #include "tuner/calibrate/hardware_profile.h"
+#include "tuner/experiment/training_data.h"
 
 namespace ulysses::experiment {
 namespace {
@@ -129,6 +130,45 @@ LengthSpec read_lengths(const Reader& r, const YAML::Node& node) {
   return spec;
 }
 
+// base.<section>.source naming files (tokens:PATH, megatron:PREFIX) with a relative path: found
+// as profiles are (the working directory first, then beside the experiment) and made absolute,
+// since trials run in directories of their own and a recommended config is launched from
+// anywhere. The files must exist and read: a sweep on missing data fails before any trial.
+void resolve_data_path(const Reader& r, YAML::Node& base, const std::string& section,
+                       const std::string& experiment_dir) {
+  if (!config::is_mapping(base[section]) || !base[section]["source"].IsDefined()) return;
+  const std::string key = "base." + section + ".source";
+  std::string source;
+  r.read(base[section]["source"], key, source);
+  for (const std::string kind : {"tokens:", "megatron:"}) {
+    if (!source.starts_with(kind) || source.size() == kind.size()) continue;
+    const fs::path path = source.substr(kind.size());
+    const std::string probe = kind == "megatron:" ? ".idx" : "";
+    std::vector<fs::path> candidates = {path};
+    if (path.is_relative() && !experiment_dir.empty()) {
+      candidates.push_back(fs::path(experiment_dir) / path);
+    }
+    std::error_code ec;
+    const auto found = std::find_if(candidates.begin(), candidates.end(), [&](const fs::path& p) {
+      return fs::exists(p.string() + probe, ec);
+    });
+    if (found == candidates.end()) {
+      r.fail(key, source + ": no " + path.string() + probe +
+                      (candidates.size() > 1 ? " in the working directory or beside the experiment"
+                                             : ""));
+    }
+    source = kind + fs::absolute(*found).lexically_normal().string();
+    base[section]["source"] = source;
+    config::DataOptions options;
+    options.source = source;
+    try {
+      read_training_data(options, key);
+    } catch (const UserError& err) {
+      throw UserError(r.source + ": " + err.what());
+    }
+  }
+}
+
 }  // namespace
 
 Experiment parse_experiment(const std::string& text, const std::string& source,
@@ -171,6 +211,8 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
     base["model"]["preset"] = e.model;
   }
   if (!base.IsDefined() || base.IsNull()) base = YAML::Node(YAML::NodeType::Map);
+  resolve_data_path(r, base, "data", dir);
+  resolve_data_path(r, base, "eval", dir);
   if (config::is_mapping(base["train"]) && base["train"]["device"].IsDefined()) {
     r.read(base["train"]["device"], "base.train.device", e.device);
   }

@@ -108,8 +108,11 @@ std::string default_profiles_dir();
 // limit (config/yaml_reader.h), invalid YAML, a name check_sweep_name refuses, an unknown
 // or duplicate key, a wrong type, an empty space or empty value list, a missing profile, a bad
 // length spec (from > to, step < 1), an unknown objective, method, runner or backend, a budget
-// below zero, nodes < 1, not dividing world_size, or > 1 with runner: local, or memory probes
-// (search.probe with a max-length search) with backend deepspeed.
+// below zero, nodes < 1, not dividing world_size, or > 1 with runner: local, memory probes
+// (search.probe with a max-length search) with backend deepspeed, or a base.data.source /
+// base.eval.source whose files are missing or unreadable. Relative paths in those two are looked
+// up in the working directory, then beside the experiment, and written into base_yaml as
+// absolute paths (trials run in their own directories).
 Experiment load_experiment(const std::string& path, const std::string& profiles_dir);
 
 // load_experiment on text; `source` names it in errors.

@@ -9,6 +9,7 @@
 #include "config/run_config.h"
 #include "config/yaml_reader.h"
 #include "config/yaml_values.h"
+#include "tuner/experiment/training_data.h"
 
 namespace ulysses::experiment {
 namespace {
@@ -16,18 +17,6 @@ namespace {
 std::string join(const std::vector<std::string>& values) {
   std::string out;
   for (const std::string& v : values) out += (out.empty() ? "" : ", ") + v;
-  return out;
-}
-
-// 64-bit FNV-1a: a stable digest (the same on every build), not a cryptographic one.
-std::string fnv1a64(const std::string& text) {
-  uint64_t hash = 14695981039346656037ull;
-  for (unsigned char ch : text) {
-    hash ^= ch;
-    hash *= 1099511628211ull;
-  }
-  char out[32];
-  std::snprintf(out, sizeof out, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
   return out;
 }
 
@@ -76,6 +65,17 @@ config::RunConfig trial_base(const Experiment& e) {
 }
 
 }  // namespace
+
+std::string digest_of(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;  // 64-bit FNV-1a
+  for (unsigned char ch : text) {
+    hash ^= ch;
+    hash *= 1099511628211ull;
+  }
+  char out[32];
+  std::snprintf(out, sizeof out, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
+  return out;
+}
 
 std::vector<ResultInput> result_inputs(const Experiment& e) {
   std::vector<ResultInput> in = {
@@ -128,8 +128,13 @@ std::map<std::string, std::string> profile_digests(const Experiment& e) {
     hardware.remove("name");
     hardware.remove("description");
   }
-  return {{"hardware_profile", fnv1a64(canonical(hardware))},
-          {"model", fnv1a64(canonical(YAML::Load(config::to_yaml(trial_base(e)))["model"]))}};
+  const config::RunConfig base = trial_base(e);
+  std::map<std::string, std::string> digests = {
+      {"hardware_profile", digest_of(canonical(hardware))},
+      {"model", digest_of(canonical(YAML::Load(config::to_yaml(base))["model"]))}};
+  const TrainingData data = read_training_data(base.data, e.path + ": base.data.source");
+  if (!data.digest.empty()) digests["data"] = data.digest;
+  return digests;
 }
 
 }  // namespace ulysses::experiment

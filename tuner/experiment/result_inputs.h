@@ -33,10 +33,13 @@ std::string first_difference(const std::vector<ResultInput>& before,
 
 // What the experiment's text does not hold but its trials depend on, as digests to store with
 // a sweep: "hardware_profile" (the profile file's keys and values but name and description;
-// comments and layout ignored) and "model" (the model section of the resolved base run config,
-// i.e. the contents of a model preset or an HF config.json). Digests are "fnv1a64:" + 16 hex
-// digits.
-// Throws UserError when the profile or the base run config cannot be read.
+// comments and layout ignored), "model" (the model section of the resolved base run config,
+// i.e. the contents of a model preset or an HF config.json) and, when base.data.source names
+// files, "data" (training_data.h). Digests are digest_of's.
+// Throws UserError when the profile, the base run config or the data cannot be read.
 std::map<std::string, std::string> profile_digests(const Experiment& e);
+
+// "fnv1a64:" + 16 hex digits: a stable digest (the same on every build), not a cryptographic one.
+std::string digest_of(const std::string& text);
 
 }  // namespace ulysses::experiment

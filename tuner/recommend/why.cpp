@@ -1,9 +1,12 @@
 // The WHY.md text (see why.h).
 #include "tuner/recommend/why.h"
 
+#include "tuner/experiment/training_data.h"
 #include "tuner/results/format.h"
 #include "tuner/results/memory_basis.h"
 #include "tuner/results/sweep_analysis.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <optional>
@@ -51,6 +54,12 @@ std::string render_why(const store::SweepRecord& sweep, const Objective& o,
   } else {
     md << "Measured on the **native** backend (ulysses-train, as `launch.sh` runs it).\n\n";
   }
+  const auto env = nlohmann::ordered_json::parse(sweep.environment, nullptr, false);
+  md << "Data: "
+     << experiment::training_data_sentence(env.is_object() && env.contains("data")
+                                               ? env["data"]
+                                               : nlohmann::ordered_json())
+     << ".\n\n";
   md << report::memory_basis_note({winner});
   if (o.check_peak) {
     md << " A configuration qualifies when that peak stays within " << num(100 * (1 - o.headroom))

@@ -174,7 +174,8 @@ void show_sweep(store::Database& db, const std::string& name, std::ostream& out)
   print_field(out, "trials",
               std::to_string(data.trials.size()) + ": " + status_count_text(data.trials));
   print_field(out, "machine load while trials ran", machine_load_text(data.loads));
-  out << "\nenvironment:\n" << render_terminal(json_table(s.environment));
+  print_field(out, "data", data_sentence(data));
+  out << "\nenvironment:\n" << render_terminal(json_table(s.environment, {"data"}));
   out << "\nsearch summary:\n" << render_terminal(search_summary_table(data));
   const Table grid = grid_comparison_table(data);
   if (!grid.rows.empty()) out << "\n" << render_terminal(grid);

@@ -410,18 +410,25 @@ bool backends_plot(const SweepData& data, Plot& plot, std::string& dat, std::str
   if (pairs.empty()) return false;
   dat = "# row native_tokens_per_s_per_rank deepspeed_tokens_per_s_per_rank (NaN = none)\n";
   double highest = 0.0;
-  int rows = 0;
-  auto value = [&](const TrialRecord* t) {
+  int rows = 0, native_bars = 0, deepspeed_bars = 0;
+  auto value = [&](const TrialRecord* t, int& bars) {
     if (!t || !is_measured(*t)) return std::string("NaN");
     highest = std::max(highest, *t->tokens_per_s_per_rank);
+    ++bars;
     return exact(t->tokens_per_s_per_rank);
   };
   for (const BackendPair& p : pairs) {  // labelled by the row of the report's table
     ++rows;
-    dat += std::to_string(rows) + " " + value(p.native) + " " + value(p.deepspeed) + "\n";
+    dat += std::to_string(rows) + " " + value(p.native, native_bars) + " " +
+           value(p.deepspeed, deepspeed_bars) + "\n";
   }
-  if (!(highest > 0)) {
-    plot.omitted = "Not drawn: neither backend measured a configuration the other ran.";
+  // gnuplot refuses a histogram column without a single value.
+  if (native_bars == 0 || deepspeed_bars == 0) {
+    plot.omitted = native_bars + deepspeed_bars == 0
+                       ? "Not drawn: neither backend measured a configuration the other ran."
+                       : std::string("Not drawn: only the ") +
+                             (native_bars ? "native" : "deepspeed") +
+                             " backend measured a configuration (see the table above).";
     return true;
   }
   const int width = std::clamp(260 + 70 * rows, 900, 4000);

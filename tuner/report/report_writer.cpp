@@ -130,9 +130,13 @@ std::string render_readme(const SweepData& data, const std::vector<Plot>& plots,
   out += "**Memory.** " + memory_basis_note(data.trials) + "\n\n";
 
   out += "## Environment\n\n";
-  const Table environment = json_table(data.sweep.environment);
+  const Table environment = json_table(data.sweep.environment, {"data"});
   out += environment.rows.empty() ? "No environment was recorded.\n\n"
                                   : render_markdown(environment) + "\n";
+  out += "## Data\n\nThe trials trained on " + data_sentence(data) + ".\n\n";
+  if (const Table lengths = document_length_table(data); !lengths.rows.empty()) {
+    out += "Document lengths, from the data's manifest:\n\n" + render_markdown(lengths) + "\n";
+  }
 
   out += "## Search summary\n\n" + render_markdown(search_summary_table(data)) + "\n";
   const Table grid = grid_comparison_table(data);

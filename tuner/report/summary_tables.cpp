@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "tuner/experiment/training_data.h"
 #include "tuner/results/backend_comparison.h"
 #include "tuner/results/format.h"
 #include "tuner/results/memory_basis.h"
@@ -95,6 +96,37 @@ Table json_table(const std::string& json_text, const std::vector<std::string>& s
   }
   for (const auto& [key, value] : json.items()) {
     if (std::find(skip.begin(), skip.end(), key) == skip.end()) flatten(value, key, table);
+  }
+  return table;
+}
+
+namespace {
+
+Json stored_data(const SweepData& data) {
+  const Json env = Json::parse(data.sweep.environment, nullptr, /*allow_exceptions=*/false);
+  return env.is_object() && env.contains("data") ? env["data"] : Json();
+}
+
+}  // namespace
+
+std::string data_sentence(const SweepData& data) {
+  return experiment::training_data_sentence(stored_data(data));
+}
+
+Table document_length_table(const SweepData& data) {
+  Table table;
+  table.add_column("document length (tokens)");
+  table.add_column("documents", /*right=*/true);
+  const Json stored = stored_data(data);
+  if (!stored.is_object() || !stored.contains("manifest") || !stored["manifest"].is_object()) {
+    return table;
+  }
+  const Json& rows = stored["manifest"].value("document_length_histogram", Json::array());
+  for (const Json& row : rows) {
+    if (!row.is_object()) continue;
+    table.rows.push_back({std::to_string(row.value("min", int64_t{0})) + "-" +
+                              std::to_string(row.value("max", int64_t{0})),
+                          std::to_string(row.value("documents", int64_t{0}))});
   }
   return table;
 }

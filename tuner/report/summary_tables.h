@@ -15,6 +15,12 @@ namespace ulysses::report {
 // left out.
 Table json_table(const std::string& json_text, const std::vector<std::string>& skip = {});
 
+// What the sweep's trials trained on, from its environment's "data" (one sentence, no period).
+std::string data_sentence(const SweepData& data);
+
+// The data manifest's document-length histogram (length range, documents); empty without one.
+Table document_length_table(const SweepData& data);
+
 // The search summary (sweeps.summary): the known counts first with readable names (trials_run,
 // pruned, skipped, invalid, grid_trials), the best trial (the one rank_trials() puts first under
 // the sweep's objective, objective.h; the one the sweep recorded when its experiment cannot be

@@ -19,7 +19,9 @@
 #include "tuner/backends/deepspeed/deepspeed_trial.h"
 #include "tuner/calibrate/machine_check.h"
 #include "tuner/experiment/experiment.h"
+#include "config/run_config.h"
 #include "tuner/experiment/result_inputs.h"
+#include "tuner/experiment/training_data.h"
 #include "tuner/experiment/trial_space.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/sbatch.h"
@@ -163,11 +165,11 @@ void check_unchanged(const store::SweepRecord& sweep, const experiment::Experime
   const nlohmann::json& stored = env["experiment_digests"];
   for (const auto& [what, digest] : experiment::profile_digests(e)) {
     if (!stored.is_object() || !stored.contains(what) || stored[what] == digest) continue;
-    throw UserError("--resume: " +
-                    (what == "hardware_profile"
-                         ? "hardware: the profile " + e.hardware_path + " changed"
-                         : "base.model: the model (its preset or HF config) changed") +
-                    " since sweep '" + sweep.name + "' started" + advice);
+    const std::string changed =
+        what == "hardware_profile" ? "hardware: the profile " + e.hardware_path + " changed"
+        : what == "data"           ? "base.data.source: the data its trials read changed"
+                                   : "base.model: the model (its preset or HF config) changed";
+    throw UserError("--resume: " + changed + " since sweep '" + sweep.name + "' started" + advice);
   }
 }
 
@@ -175,6 +177,8 @@ void check_unchanged(const store::SweepRecord& sweep, const experiment::Experime
 std::string environment_of(const std::string& trainer, const experiment::Experiment& e) {
   nlohmann::ordered_json env = nlohmann::ordered_json::parse(capture_environment(trainer));
   env["experiment_digests"] = experiment::profile_digests(e);
+  env["data"] = experiment::training_data_json(experiment::read_training_data(
+      config::parse_run_config_yaml(e.base_yaml).data, e.path + ": base.data.source"));
   return env.dump();
 }
 

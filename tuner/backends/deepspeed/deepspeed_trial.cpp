@@ -9,6 +9,8 @@
 #include "common/paths.h"
 #include "config/run_config.h"
 #include "data/dataset_writer.h"
+#include "data/loss_mask.h"
+#include "data/source_spec.h"
 #include "data/token_source.h"
 #include "tuner/export/deepspeed_config.h"
 #include "tuner/export/export_common.h"
@@ -38,6 +40,16 @@ std::optional<std::string> deepspeed_refusal(const config::RunConfig& run) {
   if (run.data.pack) {
     return std::string("data.pack: the deepspeed backend trains unpacked samples; set data.pack: "
                        "false");
+  }
+  if (run.data.packing == "documents") {
+    return std::string("data.packing: documents: the deepspeed backend trains windows of the "
+                       "token stream; set data.packing: windows");
+  }
+  if (const data::SourceSpec spec = data::parse_source(run.data.source, "data.source");
+      spec.kind == data::SourceKind::kMegatron &&
+      !data::find_loss_mask(spec.path, run.data.loss_mask, "data.loss_mask").empty()) {
+    return std::string("data.loss_mask: the deepspeed backend learns every token (its samples "
+                       "carry no mask); set data.loss_mask: ignore");
   }
   if (!run.model.preset.empty()) {
     return "model.preset: " + run.model.preset +
