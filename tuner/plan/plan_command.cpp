@@ -334,11 +334,16 @@ void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
                         term.location == costmodel::Location::kHost ? "host" : "device",
                         term.formula});
     }
+    bool cached = false;  // the layers' blocks kept beside the loss's (CUDA)
+    for (const costmodel::MemoryTerm& term : m.terms) {
+      cached = cached || term.name == "cached layer blocks";
+    }
     std::cout << "\n" << report::mesh_text(row.dp, row.sp, row.sp_ring, row.uneven_heads) << " "
               << row.features << " at "
               << row.seqlen << " tokens: peak " << fmt("%.2f", m.peak_bytes / kGiB)
               << " GiB per rank (static + saved + largest transient, or the optimizer step: '"
-              << m.largest_transient << "' + overhead), host "
+              << m.largest_transient << "'" << (cached ? " + cached layer blocks" : "")
+              << " + overhead), host "
               << fmt("%.2f", m.host_bytes / kGiB) << " GiB per rank\n"
               << report::render_terminal(t);
   }
