@@ -51,6 +51,10 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kTimeTolerance = 0.15, kMemoryTolerance = 0.10;
+// The comparison runs without fitted coefficients: allocated peaks within 2 % (the worst +0.8 %),
+// reserved within 6 % (the worst, tiled at 32K, +5.0 %: with the checkpoints on the device the
+// forward stores them in blocks its working set freed, so fewer layer blocks stay idle beside
+// the loss than the model's cached layer blocks).
 constexpr double kAllocatedTolerance = 0.02, kReservedTolerance = 0.06;
 // The H200 profile's host link (profiles/hardware/h200.yaml: 64 GB/s) at the 0.8 efficiency the
 // planner assumes, the upload's known rate as plan --fit takes it from the profile.
@@ -228,7 +232,7 @@ TEST(GpuFit, TheModelPredictsTheAllocatorsPeaksOfTheCompareRuns) {
     }
     const double allocated = std::stod(f[2]) * kMiB, reserved = std::stod(f[3]) * kMiB;
     const double da = (p.peak_bytes - cached) / allocated - 1, dr = p.peak_bytes / reserved - 1;
-    std::printf("compare %-5s %6s  allocated %+5.1f %%  reserved %+5.1f %%\n", name.c_str(),
+    std::printf("compare %-5s %6s  allocated %+6.2f %%  reserved %+6.2f %%\n", name.c_str(),
                 f[1].c_str(), 100 * da, 100 * dr);
     // The plain loss's logits count the reserved view (the bf16 logits' block beside three fp32
     // ones: 14 B per logit, 12 B of them allocated at once): only the reserved peak there.
