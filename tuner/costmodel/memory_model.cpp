@@ -397,7 +397,8 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     loss_block = 4.0 * tokens * v;
     // The plain loss through autograd (model/lm_loss.cpp): the fp32 upcast of the logits (for bf16
     // made from the GEMM's bf16 logits), the log-softmax autograd keeps, and in backward the NLL
-    // and log-softmax gradients beside it.
+    // and log-softmax gradients beside it: 12 B at once, and on CUDA the bf16 logits' block stays
+    // reserved beside the three fp32 ones, which it is too small to hold.
     add("logits", (3.0 * 4 + cast) * tokens * v,
         "(3 x 4 B" + std::string(bf16 ? " + 2 B" : "") +
             ") x bs x T x V (fp32 logits, log-softmax, its gradient)",
@@ -484,10 +485,10 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     }
   }
   // CUDA's caching allocator keeps every block it has handed out and serves a request only from a
-  // free block at least as large. The layers' working set, drawn in the forward before the loss,
-  // is made of blocks of at most layer_block: when the loss's are larger, none of them can hold a
-  // loss block, so the reserved peak holds both working sets. (On CPU large blocks go back to the
-  // system when freed: the larger working set alone.)
+  // free block at least as large. The layers' working sets (the forward's before the loss, the
+  // recompute's of the step before) are made of blocks of at most layer_block: when the loss's
+  // are larger, none of them can hold a loss block, so the reserved peak holds both working sets.
+  // (On CPU large blocks go back to the system when freed: the larger working set alone.)
   const double layer_block =
       std::max({4.0 * tokens * std::max(h, qd_a2a), probs, ring_pair_scores_block});
   if (!on_cpu && loss_block > layer_block && layer_transient > 0 && loss_transient > 0) {
