@@ -663,12 +663,4 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                                       reinterpret_cast<int64_t>(&ring));
 }
 
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& doc_ids, const DocumentRuns* documents,
-                          comm::Group& ring, bool fused) {
-  RingOptions options;
-  options.backend = fused ? model::AttentionBackend::kSdpaAuto : model::AttentionBackend::kMath;
-  return ring_attention(q, k, v, doc_ids, documents, ring, options);
-}
-
 }  // namespace ulysses::sp

@@ -64,10 +64,4 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const at::Tensor& doc_ids, const DocumentRuns* documents,
                           comm::Group& ring, const RingOptions& options);
 
-// The same with `fused` standing for the backend: true = kSdpaAuto (the flash kernels where they
-// run), false = kMath.
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& doc_ids, const DocumentRuns* documents,
-                          comm::Group& ring, bool fused = false);
-
 }  // namespace ulysses::sp

@@ -134,8 +134,9 @@ at::Tensor UlyssesAttention::attend(const at::Tensor& q, const at::Tensor& k, co
   last_calls_.push_back({q.size(2), k.size(2)});
   if (!ctx.run_core) return q * 0;
   if (ring_ != nullptr) {
-    return ring_attention(q, k, v, ctx.doc_ids, ctx.documents.get(), *ring_,
-                          backend_ != model::AttentionBackend::kMath);
+    RingOptions options;  // the user's backend: flash where it runs, the math path elsewhere
+    options.backend = backend_;
+    return ring_attention(q, k, v, ctx.doc_ids, ctx.documents.get(), *ring_, options);
   }
   profile::ScopedPhase phase("attention");
   return model::local_attention(q, k, v, ctx.doc_ids, backend_, ctx.documents.get());

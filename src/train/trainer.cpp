@@ -547,6 +547,18 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     }
     if (eval_packing) extra["eval_data_packing"] = packing_counts_json(*eval_packing);
     if (!loader.loss_mask_prefix().empty()) extra["loss_mask"] = loader.loss_mask_prefix();
+    if (placement == OptimizerPlacement::kHost) {
+      // What the offloaded optimizer moved (rank 0): how the last step's updated weights went back
+      // and how much of the host gradient was on the wire at once for the sum over the world.
+      const UploadStats& up = zero ? zero->last_step_uploads() : adamw->last_step_uploads();
+      extra["offload"] = {
+          {"last_step_uploads",
+           {{"staged", up.staged}, {"staged_bytes", up.staged_bytes},
+            {"direct", up.direct}, {"direct_bytes", up.direct_bytes},
+            {"blocking", up.blocking}, {"blocking_bytes", up.blocking_bytes}}},
+          {"gradient_buckets_in_flight_max", gradients.host_buckets_in_flight_max()},
+          {"gradient_bytes_in_flight_max", gradients.host_bytes_in_flight_max()}};
+    }
     metrics->write_summary(extra);
     say("done: outputs in " + config.output.dir + " (metrics.jsonl, summary.json, run.yaml)" +
         (checkpoints ? ", checkpoints in " + config.checkpoint.dir : std::string()));

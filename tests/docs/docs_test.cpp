@@ -54,7 +54,7 @@ int64_t line_count(const std::string& text) { return std::count(text.begin(), te
 // ---------------------------------------------------------------------------------------------
 // docs/
 
-TEST(DocsReference, PrintConfigReferenceEqualsTheCommittedPage) {
+TEST(DocsPages, PrintConfigReferenceEqualsTheCommittedPage) {
   const Result r = run_shell(bin("ulysses-train") + " --print-config-reference");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output, read_text(project_home() + "/docs/run-config.md"))
@@ -76,14 +76,16 @@ void collect_fields(const nlohmann::json& object, const std::string& prefix,
   }
 }
 
-// A short run with evaluation and a known peak (so MFU fields appear): every field of
-// metrics.jsonl (steps and eval records) and summary.json is in docs/outputs.md as `field`.
+// A short run with evaluation, a known peak (so MFU fields appear) and the optimizer offloaded (so
+// its fields appear): every field of metrics.jsonl (steps and eval records) and summary.json is in
+// docs/outputs.md as `field`.
 TEST(DocsOutputs, EveryFieldARunWritesIsDocumented) {
   testing::TempDir dir("docs-outputs");
   const Result r = run_shell(
       "cd " + dir.path().string() + " && " + bin("ulysses-train") + " --config " + tiny_cpu() +
       " --set mesh.dp=1 --set mesh.sp=1 --set train.steps=2 --set sequence.length=64" +
-      " --set eval.source=synthetic --set profile.peak_tflops=1 --set output.dir=out");
+      " --set eval.source=synthetic --set profile.peak_tflops=1 --set output.dir=out" +
+      " --set memory.offload_optimizer=true");
   ASSERT_EQ(r.status, 0) << r.output;
   std::set<std::string> fields, phases;
   std::ifstream metrics(dir.path() / "out" / "metrics.jsonl");
@@ -103,6 +105,7 @@ TEST(DocsOutputs, EveryFieldARunWritesIsDocumented) {
     EXPECT_NE(doc.find("`" + field + "`"), std::string::npos)
         << field << " is written but not documented in docs/outputs.md";
   }
+  EXPECT_TRUE(fields.count("offload.last_step_uploads.blocking"));
   EXPECT_FALSE(phases.empty());
   for (const auto& phase : phases) {
     EXPECT_NE(doc.find("`" + phase + "`"), std::string::npos) << "phase " << phase;

@@ -543,7 +543,7 @@ RunResult read_run(const fs::path& dir, const std::string& name) {
   return r;
 }
 
-TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
+TEST(OffloadedTrainingRun, AllFeaturesTrainLikeThePlainRun) {
   const fs::path dir = testing::shared_dir("offload-test", "run");
   for (bool features : {false, true}) {
     train_sp2(dir, features ? "all" : "plain", [&](config::RunConfig& c) {
@@ -602,7 +602,7 @@ TEST(TrainingRun, AllFeaturesTrainLikeThePlainRun) {
 // baseline instruction set. kUpdateRelTol (2e-5, 20 d) holds that with margin on any instruction
 // set, and fails a clip coefficient 1 % off on the host (1.1e-4; AdamW is nearly invariant to a
 // constant scale of the gradients, so the clip shows only through its change between steps).
-TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
+TEST(OffloadedTrainingRun, OffloadedOptimizerClipsAsOnDevice) {
   const fs::path dir = testing::shared_dir("offload-test", "clip");
   for (bool offload : {false, true}) {
     train_sp2(dir, offload ? "host" : "device", [&](config::RunConfig& c) {
@@ -646,7 +646,7 @@ TEST(TrainingRun, OffloadedOptimizerClipsAsOnDevice) {
 // from there. The sums are the same fp32 additions as on the host (GradientBuffers' on_host
 // tests), so over 3 steps with clipping the losses, norms and weights are equal bit for bit
 // (two ranks: a sum of two is the same in any order).
-TEST(TrainingRun, OffloadedOptimizerWithGradientsOnTheDeviceEqualsOnTheHost) {
+TEST(OffloadedTrainingRun, OffloadedOptimizerWithGradientsOnTheDeviceEqualsOnTheHost) {
   const fs::path dir = testing::shared_dir("offload-test", "grads");
   for (bool host_gradients : {true, false}) {
     train_sp2(dir, host_gradients ? "host" : "device", [&](config::RunConfig& c) {
