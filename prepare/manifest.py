@@ -72,5 +72,6 @@ def build_manifest(*, tool, version, args, tokenizer, sources, counts, histogram
         "document_length_histogram": histogram.rows(),
         "outputs": outputs,
         "run_config": {"data.source": f"megatron:{os.path.join(out_abs, 'train')}",
+                       **({"data.packing": "documents"} if args.mode == "sft" else {}),
                        "eval.source": f"megatron:{os.path.join(out_abs, 'eval')}"},
     }

@@ -210,7 +210,8 @@ class Suite:
                                        "eval": len(expected["eval"])}
         assert sum(h["documents"] for h in manifest["document_length_histogram"]) == len(
             self.texts)
-        assert manifest["run_config"]["data.source"] == "megatron:" + os.path.join(out, "train")
+        assert manifest["run_config"] == {"data.source": "megatron:" + os.path.join(out, "train"),
+                                          "eval.source": "megatron:" + os.path.join(out, "eval")}
         assert manifest["dtype"] == "uint16" and manifest["dtype_code"] == 8
         assert len(manifest["tokenizer"]["sha256"]) == 64
 
@@ -312,6 +313,9 @@ class Suite:
         assert expected["eval"][0], "no eval conversation"
         self.check_sft(out, expected)
         assert manifest_of(out)["tokenizer"]["assistant_mask"] == "generation markers"
+        assert manifest_of(out)["run_config"] == {
+            "data.source": "megatron:" + os.path.join(out, "train"), "data.packing": "documents",
+            "eval.source": "megatron:" + os.path.join(out, "eval")}
         pairs = [{"q": chat[-2]["content"], "a": chat[-1]["content"]} for chat in self.chats]
         pairs_path = write_jsonl(os.path.join(self.work, "pairs.jsonl"), pairs)
         out, _ = self.prepare("pairs", pairs_path, "--mode", "sft", "--prompt-field", "q",
@@ -433,6 +437,41 @@ class Suite:
             output, _ = run.communicate(timeout=120)
             assert run.returncode == 0, f"{name}: ulysses-train: {output[-2000:]}"
             assert "eval after step 1" in output, f"{name}: {output[-2000:]}"
+
+    def case_sweep(self):
+        """A quickstart-sized sweep on prepared SFT data (the README's experiment): the trials
+        run ulysses-train on the packed conversations, and recommend names the data and keeps it
+        in the configuration it recommends."""
+        tune = os.path.abspath(os.path.join(self.bin_dir or "", "ulysses-tune"))
+        if not self.bin_dir or not os.path.exists(tune):
+            print("  sweep: skipped (no --bin folder with ulysses-tune)")
+            return
+        out, _ = self.prepare("sweep_sft", self.chat_jsonl, "--mode", "sft",
+                              "--eval-fraction", "0.2")
+        experiment = os.path.join(self.work, "sft-sweep.yaml")
+        with open(experiment, "w") as text:  # a path relative to the experiment, as a user writes
+            text.write("name: sft-sweep\nhardware: cpu-local\nmodel: tiny\nworld_size: 2\n"
+                       "base:\n  data: {source: megatron:out/sweep_sft/train, packing: documents}\n"
+                       "  train: {device: cpu}\n"
+                       "space:\n  mesh.sp: [1, 2]\n  sequence.length: [64]\n"
+                       "objective: throughput\ntrial: {warmup_steps: 1, steps: 2}\n"
+                       "search: {probe: false}\n")
+        db = os.path.join(self.work, "sft-sweep.db")
+        rec = os.path.join(self.work, "sft-rec")
+        for args in (("sweep", experiment, "--db", db), ("recommend", "--db", db, "--out", rec)):
+            done = subprocess.run([tune, *args], cwd="/", capture_output=True, text=True,
+                                  timeout=240)
+            assert done.returncode == 0, f"{args[0]}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        train = os.path.join(out, "train")
+        counts = manifest_of(out)["counts"]
+        why = open(os.path.join(rec, "WHY.md")).read()
+        expected = (f"Data: `megatron:{train}`: {counts['tokens']['train']:,} tokens in "
+                    f"{counts['documents']['train']:,} documents, with a loss mask; prepared by "
+                    f"{manifest_of(out)['tool']} in sft mode with the tokenizer ")
+        assert expected in why, (expected, why)
+        recommended = open(os.path.join(rec, "recommended.yaml")).read()
+        assert f"megatron:{train}" in recommended and "packing: documents" in recommended, \
+            recommended
 
     def case_out_dir(self):
         user_dir = self.out("user")
