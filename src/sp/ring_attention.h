@@ -26,7 +26,9 @@ inline constexpr int64_t kRingScoreBlockBytes = int64_t{256} << 20;
 // What one ring_attention call materialised, for tests and diagnostics.
 struct RingStats {
   // The most elements of one score (or probability) block the math path held, over the forward
-  // and the backward of the call; 0 when every pair ran through a flash kernel.
+  // and the backward of the call; 0 when every pair ran through a flash kernel. The forward
+  // resets it: under activation checkpointing the recompute's forward starts it again, so it
+  // then covers the recompute and the backward.
   int64_t largest_score_block = 0;
 };
 

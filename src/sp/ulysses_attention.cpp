@@ -49,10 +49,13 @@ struct UnevenPackFunction : public torch::autograd::Function<UnevenPackFunction>
     if (!grad.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const int64_t bs = shape[0], local_sl = shape[1], hq = shape[2], hkv = shape[3];
     const int64_t hd = shape[4];
-    // Every query head went to one destination, a KV head to one or more.
+    // Every query head went to one destination, a KV head to one or more: those are summed in
+    // fp32 for bf16/fp16 gradients and rounded once.
+    const bool reduced = grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kHalf;
+    const auto sums = grad.options().dtype(reduced ? at::kFloat : grad.scalar_type());
     at::Tensor grad_q = at::empty({bs, local_sl, hq, hd}, grad.options());
-    at::Tensor grad_k = at::zeros({bs, local_sl, hkv, hd}, grad.options());
-    at::Tensor grad_v = at::zeros({bs, local_sl, hkv, hd}, grad.options());
+    at::Tensor grad_k = at::zeros({bs, local_sl, hkv, hd}, sums);
+    at::Tensor grad_v = at::zeros({bs, local_sl, hkv, hd}, sums);
     walk_slots(grad, bs, local_sl, hd, split,
                [&](const at::Tensor& slot_q, const at::Tensor& slot_k, const at::Tensor& slot_v,
                    const int64_t* h) {
@@ -60,7 +63,7 @@ struct UnevenPackFunction : public torch::autograd::Function<UnevenPackFunction>
                  grad_k.narrow(2, h[2], h[3]).add_(slot_k);
                  grad_v.narrow(2, h[2], h[3]).add_(slot_v);
                });
-    return {grad_q, grad_k, grad_v, at::Tensor()};
+    return {grad_q, grad_k.to(grad.scalar_type()), grad_v.to(grad.scalar_type()), at::Tensor()};
   }
 
   // Calls fn(q part, k part, v part, &split[4 d]) with the parts of each destination d's slot of
@@ -123,8 +126,13 @@ UlyssesAttention::UlyssesAttention(comm::Group& group, model::AttentionBackend b
 
 std::string UlyssesAttention::name() const {
   const std::string ring = ring_ ? ", ring " + std::to_string(ring_->size()) : "";
+  // The ring runs flash kernels only (flash or auto): under efficient or cudnn its pairs take the
+  // tiled math path, which the name says, since it is slower than the backend chosen suggests.
+  const bool math_pairs = ring_ && (backend_ == model::AttentionBackend::kEfficient ||
+                                    backend_ == model::AttentionBackend::kCudnn);
   return "ulysses(sp=" + std::to_string(group_.size()) + ring + ", " +
-         model::attention_backend_name(backend_) + ")";
+         model::attention_backend_name(backend_) +
+         (math_pairs ? "; ring pairs through the math path" : "") + ")";
 }
 
 // Attention over the exchanged block for this rank's heads: over the whole sequence locally, or

@@ -143,10 +143,15 @@ class ZeroOptimizer {
   // the gradients where they lie, so nothing may share their memory). Otherwise (kHost with
   // device gradients, or stage_host_parameters) AdamW copies each piece of the gradients to the
   // host before it writes that piece's weights, converted, through its page-locked staging
-  // buffers, without blocking, into memory on the gradients' device that holds no other live
-  // data: stage 1 this rank's slice of the flat's first bytes viewed in the gathered dtype
-  // (where the all-gather puts it anyway); stage 2 the gradient shard's memory viewed in the
-  // weights' dtype (ZeroPartition::update_target); stage 3 (any kHost) the weight shards.
+  // buffers, without blocking, into memory on the gradients' device: stage 1 this rank's slice
+  // of the flat's first bytes viewed in the gathered dtype (where the all-gather puts it
+  // anyway); stage 2 the gradient shard's memory viewed in the weights' dtype
+  // (ZeroPartition::update_target); stage 3 (any kHost) the weight shards. At stages 1 and 2
+  // that memory can still hold gradients not read yet (rank 0's stage-1 slice overlaps the first
+  // half of its own shard): the bf16 weights of piece [a, e) land in the fp32 gradient bytes of
+  // [a/2, e/2), whose download finished before the piece's update, and never in [e, ...), which
+  // later pieces still download. That order (each piece's download before its upload) is what
+  // keeps it safe.
   std::vector<at::Tensor> targets_;
   std::unique_ptr<AdamW> adamw_;       // over ("zero.flat<f>", targets_[f]) with masters_
   UploadStats uploads_;
