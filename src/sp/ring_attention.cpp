@@ -147,19 +147,6 @@ void for_each_visible_pair(int64_t me, int64_t source, int64_t size, int64_t chu
   }
 }
 
-// Whether CUDA's flash kernels can run q [.., hd] on its device: fp16/bf16, head size a multiple
-// of 8 up to 256 (SDPA pads other sizes; called directly the kernels refuse them), compute
-// capability 8.0 or newer.
-bool cuda_flash_runs(const at::Tensor& q) {
-  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-  const int64_t hd = q.size(-1);
-  if (!q.is_cuda() || !half || hd % 8 != 0 || hd > 256) return false;
-#ifdef ULYSSES_WITH_CUDA
-  return at::cuda::getDeviceProperties(q.get_device())->major >= 8;
-#else
-  return false;
-#endif
-}
 
 // How one call computes: the state of a rank's block in compute layout (heads first, queries
 // grouped by KV head) and the kernels its pairs take. Blocks enter the kernels in `block` (the
@@ -645,6 +632,17 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
 };
 
 }  // namespace
+
+bool cuda_flash_runs(const at::Tensor& q) {
+  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  const int64_t hd = q.size(-1);
+  if (!q.is_cuda() || !half || hd % 8 != 0 || hd > 256) return false;
+#ifdef ULYSSES_WITH_CUDA
+  return at::cuda::getDeviceProperties(q.get_device())->major >= 8;
+#else
+  return false;
+#endif
+}
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& doc_ids, const DocumentRuns* documents,

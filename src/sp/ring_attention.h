@@ -32,6 +32,11 @@ struct RingStats {
   int64_t largest_score_block = 0;
 };
 
+// Whether CUDA's flash kernels can run q [.., hd] on its device: fp16/bf16, head size a multiple
+// of 8 up to 256 (SDPA pads other sizes; called directly the kernels refuse them), compute
+// capability 8.0 or newer. False for CPU tensors.
+bool cuda_flash_runs(const at::Tensor& q);
+
 struct RingOptions {
   // The user's attention.backend. kMath: every pair through the math path. Otherwise the flash
   // kernels where they run: on CUDA with kFlash or kSdpaAuto, fp16/bf16, head size a multiple

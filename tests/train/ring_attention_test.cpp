@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -27,6 +28,7 @@
 #include "data/sequence_layout.h"
 #include "model/safetensors.h"
 #include "run_outputs.h"
+#include "model/attention_core.h"
 #include "sp/ring_attention.h"
 #include "support/multi_rank.h"
 #include "train/trainer.h"
@@ -181,12 +183,14 @@ INSTANTIATE_TEST_SUITE_P(Rings, RingKernel,
                            return info.param.name;
                          });
 
-// On a GPU (skipped without one; the flash expectations need compute capability 8.0 or newer):
-// a ring of one rank holds chunks 0 and 1, so its pairs are both kinds, diagonal and full. Packed
-// bf16 documents shorter and longer than a chunk, through the flash and varlen kernels
-// (attention.backend flash: no scores materialised) and through the math path in blocks of 16
-// query rows (attention.backend efficient, which the ring does not call flash for), equal fp64
-// plain attention within bf16's precision: relative 3e-2 of each tensor's largest element.
+// On a GPU (skipped without one): a ring of one rank holds chunks 0 and 1, so its pairs are both
+// kinds, diagonal and full. bf16 documents shorter and longer than a chunk (packed), and the same
+// tensors without documents (causal only), through the flash kernels (attention.backend flash:
+// the varlen kernel for the packed pairs, SDPA's flash kernel for the others; no scores
+// materialised) and through the math path in blocks of 16 query rows (attention.backend efficient,
+// which the ring does not call flash for), equal fp64 plain attention within bf16's precision:
+// relative 3e-2 of each tensor's largest element. Below compute capability 8.0 flash does not
+// run and every pair takes the math path, which the test then expects.
 // It sits in the RingAttentionRun suite, so that where it is skipped it costs no process start.
 TEST(RingAttentionRun, GpuKernelPackedBf16EqualsPlainAttention) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
@@ -206,45 +210,54 @@ TEST(RingAttentionRun, GpuKernelPackedBf16EqualsPlainAttention) {
   }
   ids.resize(length);
   const at::Tensor row = at::tensor(ids, at::TensorOptions().dtype(at::kLong));
-  const at::Tensor doc_ids = at::stack({row, (row + 1).div(2, "floor")});
-  const DocumentRuns runs = document_runs(doc_ids);
-  const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(),
-                   rv = v.clone().requires_grad_();
-  const at::Tensor want = plain_attention(rq, rk, rv, doc_ids);
-  want.backward(grad_out);
+  const at::Tensor packed_ids = at::stack({row, (row + 1).div(2, "floor")});
+  const DocumentRuns packed_runs = document_runs(packed_ids);
+  const auto on_gpu = [](const at::Tensor& t) {
+    return t.to(at::kCUDA, at::kBFloat16).requires_grad_();
+  };
+  const bool flash_runs = sp::cuda_flash_runs(on_gpu(q));
 
   comm::Group single;  // a ring of one rank
-  for (const auto backend :
-       {model::AttentionBackend::kFlash, model::AttentionBackend::kEfficient}) {
-    const std::string name = model::attention_backend_name(backend);
-    const auto on_gpu = [](const at::Tensor& t) {
-      return t.to(at::kCUDA, at::kBFloat16).requires_grad_();
-    };
-    const at::Tensor bq = on_gpu(q), bk = on_gpu(k), bv = on_gpu(v);
-    sp::RingOptions options;
-    options.backend = backend;
-    options.score_block_bytes = kTileRows * kBs * kHq * kChunk * 4;  // fp32 scores
-    sp::RingStats stats;
-    options.stats = &stats;
-    const at::Tensor got =
-        sp::ring_attention(bq, bk, bv, doc_ids.to(at::kCUDA), &runs, single, options);
-    got.backward(grad_out.to(at::kCUDA, at::kBFloat16));
-    if (backend == model::AttentionBackend::kFlash) {
-      EXPECT_EQ(stats.largest_score_block, 0) << name;
-    } else {
-      EXPECT_GT(stats.largest_score_block, 0) << name;
-      EXPECT_LE(stats.largest_score_block, kBs * kHq * kTileRows * kChunk) << name;
+  for (const bool packed : {true, false}) {
+    const at::Tensor doc_ids = packed ? packed_ids : at::Tensor();
+    const DocumentRuns* runs = packed ? &packed_runs : nullptr;
+    const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(),
+                     rv = v.clone().requires_grad_();
+    const at::Tensor want = plain_attention(rq, rk, rv, doc_ids);
+    want.backward(grad_out);
+    for (const auto backend :
+         {model::AttentionBackend::kFlash, model::AttentionBackend::kEfficient}) {
+      const std::string name = model::attention_backend_name(backend) +
+                               (packed ? " packed" : " causal");
+      const at::Tensor bq = on_gpu(q), bk = on_gpu(k), bv = on_gpu(v);
+      sp::RingOptions options;
+      options.backend = backend;
+      options.score_block_bytes = kTileRows * kBs * kHq * kChunk * 4;  // fp32 scores
+      sp::RingStats stats;
+      options.stats = &stats;
+      const at::Tensor got = sp::ring_attention(
+          bq, bk, bv, packed ? doc_ids.to(at::kCUDA) : doc_ids, runs, single, options);
+      got.backward(grad_out.to(at::kCUDA, at::kBFloat16));
+      if (backend == model::AttentionBackend::kFlash && flash_runs) {
+        EXPECT_EQ(stats.largest_score_block, 0) << name;
+        const std::vector<std::string> kernels = model::attention_kernels_used();
+        const std::string kernel = packed ? "ring_flash_varlen" : "ring_flash";
+        EXPECT_NE(std::find(kernels.begin(), kernels.end(), kernel), kernels.end()) << name;
+      } else {
+        EXPECT_GT(stats.largest_score_block, 0) << name;
+        EXPECT_LE(stats.largest_score_block, kBs * kHq * kTileRows * kChunk) << name;
+      }
+      const auto check = [&](const char* what, const at::Tensor& a, const at::Tensor& b) {
+        const double scale = b.abs().max().item<double>();
+        const double err = (a.cpu().to(at::kDouble) - b).abs().max().item<double>();
+        EXPECT_LT(err, kBf16RelTol * scale) << name << " " << what;
+        EXPECT_GT(scale, 0.1) << what;  // not trivially zero
+      };
+      check("out", got, want);
+      check("dq", bq.grad(), rq.grad());
+      check("dk", bk.grad(), rk.grad());
+      check("dv", bv.grad(), rv.grad());
     }
-    const auto check = [&](const char* what, const at::Tensor& a, const at::Tensor& b) {
-      const double scale = b.abs().max().item<double>();
-      const double err = (a.cpu().to(at::kDouble) - b).abs().max().item<double>();
-      EXPECT_LT(err, kBf16RelTol * scale) << name << " " << what;
-      EXPECT_GT(scale, 0.1) << what;  // not trivially zero
-    };
-    check("out", got, want);
-    check("dq", bq.grad(), rq.grad());
-    check("dk", bk.grad(), rk.grad());
-    check("dv", bv.grad(), rv.grad());
   }
 }
 
