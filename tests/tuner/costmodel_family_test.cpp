@@ -13,6 +13,8 @@
 #include "config/presets.h"
 #include "config/run_config.h"
 #include "model/llama.h"
+#include "model/sdpa_attention.h"
+#include "sp/ring_attention.h"
 #include "tuner/costmodel/memory_model.h"
 #include "tuner/costmodel/time_model.h"
 #include "costmodel_test_util.h"
@@ -117,6 +119,12 @@ TEST(CostModelFamilies, Qwen3QkNormsSaveTheirInputsAndOneOverRmsPerHead) {
   c.train.device = "cuda", c.memory.precision = "bf16";
   m = by_name(predict_memory(c, MemoryCoefficients{}));
   EXPECT_EQ(m.at("activations"), 2 * (152 + 36) * 8);
+}
+
+// The cost model's copies of the trainer's sizes (memory_model.h), held to the trainer's values.
+TEST(CostModelFamilies, MirroredTrainerLimitsEqualTheTrainers) {
+  EXPECT_EQ(kRingMathScoreBlockBytes, sp::kRingScoreBlockBytes);
+  EXPECT_EQ(kDenseDocumentMaskElements, model::kMaxDenseDocMaskBytes);  // one bool per element
 }
 
 // Mistral is Llama's block: the same parameters, memory and work.

@@ -104,8 +104,46 @@ TEST(CostModel, UntiledLossMathAttentionAndPackedMask) {
   // Untiled MLP adds 4 ffn per token and layer to the saved set, 2 ffn to the gradients.
   EXPECT_EQ(m.at("activations"), 2 * (296 + 64 * 4) * 8 + 2 * probs);
   EXPECT_EQ(m.at("layer backward"), (32 + 32) * 8 * 4 + probs);
-  EXPECT_EQ(m.at("document mask"), 16 * 16);
+  // Each layer's masked_fill_ keeps its bool mask [bs, sl, sl] (packed).
+  EXPECT_EQ(m.at("attention masks"), 2 * 16 * 16);
   EXPECT_EQ(m.count("tiled MLP tile"), 0u);
+  // Math attention computes in fp32 whatever the model dtype: bf16 keeps fp32 probabilities.
+  c.memory.precision = "bf16";
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).at("attention scores"), 2 * probs);
+  // Unpacked, each layer keeps the causal mask [sl, sl].
+  c.data.pack = false;
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).at("attention masks"), 2 * 16 * 16);
+}
+
+// Packed batches through SDPA (model/sdpa_attention.cpp): while bs x sl^2 is within 64 Mi a dense
+// bool mask [bs, 1, sl, sl] serves, which SDPA turns into an additive mask in the model dtype and
+// keeps for backward, one per layer; beyond it each document runs on its own and no mask exists.
+TEST(CostModel, PackedSdpaKeepsADenseMaskPerLayerUpTo64Mi) {
+  config::RunConfig c = tiny();
+  c.data.pack = true;
+  std::map<std::string, int64_t> m = by_name(predict_memory(c, k_test()));
+  EXPECT_EQ(m.at("attention masks"), 2 * 16 * 16 * 4);  // L x bs x sl^2 x 4 B (fp32)
+  EXPECT_EQ(m.count("attention scores"), 0u);
+  c.memory.precision = "bf16";
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).at("attention masks"), 2 * 16 * 16 * 2);
+  // With checkpointing only the recomputed layer holds one.
+  config::RunConfig ckpt = c;
+  ckpt.memory.checkpointing = true;
+  config::RunConfig ckpt_plain = ckpt;
+  ckpt_plain.data.pack = false;
+  EXPECT_EQ(by_name(predict_memory(ckpt, k_test())).count("attention masks"), 0u);
+  EXPECT_EQ(by_name(predict_memory(ckpt, k_test())).at("layer recompute"),
+            by_name(predict_memory(ckpt_plain, k_test())).at("layer recompute") + 16 * 16 * 2);
+  // sl 8192 at bs 1 is exactly 64 Mi elements: dense; two more positions are not.
+  c.sequence.length = 8192;
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).at("attention masks"),
+            int64_t{2} * 8192 * 8192 * 2);
+  c.sequence.length = 8194;
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).count("attention masks"), 0u);
+  // Not packed: no mask (causal SDPA).
+  c.sequence.length = 16;
+  c.data.pack = false;
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).count("attention masks"), 0u);
 }
 
 TEST(CostModel, OptimizerAndCheckpointOffloadMoveToTheHostOnCuda) {
@@ -356,6 +394,51 @@ TEST(CostModel, RingChargesTheKvPassAndTheSmallerAllToAll) {
   const auto terms = by_name(predict_memory(ring, MemoryCoefficients{}));
   EXPECT_EQ(terms.count("ring attention buffers"), 1u);
   EXPECT_EQ(by_name(predict_memory(c, MemoryCoefficients{})).count("ring attention buffers"), 0u);
+}
+
+// Ring pairs (sp/ring_attention.cpp) hold no scores on the flash kernels, packed ones included
+// (the varlen kernel over the documents both chunks hold); the math path holds three blocks of
+// query rows [bs, hq/sp_a2a, rows, C] in fp32, rows capped by a 256 MiB block.
+TEST(CostModel, RingScoresOnlyOnTheMathPathInCappedBlocks) {
+  EXPECT_EQ(kRingMathScoreBlockBytes, int64_t{256} << 20);
+  config::RunConfig c;
+  c.model = config::load_model_preset("llama-3.1-8b");  // 32 query / 8 KV heads, hd 128
+  c.mesh.sp = 8;
+  c.mesh.sp_ring.value = 4;  // sp_a2a 2: 16 query heads per rank
+  c.sequence.length = 65536;
+  c.memory.precision = "bf16";
+  c.train.device = "cuda";
+  c.memory.checkpointing = true;
+  c.data.pack = true;
+  auto terms = [](const config::RunConfig& r) {
+    return by_name(predict_memory(r, MemoryCoefficients{}));
+  };
+  EXPECT_EQ(terms(c).count("ring score blocks"), 0u);  // packed bf16 on CUDA: varlen flash
+  EXPECT_EQ(terms(c).count("attention masks"), 0u);    // the ring masks no [sl, sl]
+  // C = sp_a2a x T / 2 = 2 x 8192 / 2 = 8192 positions; one query row 16 x 8192 x 4 B = 512 KiB,
+  // so a block takes 512 rows of the chunk's 8192: 256 MiB, three of them (not 3 x 16 x C^2 x 4 B
+  // = 12 GiB).
+  const int64_t row = 16 * 8192 * 4;
+  config::RunConfig math = c;
+  math.attention.backend = "math";
+  EXPECT_EQ(terms(math).at("ring score blocks"), 3 * 512 * row);
+  // fp32 on CUDA and the efficient backend take the math path too; the CPU flash kernel does not.
+  config::RunConfig fp32 = c;
+  fp32.memory.precision = "fp32";
+  EXPECT_EQ(terms(fp32).at("ring score blocks"), 3 * 512 * row);
+  config::RunConfig efficient = c;
+  efficient.attention.backend = "efficient";
+  EXPECT_EQ(terms(efficient).at("ring score blocks"), 3 * 512 * row);
+  config::RunConfig cpu = fp32;
+  cpu.train.device = "cpu";
+  EXPECT_EQ(terms(cpu).count("ring score blocks"), 0u);
+  // A head size the CUDA kernels refuse (not a multiple of 8).
+  config::RunConfig odd = c;
+  odd.model.head_dim = 100;
+  EXPECT_EQ(terms(odd).at("ring score blocks"), 3 * 512 * (16 * 8192 * 4));
+  // A short sequence: the whole chunk fits one block, [bs, 16, C, C] with C = 256.
+  math.sequence.length = 2048;
+  EXPECT_EQ(terms(math).at("ring score blocks"), 3 * 16 * 256 * 256 * 4);
 }
 
 TEST(CostModelZero, Stage1ShardsMomentsAndMastersOverTheWorld) {

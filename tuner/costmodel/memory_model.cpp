@@ -125,7 +125,11 @@ MemoryCoefficients default_memory_coefficients(const std::string& device_type) {
   if (device_type == "cuda") {
     k.runtime_bytes = 0, k.allocator_fraction = 0.05;
   } else {
-    k.runtime_bytes = 124.0 * (1 << 20), k.allocator_fraction = 0.078;
+    // `plan --fit` on the CPU quickstart sweep (experiments/quickstart-cpu.yaml, 18 ok trials,
+    // whole-process peak RSS; reports/cost-model-cpu/): the runtime is the ranks' measured
+    // start-up baseline (about 109 MiB), and the resident set grows by 2.4 x what the tensors
+    // account for (allocator arenas of four ranks, freed blocks the allocator keeps mapped).
+    k.runtime_bytes = 108.5 * (1 << 20), k.allocator_fraction = 1.38;
   }
   return k;
 }
@@ -329,9 +333,27 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
       (qk_norm_bytes > 0 ? "; qk norm = (hq + hkv) x (hd x " + ds + " + 4 B)" : std::string()) +
       "]";
   const double scale = k.activation_scale;
-  // Math attention keeps the softmax probabilities [bs, hq/sp, sl, sl] per layer.
+  // Math attention (model/attention_core.cpp) keeps the softmax probabilities [bs, hq/sp, sl, sl]
+  // per layer, in fp32 whatever the model dtype (it computes in fp32 for fp16/bf16).
   // (Ring attention keeps none: it recomputes each pair of chunks in backward.)
-  const double probs = math && ring == 1 ? static_cast<double>(bs) * most.q * sl * sl * d : 0.0;
+  const double probs = math && ring == 1 ? static_cast<double>(bs) * most.q * sl * sl * 4 : 0.0;
+  // The mask each layer's local attention keeps for its backward (none with a ring, which masks a
+  // block of query rows at a time). Math: the bool mask masked_fill_ saves, [sl, sl] causal or,
+  // packed, [bs, sl, sl]. Packed through SDPA while a dense mask serves (bs x sl^2 within
+  // kDenseDocumentMaskElements): the bool mask [bs, 1, sl, sl] becomes SDPA's additive mask in
+  // the model dtype, which its backward keeps; longer packed batches run each document on its own
+  // (or the varlen flash kernel) and keep no mask.
+  const double dense_mask = static_cast<double>(bs) * sl * sl;
+  double layer_mask = 0;
+  std::string layer_mask_formula;
+  if (ring == 1 && math) {
+    layer_mask = c.data.pack ? dense_mask : static_cast<double>(sl) * sl;
+    layer_mask_formula = c.data.pack ? "bs x sl^2 x 1 B" : "sl^2 x 1 B";
+  } else if (ring == 1 && c.data.pack && dense_mask <= kDenseDocumentMaskElements) {
+    layer_mask = dense_mask * d;
+    layer_mask_formula = "bs x sl^2 x " + ds + " (SDPA's additive mask, dense while bs x sl^2 <= " +
+                         n(kDenseDocumentMaskElements >> 20) + "Mi)";
+  }
   // Backward of one layer adds its gradients: dq, dk, dv (qd + 2kvd), the hidden-state gradient
   // h, and for an untiled MLP the gate/up gradients 2 ffn; saved tensors are freed as it goes.
   const int64_t grad_elems = qd_a2a + 2 * kvd_a2a + h + (tiled_mlp ? 0 : 2 * ffn);
@@ -350,18 +372,27 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
       add("checkpoints", static_cast<double>(layers) * checkpoint_bytes,
           "L x bs x T x h x " + ds, Lifetime::kSaved, ckpt_loc);
     }
-    // Backward recomputes one layer at a time: its saved set, then its gradients.
+    // Backward recomputes one layer at a time: its saved set (its attention mask included), then
+    // its gradients.
     add("layer recompute",
         scale * (static_cast<double>(layer_bytes) * tokens +
-                 static_cast<double>(grad_elems) * tokens * d + 2 * probs),
-        layer_formula + " + " + grad_formula + (math ? " + 2 x probs" : "") + norm_formula,
+                 static_cast<double>(grad_elems) * tokens * d + 2 * probs) +
+            layer_mask,
+        layer_formula + " + " + grad_formula + (probs > 0 ? " + 2 x probs" : "") +
+            (layer_mask > 0 ? " + mask [" + layer_mask_formula + "]" : "") + norm_formula,
         Lifetime::kTransient);
   } else {
     add("activations", scale * (static_cast<double>(layers) * layer_bytes * tokens +
                                 layers * probs),
-        "L x " + layer_formula + (math ? " + L x probs" : "") + norm_formula, Lifetime::kSaved);
+        "L x " + layer_formula + (probs > 0 ? " + L x probs" : "") + norm_formula,
+        Lifetime::kSaved);
+    if (layer_mask > 0) {
+      add("attention masks", layers * layer_mask,
+          "L x " + layer_mask_formula + " (the mask each layer's attention keeps)",
+          Lifetime::kSaved);
+    }
     add("layer backward", scale * (static_cast<double>(grad_elems) * tokens * d + probs),
-        grad_formula + (math ? " + probs" : "") + " (gradients of one layer)",
+        grad_formula + (probs > 0 ? " + probs" : "") + " (gradients of one layer)",
         Lifetime::kTransient);
   }
   // Residual stream: embedding output and the hidden-state gradient, and the final RMSNorm's
@@ -405,35 +436,42 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
         Lifetime::kTransient);
   }
   if (probs > 0) {
-    add("attention scores", 2.0 * probs, "2 x bs x hq/sp x sl^2 x " + ds + " (math backend)",
+    add("attention scores", 2.0 * probs, "2 x bs x hq/sp x sl^2 x 4 B (math backend)",
         Lifetime::kTransient);
   }
-  double ring_pair_scores_block = 0;  // one pair's fp32 scores (pairs without the flash kernel)
+  double ring_score_block = 0;  // one block of the ring's math path (none on the flash kernels)
   if (ring > 1) {
     // One layer's ring attention: the block's K/V and the next one arriving (d), their fp32
     // gradients travelling in backward (two), and the fp32 output / dq accumulators of the
-    // block's queries (ring_attention.h). Pairs of chunks run through the flash kernel.
+    // block's queries (ring_attention.h).
     const double block_kv = static_cast<double>(tokens) * 2 * kvd_a2a;
     const double block_q = static_cast<double>(tokens) * qd_a2a;
     add("ring attention buffers", block_kv * (2.0 * d + 2 * 4.0) + block_q * 2 * 4.0,
         "bs x T x (2kvd x (2 x " + ds + " + 2 x 4 B) + qd x 2 x 4 B) (K/V blocks in flight, "
         "their fp32 gradients, fp32 accumulators)",
         Lifetime::kTransient);
-    // Pairs the flash kernel does not take materialise their scores, probabilities and score
-    // gradient in fp32: the math backend, fp32 on CUDA, and pairs that need a document mask.
-    const bool scores = math || c.data.pack || (!on_cpu && !bf16);
-    if (scores) {
-      const double chunk = static_cast<double>(a2a) * t / 2;
-      ring_pair_scores_block = 1.0 * bs * most.q * chunk * chunk * 4;
-      add("ring pair scores", 3.0 * bs * most.q * chunk * chunk * 4,
-          "3 x bs x hq/sp_a2a x (sl / (2 sp_ring))^2 x 4 B (pairs without the flash kernel)",
+    // Pairs of chunks run through the flash kernels, document-masked ones through the varlen
+    // kernel (on CPU one flash call per document), and hold no scores: on CPU under every backend
+    // but math; on CUDA with bf16, the flash or auto backend and a head size the kernels take
+    // (a multiple of 8 up to 256; compute capability 8.0 or newer, which the model assumes).
+    // Every other pair takes the math path: blocks of query rows [bs, hq/sp_a2a, rows, C] in fp32
+    // with rows as many as fit kRingMathScoreBlockBytes (at least one, at most C), the backward
+    // holding three blocks at once (scores, probabilities, their gradient), the forward two.
+    const bool cuda_flash = bf16 && (c.attention.backend == "flash" ||
+                                     c.attention.backend == "auto") &&
+                            hd % 8 == 0 && hd <= 256;
+    const bool math_pairs = math || (!on_cpu && !cuda_flash);
+    if (math_pairs) {
+      const int64_t chunk = a2a * t / 2;
+      const int64_t row_bytes = bs * most.q * chunk * 4;
+      const int64_t rows = std::clamp<int64_t>(
+          kRingMathScoreBlockBytes / std::max<int64_t>(row_bytes, 1), 1, std::max<int64_t>(chunk, 1));
+      ring_score_block = static_cast<double>(rows) * row_bytes;
+      add("ring score blocks", 3.0 * ring_score_block,
+          "3 x bs x hq/sp_a2a x rows x C x 4 B, C = sl / (2 sp_ring) = " + n(chunk) + ", rows = " +
+              n(rows) + " (min(C, " + n(kRingMathScoreBlockBytes >> 20) +
+              " MiB / (bs x hq/sp_a2a x C x 4 B)); the ring's math path)",
           Lifetime::kTransient);
-    }
-  }
-  if (c.data.pack && ring == 1) {  // (ring attention masks one pair of chunks at a time)
-    const double mask = static_cast<double>(bs) * sl * sl;
-    if (mask <= 64.0 * (1 << 20)) {
-      add("document mask", mask, "bs x sl^2 x 1 B (dense below 64 MiB)", Lifetime::kSaved);
     }
   }
   if (sp > 1) {
@@ -490,7 +528,7 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   // are larger, none of them can hold a loss block, so the reserved peak holds both working sets.
   // (On CPU large blocks go back to the system when freed: the larger working set alone.)
   const double layer_block =
-      std::max({4.0 * tokens * std::max(h, qd_a2a), probs, ring_pair_scores_block});
+      std::max({4.0 * tokens * std::max(h, qd_a2a), probs, ring_score_block});
   if (!on_cpu && loss_block > layer_block && layer_transient > 0 && loss_transient > 0) {
     add("cached layer blocks", std::min(layer_transient, loss_transient),
         "the smaller of the largest layer working set and the loss's (CUDA: the layers' blocks, "

@@ -107,6 +107,17 @@ inline constexpr bool kZero2ShardsGradientBuffer = true;
 // kernel with no temporaries.
 inline constexpr int64_t kOptimizerPieceElements = int64_t{1} << 22;
 
+// Ring attention's math path (sp/ring_attention.h): it holds scores for as many query rows at a
+// time as fit in this many bytes, one block [bs, hq, rows, C] in fp32 (the compute dtype of
+// fp32, fp16 and bf16 inputs). Mirrors kRingScoreBlockBytes (the trainer's value; change both
+// together).
+inline constexpr int64_t kRingMathScoreBlockBytes = int64_t{256} << 20;
+
+// The largest dense packed-document mask local attention builds (bs x sl^2 elements): longer
+// packed sequences run each document on its own. Mirrors kMaxDenseDocMaskBytes in
+// model/sdpa_attention.h.
+inline constexpr int64_t kDenseDocumentMaskElements = int64_t{64} << 20;
+
 // Bytes a page-locked host block of `bytes` takes: its size rounded up to a 4 KiB page
 // (common/pinned_host.h locks blocks of their own size; PyTorch's pinned allocator, which rounds
 // up to a power of two, is not used). The offloaded activation checkpoints are such blocks, one
