@@ -2,12 +2,26 @@
 #include "train/evaluator.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "data/data_loader.h"
 #include "model/attention_core.h"
 #include "model/lm_loss.h"
 
 namespace ulysses::train {
+namespace {
+
+// A fault for tests of the tuner's numerics check only: with ULYSSES_FAULT_SP_EVAL_SCALE=1 in
+// the environment, a run with sp > 1 reports its eval loss multiplied by sp, as a mesh whose
+// eval loss is silently wrong would. Never set it outside such a test.
+double injected_eval_scale(int64_t sp) {
+  const char* fault = std::getenv("ULYSSES_FAULT_SP_EVAL_SCALE");
+  return fault != nullptr && std::strcmp(fault, "1") == 0 && sp > 1 ? static_cast<double>(sp)
+                                                                     : 1.0;
+}
+
+}  // namespace
 
 std::vector<int64_t> position_bucket_edges(int64_t length) {
   // length / 2^k for k = kMaxBuckets-1 .. 1, then length: halves from the end, so the last bucket
@@ -128,6 +142,7 @@ EvalResult evaluate(model::LlamaForCausalLM& model, const config::RunConfig& con
   }
   result.tokens = total_count;
   result.loss = total_count ? total_sum / total_count : 0.0;
+  result.loss *= injected_eval_scale(mesh.sp_size());
   result.perplexity = std::exp(result.loss);
   if (bypass_sp) model->set_attention_core(sp_core);
   return result;

@@ -385,10 +385,10 @@ TEST_F(SweepStoreTest, ASchemaVersion1DatabaseMigratesKeepingItsRows) {
     ASSERT_FALSE(db.has_table("sweeps"));
   }
   Store store = Store::open(path_);
-  EXPECT_EQ(store.schema_version(), 4);
-  EXPECT_EQ(latest_schema_version(), 4) << "a new migration: extend this test";
+  EXPECT_EQ(store.schema_version(), 5);
+  EXPECT_EQ(latest_schema_version(), 5) << "a new migration: extend this test";
   for (const char* table : {"sweeps", "trials", "trial_steps", "trial_phases", "calibration_trials",
-                            "trial_load"})
+                            "trial_load", "numerics_checks"})
     EXPECT_TRUE(store.db().has_table(table)) << table;
   const auto runs = store.calibration_runs();
   ASSERT_EQ(runs.size(), 1u);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/error.h"
 #include "common/output_dir.h"
@@ -21,10 +22,12 @@
 #include "tuner/export/export_files.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/sbatch.h"
+#include "tuner/recommend/numerics_check.h"
 #include "tuner/recommend/ranking.h"
 #include "tuner/results/sweep_analysis.h"
 #include "tuner/recommend/why.h"
 #include "tuner/results/sweep_source.h"
+#include "tuner/store/store.h"
 #include "tuner/store/sweep_store.h"
 
 namespace ulysses::recommend {
@@ -104,6 +107,45 @@ std::string sbatch_script(const config::RunConfig& c, const store::SweepRecord& 
   return launch::sbatch_script(job);
 }
 
+// Why the numerics check cannot run on this sweep's winner `t`, "" when it can: it runs
+// ulysses-train, so the trials must have been measured with it.
+std::string check_not_run_reason(const store::SweepRecord& sweep, const store::TrialRecord& t) {
+  if (report::trial_backend(t) != "native") {
+    return "trial #" + std::to_string(t.id) + " was measured on the " + report::trial_backend(t) +
+           " backend, and the check compares ulysses-train runs";
+  }
+  const auto env = nlohmann::json::parse(sweep.environment, nullptr, false);
+  std::string version = env.is_object() && env.contains("trainer_version") &&
+                                env["trainer_version"].is_string()
+                            ? env["trainer_version"].get<std::string>()
+                            : std::string();
+  version = version.substr(0, version.find('\n'));
+  if (version.rfind("ulysses-train", 0) != 0) {
+    return "the sweep's trials were not run by ulysses-train (its trainer reported '" + version +
+           "')";
+  }
+  return "";
+}
+
+// Writes the checks that ran into the database (table numerics_checks), one transaction.
+void store_checks(const std::string& db_path, int64_t sweep_id,
+                  const std::vector<NumericsCheck>& checks) {
+  store::Store store = store::Store::open(db_path);
+  store.db().transaction([&] {
+    for (const NumericsCheck& c : checks) {
+      store.db()
+          .prepare("INSERT INTO numerics_checks (sweep_id, trial_id, status, reason, result) "
+                   "VALUES (?, ?, ?, ?, ?)")
+          .bind(1, sweep_id)
+          .bind(2, c.trial_id)
+          .bind(3, c.status)
+          .bind(4, c.reason)
+          .bind(5, c.to_json().dump())
+          .run();
+    }
+  });
+}
+
 }  // namespace
 
 CLI::App* add_recommend_command(CLI::App& app, RecommendOptions* options) {
@@ -123,6 +165,11 @@ CLI::App* add_recommend_command(CLI::App& app, RecommendOptions* options) {
                   "Rank only the trials of this backend, native (ulysses-train) or deepspeed "
                   "(default: every trial)")
       ->check(CLI::IsMember({"native", "deepspeed"}));
+  cmd->add_option("--trainer", options->trainer,
+                  "ulysses-train of the numerics check (default: beside ulysses-tune)");
+  cmd->add_flag("--no-check", options->no_check,
+                "Recommend without the numerics check (a short run of the winner against the "
+                "same model on one rank); WHY.md says it was skipped");
   return cmd;
 }
 
@@ -164,7 +211,64 @@ int run_recommend(const RecommendOptions& options) {
                                             : std::string()) +
                     " within the memory head-room");
   }
-  const store::TrialRecord& winner = *ranked.front();
+  // The numerics check: the best candidate that agrees with the same model on one rank wins;
+  // one that disagrees is not recommended, and the next configuration is checked.
+  const fs::path& tmp = staged.staging();
+  std::vector<NumericsCheck> checks;
+  const store::TrialRecord* chosen = ranked.front();
+  const std::string not_run = check_not_run_reason(sweep, *chosen);
+  if (options.no_check || !not_run.empty()) {
+    NumericsCheck c;
+    c.trial_id = chosen->id;
+    c.status = options.no_check ? "skipped" : "not_run";
+    c.reason = options.no_check ? "--no-check" : not_run;
+    if (!options.no_check) std::cerr << "note: numerics check not run: " << not_run << "\n";
+    checks.push_back(c);
+  } else {
+    CheckOptions co;
+    co.trainer = options.trainer.empty() ? sibling_binary("ulysses-train") : options.trainer;
+    if (!fs::exists(co.trainer)) {
+      throw UserError("--trainer: " + co.trainer + ": no such file (the numerics check runs "
+                      "it; --no-check recommends without the check)");
+    }
+    co.work_dir = (tmp / "numerics-check").string();
+    co.timeout_s = e.budget.trial_timeout_s;
+    std::set<std::string> failed;  // configurations that failed: their other lengths too
+    chosen = nullptr;
+    for (const store::TrialRecord* t : ranked) {
+      if (failed.count(report::configuration(*t))) continue;
+      if (static_cast<int>(checks.size()) == kMaxCheckedCandidates) break;
+      std::cerr << "numerics check: trial #" << t->id << " (" << report::configuration(*t)
+                << ") against the same model on one rank\n";
+      checks.push_back(check_numerics(*t, co));
+      const NumericsCheck& c = checks.back();
+      // The configurations as a user re-runs them (outputs under runs/).
+      const CheckConfigs shown = check_configs(
+          *t, co, "runs/" + sweep.name + "-check-" + std::to_string(t->id) + "-candidate",
+          "runs/" + sweep.name + "-check-" + std::to_string(t->id) + "-reference");
+      const std::string stem = "trial-" + std::to_string(t->id);
+      fs::create_directories(tmp / "numerics-check");
+      write_file(tmp / "numerics-check" / (stem + "-candidate.yaml"), shown.candidate_yaml);
+      write_file(tmp / "numerics-check" / (stem + "-reference.yaml"), shown.reference_yaml);
+      if (c.status == "passed" || c.status == "not_run") {
+        if (c.status == "not_run") {
+          std::cerr << "note: numerics check not run: " << c.reason << "\n";
+        }
+        chosen = t;
+        break;
+      }
+      std::cerr << "not recommended: trial #" << t->id << " (" << report::configuration(*t)
+                << "): " << c.reason << "\n";
+      failed.insert(report::configuration(*t));
+    }
+    store_checks(options.db_path, sweep.id, checks);
+    if (chosen == nullptr) {
+      std::cerr << "error: --sweep " << sweep.name << ": no candidate passed the numerics check ("
+                << checks.size() << " checked; --no-check recommends without it)\n";
+      return kExitFailure;
+    }
+  }
+  const store::TrialRecord& winner = *chosen;
   const config::RunConfig tuned = tuned_config(winner, e, sweep.name);
   StepsByTrial steps;  // the measured steps of every fitting run: their spread decides ties
   for (const store::TrialRecord& t : trials) {
@@ -177,7 +281,6 @@ int run_recommend(const RecommendOptions& options) {
   }
 
   // Everything goes into a directory beside --out, renamed into place at the end.
-  const fs::path& tmp = staged.staging();
   write_file(tmp / "recommended.yaml",
              "# Recommended by ulysses-tune from sweep '" + sweep.name + "', trial #" +
                  std::to_string(winner.id) + " (objective " + o.kind + ", measured on backend " +
@@ -193,6 +296,7 @@ int run_recommend(const RecommendOptions& options) {
   fs::permissions(tmp / "launch.sh", fs::perms::owner_exec | fs::perms::group_exec |
                                          fs::perms::others_exec, fs::perm_options::add);
   std::string why = render_why(sweep, o, winner, summaries, phases);
+  why += render_numerics_section(checks);
   if (!files.warnings.empty()) {
     why += "\n## Export warnings\n\n";
     for (const std::string& w : files.warnings) why += "- " + w + "\n";
@@ -206,12 +310,15 @@ int run_recommend(const RecommendOptions& options) {
             << winner.dp << " x sp " << winner.sp << ", "
             << static_cast<int64_t>(winner.tokens_per_s_per_rank.value_or(0))
             << " tokens/s per rank, measured on backend " << report::trial_backend(winner)
+            << "; numerics check "
+            << (checks.back().status == "not_run" ? "not run" : checks.back().status)
             << ")\nwrote " << out.string() << "/{recommended.yaml, "
             << (files.deepspeed_path.empty()
                     ? std::string()
                     : std::string("ds_config.json, ") + exports::kArcticRecipeFile +
                           ", accelerate_config.yaml, ")
-            << "launch.sh, launch.sbatch, WHY.md}\n";
+            << "launch.sh, launch.sbatch, WHY.md"
+            << (fs::exists(out / "numerics-check") ? ", numerics-check/" : "") << "}\n";
   return kExitOk;
 }
 

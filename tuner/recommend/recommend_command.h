@@ -22,6 +22,8 @@ struct RecommendOptions {
   std::string objective;  // --objective; "" = the experiment's
   std::string out_dir;    // --out (required)
   std::string backend;    // --backend native|deepspeed: rank that backend's trials; "" = all
+  std::string trainer;    // --trainer: ulysses-train of the numerics check; "" = beside us
+  bool no_check = false;  // --no-check: recommend without the numerics check
 };
 
 struct ExportOptions {
@@ -38,7 +40,13 @@ CLI::App* add_export_command(CLI::App& app, ExportOptions* options);
 // Returns 0 after writing every file. Throws UserError, writing nothing, for a missing or
 // corrupt database, an unknown sweep, or a sweep without a qualifying trial (the line says why:
 // e.g. "no trial fits at 8192 tokens within the head-room").
+// The numerics check (numerics_check.h) runs on the best candidate; one that fails it is not
+// recommended (a line on stderr says why) and the next configuration in rank order is checked,
+// up to kMaxCheckedCandidates; when none passes, returns 1 writing nothing but the checks' rows in
+// the database. It does not run with --no-check, for a winner of the deepspeed backend, or for a
+// sweep whose trials were not run by ulysses-train (WHY.md says why).
 int run_recommend(const RecommendOptions& options);
+inline constexpr int kMaxCheckedCandidates = 3;
 // Returns 0. Throws UserError for a missing database, an unknown trial id, a trial that never
 // ran (pruned, invalid, skipped: it has no run config), or an unwritable --out.
 int run_export(const ExportOptions& options);

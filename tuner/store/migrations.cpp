@@ -143,6 +143,22 @@ CREATE TABLE trial_load (
   cores           INTEGER    -- online CPU cores of the machine that started it
 );
 )sql"},
+      {5, "recommend's numerics checks",
+       R"sql(
+-- `ulysses-tune recommend` runs a candidate's configuration for a few steps beside the same model
+-- on one rank and compares loss, grad norm and eval loss per step (recommend/numerics_check.h).
+-- One row per candidate checked; result is the whole check as JSON (both runs' steps, the
+-- tolerance, the worst relative difference).
+CREATE TABLE numerics_checks (
+  id          INTEGER PRIMARY KEY,
+  sweep_id    INTEGER NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
+  trial_id    INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%SZ', 'now')),
+  status      TEXT NOT NULL,   -- passed | failed | not_run
+  reason      TEXT NOT NULL,   -- one line: what disagreed and by how much, or why it did not run
+  result      TEXT NOT NULL    -- JSON
+);
+)sql"},
   };
   return list;
 }
