@@ -86,6 +86,7 @@ void for_each_field(C& c, Visit&& visit) {
   visit("optim", "min_lr", c.optim.min_lr);
   visit("optim", "max_consecutive_skips", c.optim.max_consecutive_skips);
   visit("optim", "host_threads", c.optim.host_threads);
+  visit("optim", "overlap_host_update", c.optim.overlap_host_update);
   visit("zero", "stage", c.zero.stage);
   visit("zero", "bucket_mb", c.zero.bucket_mb);
   visit("train", "steps", c.train.steps);

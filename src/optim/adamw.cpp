@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -378,7 +379,8 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
     const size_t k = b % 2;
     if (b + 1 < batches.size()) start_downloads(b + 1);  // while this batch updates
     {
-      profile::ScopedPhase part("optimizer_download", profile::Category::kOptimizer);
+      std::optional<profile::ScopedPhase> part;
+      if (time_phases_) part.emplace("optimizer_download", profile::Category::kOptimizer);
       for (c10::Event& copied : downloaded[k]) copied.synchronize();
       downloaded[k].clear();
       wait_staging(k);  // the copies out of this staging buffer two batches ago
@@ -406,10 +408,12 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
       buffers.push_back(std::move(u));
     }
     {
-      profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
+      std::optional<profile::ScopedPhase> part;
+      if (time_phases_) part.emplace("optimizer_host_update", profile::Category::kOptimizer);
       fused_adamw_cpu(buffers, lr, options_, grad_scale);
     }
-    profile::ScopedPhase part("optimizer_upload", profile::Category::kOptimizer);
+    std::optional<profile::ScopedPhase> part;
+    if (time_phases_) part.emplace("optimizer_upload", profile::Category::kOptimizer);
     for (size_t i = 0; i < batches[b].size(); ++i) {
       const Piece& p = batches[b][i];
       at::Tensor& param = p.slot->param;
@@ -450,17 +454,124 @@ void AdamW::update_streamed(const std::vector<Slot*>& slots, const std::vector<a
     Slot* slot = slots[s];
     const at::Tensor grad = grads[s].to(at::kCPU);
     {
-      profile::ScopedPhase part("optimizer_host_update", profile::Category::kOptimizer);
+      std::optional<profile::ScopedPhase> part;
+      if (time_phases_) part.emplace("optimizer_host_update", profile::Category::kOptimizer);
       fused_adamw_cpu({FusedAdamWBuffer{slot->master, slot->exp_avg, slot->exp_avg_sq, grad,
                                         at::Tensor(), slot->step}},
                       lr, options_, grad_scale);
     }
-    profile::ScopedPhase upload("optimizer_upload", profile::Category::kOptimizer);
+    std::optional<profile::ScopedPhase> upload;
+    if (time_phases_) upload.emplace("optimizer_upload", profile::Category::kOptimizer);
     slot->param.copy_(slot->master);
     last_uploads_.blocking += 1;
     last_uploads_.blocking_bytes +=
         slot->param.numel() * static_cast<int64_t>(slot->param.element_size());
   }
+}
+
+void AdamW::begin_ahead() {
+  TORCH_CHECK(placement_ == OptimizerPlacement::kHost, "AdamW::begin_ahead: kHost only");
+  for (Slot& slot : slots_) slot.ahead = false;
+  last_uploads_ = UploadStats();
+}
+
+void AdamW::update_ahead(const std::vector<size_t>& indices, const std::vector<at::Tensor>& grads,
+                         double lr) {
+  TORCH_CHECK(placement_ == OptimizerPlacement::kHost, "AdamW::update_ahead: kHost only");
+  TORCH_CHECK(lr >= 0.0, "AdamW::update_ahead: lr must be >= 0, got ", lr);
+  TORCH_CHECK(indices.size() == grads.size(), "AdamW::update_ahead: ", grads.size(),
+              " gradients for ", indices.size(), " parameters");
+  std::vector<Slot*> slots;
+  std::vector<at::Tensor> sources;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    TORCH_CHECK(indices[k] < slots_.size(), "AdamW::update_ahead: no parameter ", indices[k]);
+    Slot& slot = slots_[indices[k]];
+    if (!grads[k].defined() || slot.ahead) continue;
+    check_grad(slot, grads[k]);
+    slots.push_back(&slot);
+    sources.push_back(grads[k]);
+  }
+  if (slots.empty()) return;
+  at::NoGradGuard no_grad;
+  // The uploads of the last pass still read the masters: wait before anything rewrites them.
+  for (size_t k = 0; k < 2; ++k) wait_staging(k);
+  for (c10::Event& copy : master_copies_) copy.synchronize();
+  master_copies_.clear();
+  for (Slot* slot : slots) {
+    const auto keep = [](at::Tensor& kept, const at::Tensor& from) {
+      if (!kept.defined()) kept = at::empty_like(from, at::MemoryFormat::Contiguous);
+      kept.copy_(from);
+    };
+    keep(slot->kept_master, slot->master);
+    keep(slot->kept_exp_avg, slot->exp_avg);
+    keep(slot->kept_exp_avg_sq, slot->exp_avg_sq);
+    if (slot->param.is_cpu() && !slot->master.is_same(slot->param)) {
+      keep(slot->kept_param, slot->param);
+    }
+    slot->kept_step = slot->step;
+    slot->ahead = true;
+  }
+  const UploadStats before = last_uploads_;
+  time_phases_ = false;
+  try {
+    update_on_host(slots, sources, lr, 1.0);
+  } catch (...) {
+    time_phases_ = true;
+    throw;
+  }
+  time_phases_ = true;
+  last_uploads_ += before;  // update_streamed counts this pass's copies on top
+}
+
+void AdamW::restore_ahead() {
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < 2; ++k) wait_staging(k);  // no upload reads what is put back
+  for (c10::Event& copy : master_copies_) copy.synchronize();
+  master_copies_.clear();
+  for (Slot& slot : slots_) {
+    if (!slot.ahead) continue;
+    slot.master.copy_(slot.kept_master);
+    slot.exp_avg.copy_(slot.kept_exp_avg);
+    slot.exp_avg_sq.copy_(slot.kept_exp_avg_sq);
+    slot.step = slot.kept_step;
+    if (!slot.master.is_same(slot.param)) {
+      if (slot.param.is_cpu()) {
+        slot.param.copy_(slot.kept_param);
+      } else {
+        slot.param.copy_(slot.master);  // what the upload wrote before this step: its conversion
+      }
+    }
+    slot.ahead = false;
+  }
+}
+
+void AdamW::finish_ahead(double lr, const std::vector<at::Tensor>& grads, double grad_scale,
+                         bool skip) {
+  TORCH_CHECK(placement_ == OptimizerPlacement::kHost, "AdamW::finish_ahead: kHost only");
+  TORCH_CHECK(grads.size() == slots_.size(), "AdamW::finish_ahead: ", grads.size(),
+              " gradients for ", slots_.size(), " parameters");
+  if (skip) {
+    restore_ahead();
+    return;
+  }
+  if (grad_scale != 1.0) {  // the norm clips: the update again, from the kept state
+    restore_ahead();
+    step(lr, grads, grad_scale);
+    return;
+  }
+  std::vector<at::Tensor> rest(grads.size());  // the gradients of the parameters not yet updated
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].ahead) rest[i] = grads[i];
+  }
+  const UploadStats ahead = last_uploads_;
+  step(lr, rest, 1.0);
+  last_uploads_ += ahead;
+}
+
+int64_t AdamW::updated_ahead() const {
+  int64_t count = 0;
+  for (const Slot& slot : slots_) count += slot.ahead ? 1 : 0;
+  return count;
 }
 
 void AdamW::reload_parameters() {

@@ -120,6 +120,33 @@ class AdamW {
   // or fp32 as above (violations trip a TORCH_CHECK naming the parameter).
   void step(double lr, const std::vector<at::Tensor>& grads, double grad_scale = 1.0);
 
+  // The overlapped host update (kHost; optim.overlap_host_update): a step whose parts run ahead,
+  // each parameter as soon as its gradient is final (during backward), before the clip factor is
+  // known, with the clip applied exactly at the end. One such step is
+  //   begin_ahead(); update_ahead(...) any number of times; finish_ahead(...)
+  // and equals step(lr, grads, grad_scale) bit for bit (skip: no step() at all), grads being the
+  // gradients given to update_ahead and finish_ahead (the same tensors, unchanged in between).
+  //  - update_ahead: for each parameters()[indices[k]] with grads[k] defined and not yet updated
+  //    ahead in this step: keeps its master weights, moments and step count (and a host
+  //    parameter of another dtype than its master), then updates it as step(lr, ..., 1.0) does,
+  //    uploads included. Untimed (no profile phases: it may run beside the caller's scopes). It
+  //    may run on another thread than the other calls, never at the same time as any of them.
+  //  - finish_ahead(lr, grads, grad_scale, skip): skip: every parameter updated ahead gets its
+  //    kept state and weights back (a device parameter its restored master, converted as the
+  //    upload converts it) and no step is counted; grad_scale == 1: the parameters not updated
+  //    ahead are updated, the rest stands; else the kept states come back and step(lr, grads,
+  //    grad_scale) updates every parameter (the only second pass: on steps that clip).
+  // The kept state is 12 bytes per fp32 parameter of host memory (masters and both moments, fp64:
+  // 24), allocated at a parameter's first update ahead.
+  // REQUIRES: kHost; lr as step()'s; indices.size() == grads.size(); each grads[k] as step()'s
+  // for that parameter; the same lr in update_ahead and finish_ahead.
+  void begin_ahead();
+  void update_ahead(const std::vector<size_t>& indices, const std::vector<at::Tensor>& grads,
+                    double lr);
+  void finish_ahead(double lr, const std::vector<at::Tensor>& grads, double grad_scale, bool skip);
+  // Parameters updated ahead in the current (or last) overlapped step.
+  int64_t updated_ahead() const;
+
   // Number of step() calls so far (after load_state: the loaded count plus later calls).
   int64_t step_count() const { return step_count_; }
 
@@ -181,7 +208,15 @@ class AdamW {
     at::Tensor exp_avg_sq;  // [param shape] second moment v
     int64_t step = 0;       // updates applied to this parameter (bias-correction exponent)
     bool own_master = true;  // false: the caller's (constructor's masters), not saved or reloaded
+    // The overlapped update (begin_ahead): whether this step updated it ahead, and the state it
+    // had before ([param shape] host copies; kept_param only for a host parameter of another
+    // dtype than its master).
+    bool ahead = false;
+    int64_t kept_step = 0;
+    at::Tensor kept_master, kept_exp_avg, kept_exp_avg_sq, kept_param;
   };
+  // Puts back the kept state of every slot updated ahead, and its weights.
+  void restore_ahead();
 
   void check_grad(const Slot& slot, const at::Tensor& grad) const;
   void update_slot(Slot& slot, const at::Tensor& grad, double lr, double grad_scale);
@@ -214,6 +249,7 @@ class AdamW {
   std::vector<c10::Event> staging_copies_[2];  // copies out of staging_[k] still in flight
   std::vector<c10::Event> master_copies_;      // copies out of the masters (same dtype)
   UploadStats last_uploads_;                   // the last step's copies into the parameters
+  bool time_phases_ = true;  // update_streamed opens profile phases (not in update_ahead)
 };
 
 }  // namespace ulysses::train

@@ -499,6 +499,35 @@ double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads)
   return std::sqrt(total);
 }
 
+std::vector<double> host_gradient_square_sums(const at::Tensor& grad, int64_t threads) {
+  if (!grad.defined()) return {};
+  TORCH_CHECK(grad.device().is_cpu() && grad.is_contiguous(),
+              "host_gradient_norm: gradients must be contiguous CPU tensors");
+  const at::ScalarType dtype = grad.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+                  dtype == at::kHalf,
+              "host_gradient_norm: gradient dtype ", dtype, "; fp32, fp64, bf16 or fp16 required");
+  const int64_t chunks = (grad.numel() + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);  // per chunk: its sum of squares
+  run_on_threads(chunks, threads > 0 ? threads : at::get_num_threads(),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t i = begin; i < end; ++i) {
+                     const int64_t offset = i * kChunk;
+                     partial[static_cast<size_t>(i)] =
+                         sum_of_squares(grad, offset, std::min(kChunk, grad.numel() - offset));
+                   }
+                 });
+  return partial;
+}
+
+double host_gradient_norm_of_sums(const std::vector<std::vector<double>>& sums) {
+  double total = 0.0;
+  for (const auto& chunks : sums) {
+    for (double p : chunks) total += p;  // host_gradient_norm's order: gradients, then chunks
+  }
+  return std::sqrt(total);
+}
+
 int64_t host_threads_started() { return HostThreadPool::threads_started(); }
 
 int64_t available_host_cpus() {

@@ -56,6 +56,14 @@ void fused_adamw_cpu(const std::vector<FusedAdamWBuffer>& buffers, double lr,
 // REQUIRES (TORCH_CHECK): each defined grad contiguous on the CPU, fp32, fp64, bf16 or fp16.
 double host_gradient_norm(const std::vector<at::Tensor>& grads, int64_t threads = 0);
 
+// host_gradient_norm in parts, for gradients that become final one at a time: the sums of x^2 of
+// `grad`'s 64K-element chunks, in order (empty for an undefined or empty grad), on `threads`
+// threads as above. host_gradient_norm_of_sums(s) with s[i] = host_gradient_square_sums(grads[i])
+// equals host_gradient_norm(grads) bit for bit (the same chunk sums, added in the same order).
+// REQUIRES: as host_gradient_norm's.
+std::vector<double> host_gradient_square_sums(const at::Tensor& grad, int64_t threads = 0);
+double host_gradient_norm_of_sums(const std::vector<std::vector<double>>& sums);
+
 // OS threads the host passes (fused_adamw_cpu, host_gradient_norm) have started since the process
 // began: they keep their workers, so this grows to the largest thread count used, minus one, and
 // no further.

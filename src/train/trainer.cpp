@@ -37,6 +37,7 @@
 #include "zero/gradient_step.h"
 #include "zero/grad_buffers.h"
 #include "zero/layer_all_reduce.h"
+#include "zero/overlapped_host_update.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "train/metrics.h"
@@ -258,7 +259,6 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
                                config.memory.checkpointing || config.memory.offload_activations,
                                layer_all_reduce);
   }
-  profile::install_model_ranges(model);  // around the runners installed so far
   std::unique_ptr<AdamW> adamw;        // zero.stage 0
   std::unique_ptr<ZeroOptimizer> zero;  // zero.stage 1, 2, 3
   if (zero_stage >= 2) {
@@ -269,6 +269,21 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   } else {
     adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), optim, placement);
   }
+  // optim.overlap_host_update (stage 0, optimizer and gradients on the host): each parameter's
+  // host update runs beside backward once its gradient is final: in a world of 1 after its
+  // layer's backward of the last micro-batch (the layer hooks take over build_model's
+  // checkpointing runner, recompute and offload included), in a larger one after its sum.
+  std::shared_ptr<OverlappedHostUpdate> host_update;
+  if (adamw && host_gradients && config.optim.overlap_host_update) {
+    host_update = std::make_shared<OverlappedHostUpdate>(model, gradients, *adamw,
+                                                         mesh.world().size(), optim.host_threads);
+    if (mesh.world().size() == 1) {
+      memory::enable_layer_hooks(model, config.memory.offload_activations,
+                                 config.memory.checkpointing || config.memory.offload_activations,
+                                 host_update);
+    }
+  }
+  profile::install_model_ranges(model);  // around the runners installed so far
   data::DataLoader loader(config.data, config.sequence, config.model.vocab_size, mesh.dp_size(),
                           mesh.dp_rank(), mesh.sp_size(), mesh.sp_rank(), "data.source",
                           mesh.sp_ring_size());
@@ -404,6 +419,10 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   // Running maxima over every step of this run (the per-step peaks are reset at each step).
   memory::DeviceMemory run_memory;
   int64_t run_peak_mem_bytes = 0;
+  // The offloaded optimizer's host time before the end of backward (overlapped) and its wall time
+  // after it, over every step of this run (summary.json's optimizer_overlap).
+  double optimizer_ms_after_backward = 0.0;
+  const int64_t first_step = state.step + 1;
   for (int64_t step = state.step + 1; step <= config.train.steps; ++step) {
     profile::ScopedRange step_range("step", step);  // nsys capture range: step@ulysses
     memory::reset_peak_device_bytes(device);
@@ -414,9 +433,12 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     gradient_options.reduce = zero == nullptr;
     gradient_options.partition = partition.get();
     gradient_options.layer_all_reduce = layer_all_reduce.get();
+    gradient_options.host_update = host_update.get();
+    const double lr = lr_at(config.optim, step, config.train.steps);
+    if (host_update) host_update->begin_step(lr);
     StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
     if (zero) zero->reduce_gradients();
-    const double lr = lr_at(config.optim, step, config.train.steps);
+    const auto optimizer_start = std::chrono::steady_clock::now();
     double grad_norm = 0.0;
     // Gradients are summed over the world before the norm, so every rank takes the same branch.
     bool skipped = false;
@@ -426,7 +448,12 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
       if (!skipped) zero->step(lr);
     } else {
       profile::ScopedPhase phase("optimizer");
-      if (placement == OptimizerPlacement::kHost) {
+      if (host_update) {
+        // What ran ahead commits, is redone with the clip factor, or is undone (not finite).
+        const OverlappedHostUpdate::Result result = host_update->finish_step(config.optim.grad_clip);
+        grad_norm = result.grad_norm;
+        skipped = result.skipped;
+      } else if (placement == OptimizerPlacement::kHost) {
         // Clipping folded into the host update: the gradients (on the host, read in place, or
         // on the device, streamed) are never rewritten. The norm of host gradients is one pass
         // over them on the host pass's threads.
@@ -448,6 +475,9 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
         if (!skipped) adamw->step(lr, gradients.grads());
       }
     }
+    optimizer_ms_after_backward += std::chrono::duration<double, std::milli>(
+                                       std::chrono::steady_clock::now() - optimizer_start)
+                                       .count();
     consecutive_skips = skipped ? consecutive_skips + 1 : 0;
     if (skipped) ++state.skipped_steps;
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -558,6 +588,17 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
             {"blocking", up.blocking}, {"blocking_bytes", up.blocking_bytes}}},
           {"gradient_buckets_in_flight_max", gradients.host_buckets_in_flight_max()},
           {"gradient_bytes_in_flight_max", gradients.host_bytes_in_flight_max()}};
+      // How much of the optimizer phase ran hidden behind backward (optim.overlap_host_update).
+      const double during = host_update ? host_update->ms_before_backward_end() : 0.0;
+      const double total = during + optimizer_ms_after_backward;
+      extra["optimizer_overlap"] = {
+          {"overlapped", host_update != nullptr},
+          {"steps", config.train.steps - first_step + 1},
+          {"host_ms_during_backward", during},
+          {"ms_after_backward", optimizer_ms_after_backward},
+          {"hidden_fraction", total > 0.0 ? during / total : 0.0},
+          {"last_step_updated_ahead", host_update ? host_update->last_step_updated_ahead() : 0},
+          {"parameters", static_cast<int64_t>(params.size())}};
     }
     metrics->write_summary(extra);
     say("done: outputs in " + config.output.dir + " (metrics.jsonl, summary.json, run.yaml)" +

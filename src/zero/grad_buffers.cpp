@@ -296,13 +296,32 @@ void GradientBuffers::all_reduce_start(comm::Group& group, size_t first, size_t 
   ++ranges_started_;
 }
 
-void GradientBuffers::all_reduce_on_host(comm::Group& group, int64_t bucket_bytes) {
+std::vector<c10::Event> GradientBuffers::mark_host_copies() {
+  std::vector<c10::Event> events;
+  if (!on_host_) return events;
+  std::vector<c10::Device> devices;
+  for (const at::Tensor& p : params_) {
+    if (p.device().is_cpu() ||
+        std::find(devices.begin(), devices.end(), p.device()) != devices.end()) {
+      continue;
+    }
+    devices.push_back(p.device());
+    events.emplace_back(p.device().type());
+    events.back().record(side_streams_.get(p.device()));
+  }
+  return events;
+}
+
+void GradientBuffers::all_reduce_on_host(comm::Group& group, int64_t bucket_bytes,
+                                         const SummedFn& on_summed) {
   const at::Device wire_device = group.device();
   struct InFlight {
     comm::Group::Pending pending;
     at::Tensor bucket;  // [n] slice of a host flat
     at::Tensor wire;    // [n] what the group sums: the bucket itself, or a wire buffer's slice
     bool pinned = false;
+    size_t flat = 0;
+    int64_t end = 0;  // the bucket's end in its flat
   };
   std::deque<InFlight> window;  // oldest first, at most kHostBucketsInFlight
   int64_t bytes_in_flight = 0;
@@ -311,14 +330,24 @@ void GradientBuffers::all_reduce_on_host(comm::Group& group, int64_t bucket_byte
   auto finish_oldest = [&] {
     InFlight& oldest = window.front();
     oldest.pending.wait();
-    if (!oldest.wire.is_same(oldest.bucket)) oldest.bucket.copy_(oldest.wire, oldest.pinned);
+    if (!oldest.wire.is_same(oldest.bucket)) {
+      oldest.bucket.copy_(oldest.wire, oldest.pinned);
+      if (on_summed && !wire_device.is_cpu()) {  // the host reads it next
+        c10::impl::VirtualGuardImpl impl(wire_device.type());
+        impl.getStream(wire_device).synchronize();
+      }
+    }
     bytes_in_flight -= oldest.bucket.numel() * oldest.bucket.element_size();
+    const size_t flat = oldest.flat;
+    const int64_t end = oldest.end;
     window.pop_front();
+    if (on_summed) on_summed(flat, end);
   };
   std::array<at::Tensor, kHostBucketsInFlight> wire_buffers;  // [bucket numel] on wire_device
   size_t next_buffer = 0;
   bool staged = false;
-  for (at::Tensor& flat : flats_) {
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    at::Tensor& flat = flats_[f];
     const int64_t bucket_numel = bucket_numel_of(flat, bucket_bytes);
     const bool copied = flat.device() != wire_device;
     const bool pinned = copied && flat.is_pinned();
@@ -330,6 +359,8 @@ void GradientBuffers::all_reduce_on_host(comm::Group& group, int64_t bucket_byte
       next.bucket = flat.narrow(0, start, numel);
       next.wire = next.bucket;
       next.pinned = pinned;
+      next.flat = f;
+      next.end = start + numel;
       if (copied) {
         // The buffer's previous bucket was waited for and its copy back queued before this copy.
         at::Tensor& buffer = wire_buffers[next_buffer];
@@ -356,13 +387,15 @@ void GradientBuffers::all_reduce_on_host(comm::Group& group, int64_t bucket_byte
   }
 }
 
-void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes) {
+void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes,
+                                 const SummedFn& on_summed) {
   TORCH_CHECK(bucket_bytes >= 1, "GradientBuffers::all_reduce: bucket_bytes must be >= 1");
+  TORCH_CHECK(!on_summed || on_host_, "GradientBuffers::all_reduce: on_summed needs on_host");
   settle();
   if (group.size() == 1) return;
   profile::ScopedPhase phase("grad_sync");
   if (on_host_) {  // all_reduce_start refuses on_host buffers: nothing was started
-    all_reduce_on_host(group, bucket_bytes);
+    all_reduce_on_host(group, bucket_bytes, on_summed);
     return;
   }
   // What all_reduce_start did not start, in buckets, then wait for everything.

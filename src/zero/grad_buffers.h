@@ -5,7 +5,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
 
+#include <c10/core/Event.h>
+
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/group.h"
@@ -90,7 +93,13 @@ class GradientBuffers {
   // the host buffers hold the sums (one sync with the group's device). So no more than two
   // buckets of the fp32 gradient ever occupy device memory here. With the group on the host's
   // device (Gloo on CPU) the buckets are summed in place, two at a time as well.
-  void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes);
+  // on_summed (on_host only; may be empty): called as the sums land, on this thread, with
+  // (flat f, end) once flats()[f]'s elements [0, end) hold their sums over the group, readable on
+  // the host (so, with the group on a device, after a wait for that bucket's copy back). Flats
+  // complete in order, each from its start.
+  using SummedFn = std::function<void(size_t flat, int64_t end)>;
+  void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes,
+                  const SummedFn& on_summed = {});
   // Buckets the on_host all-reduce keeps on the wire at once, at most.
   static constexpr int64_t kHostBucketsInFlight = 2;
   // on_host: the most buckets, and bytes of them, that all_reduce has had on the wire at once
@@ -108,6 +117,16 @@ class GradientBuffers {
                         int64_t bucket_bytes = kDefaultGradBucketBytes);
   // Ranges started by all_reduce_start since the buffers were made (tests).
   int64_t ranges_started() const { return ranges_started_; }
+
+  // on_host, during backward: whether grads()[i] holds this step's sum so far on the host (not
+  // beside the parameter, nor zero() waiting for settle()). On a device its copy may still be in
+  // flight: mark_host_copies() gives the events to wait for.
+  bool host_sum_ready(size_t i) const {
+    return on_host_ && host_has_sum_[i] && !staged_[i].defined();
+  }
+  // on_host: an event per device side stream, recorded after the copies to the host queued so
+  // far; none on the CPU (its copies are done when issued).
+  std::vector<c10::Event> mark_host_copies();
 
   // Writes each accumulated gradient into its parameter's .grad() in the parameter's dtype (a
   // no-op for fp32/fp64 parameters, whose .grad() is the buffer), for callers that read .grad().
@@ -145,7 +164,7 @@ class GradientBuffers {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> started_;
   int64_t ranges_started_ = 0;
   void wait_in_flight();
-  void all_reduce_on_host(comm::Group& group, int64_t bucket_bytes);
+  void all_reduce_on_host(comm::Group& group, int64_t bucket_bytes, const SummedFn& on_summed);
   int64_t host_buckets_in_flight_max_ = 0;
   int64_t host_bytes_in_flight_max_ = 0;
 

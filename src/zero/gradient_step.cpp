@@ -85,6 +85,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
   for (const auto& b : micro_batches) {
     // The layers' sums start during the last micro-batch's backward, once each layer is done.
     if (layer_all_reduce != nullptr) layer_all_reduce->arm(&b == &micro_batches.back());
+    if (options.host_update != nullptr) options.host_update->arm(&b == &micro_batches.back());
     if (partition != nullptr) {
       add_loss(sharded_micro_batch(model, b, *partition, options.loss_tiles, inv_count));
       continue;
@@ -117,11 +118,17 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
   }
 
   if (layer_all_reduce != nullptr) layer_all_reduce->arm(false);
+  if (options.host_update != nullptr) options.host_update->arm(false);
   if (buffers != nullptr) buffers->settle();  // optimizer offload: every sum is on the host
   TORCH_CHECK(options.reduce || options.buffers != nullptr || partition != nullptr,
               "compute_gradients: reduce = false needs options.buffers");
+  TORCH_CHECK(options.host_update == nullptr || (options.reduce && partition == nullptr &&
+                                                 options.buffers != nullptr),
+              "compute_gradients: host_update needs reduce, buffers and no partition");
   if (options.reduce && partition == nullptr) {
-    buffers->all_reduce(mesh.world(), options.bucket_bytes);
+    buffers->all_reduce(mesh.world(), options.bucket_bytes,
+                        options.host_update != nullptr ? options.host_update->on_summed()
+                                                       : GradientBuffers::SummedFn());
   }
   if (temporary) temporary->copy_to_param_grads();
   at::Tensor loss_sum = at::zeros({1}, at::kDouble);  // [1] host: its own storage, reduced in place

@@ -15,6 +15,7 @@
 #include "model/llama.h"
 #include "zero/grad_buffers.h"
 #include "zero/layer_all_reduce.h"
+#include "zero/overlapped_host_update.h"
 #include "zero/zero_partition.h"
 
 namespace ulysses::train {
@@ -42,6 +43,10 @@ struct GradientOptions {
   // of `buffers` during the backward of the last micro-batch (layer_all_reduce.h); the rest is
   // summed by buffers->all_reduce, here (reduce) or by ZeroOptimizer::reduce_gradients.
   LayerAllReduce* layer_all_reduce = nullptr;
+  // Stage 0 with the optimizer and gradients on the host (not owned; may be null): armed for the
+  // last micro-batch (its layer hooks hand each finished layer's gradients to the host update),
+  // and told what buffers->all_reduce has summed. REQUIRES: reduce, no partition.
+  OverlappedHostUpdate* host_update = nullptr;
 };
 
 struct StepLoss {

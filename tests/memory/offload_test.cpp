@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -28,7 +30,11 @@
 #include "model/safetensors.h"
 #include "support/multi_rank.h"
 #include "optim/adamw.h"
+#include "optim/cpu_adam.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
 #include "zero/gradient_step.h"
+#include "zero/overlapped_host_update.h"
 #include "train/run_outputs.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
@@ -673,6 +679,171 @@ TEST(OffloadedTrainingRun, OffloadedOptimizerWithGradientsOnTheDeviceEqualsOnThe
   std::ifstream summary(dir / "device" / "summary.json");
   EXPECT_FALSE(nlohmann::json::parse(summary)["memory"]["offload_gradients"].get<bool>());
   ulysses::remove_tree(dir);
+}
+
+// optim.overlap_host_update: the host AdamW update run ahead during backward (each layer's after
+// its backward of the last micro-batch in a world of 1, each parameter after its sum over the
+// world in a larger one), committed, redone with the clip factor or undone at the end, against
+// the update after backward as the trainer runs it (host_gradient_norm, clip_coefficient,
+// AdamW::step). Bit for bit: the same norm on every step, and every parameter and optimizer
+// state torch::equal after 5 steps, with clipping on every step, on none and on some, at
+// zero.stage 0 with tiles, activation offload and 2 micro-batches, on one rank, dp 2 and sp 2. A
+// step whose gradients are not finite leaves everything as it was in both.
+
+struct HostUpdateRun {
+  std::vector<double> norms;         // per step
+  std::vector<at::Tensor> params;    // after the steps
+  train::NamedTensors state;         // AdamW's, after the steps
+  std::vector<int64_t> ahead;        // per step: parameters updated during backward
+  bool skip_left_state_alone = false;
+};
+
+// Trains `steps` steps of `c` on `mesh` at stage 0 with the optimizer and gradients on the host,
+// overlapped or not; with `poison_step`, that step's final norm weight gets a NaN (its gradients
+// are then not finite, and the step must change nothing).
+HostUpdateRun train_host_update(const config::RunConfig& c, comm::DeviceMesh& mesh,
+                                bool overlapped, int64_t steps, int64_t poison_step = 0) {
+  model::LlamaForCausalLM model = train::build_model(c, mesh, at::Device(at::kCPU));
+  std::vector<at::Tensor> params = model->parameters();
+  train::GradientBuffers buffers(params, 1, /*on_host=*/true);
+  train::AdamW adamw(model->named_parameters().pairs(), c.optim, train::OptimizerPlacement::kHost);
+  std::shared_ptr<train::OverlappedHostUpdate> host_update;
+  if (overlapped) {
+    host_update = std::make_shared<train::OverlappedHostUpdate>(
+        model, buffers, adamw, mesh.world().size(), c.optim.host_threads);
+    if (mesh.world().size() == 1) {
+      memory::enable_layer_hooks(model, c.memory.offload_activations, /*recompute=*/true,
+                                 host_update);
+    }
+  }
+  data::DataLoader loader(c.data, c.sequence, c.model.vocab_size, mesh.dp_size(), mesh.dp_rank(),
+                          mesh.sp_size(), mesh.sp_rank());
+  const auto snapshot = [&] {
+    std::vector<at::Tensor> all;
+    for (const at::Tensor& p : params) all.push_back(p.detach().clone());
+    for (const auto& [name, t] : adamw.state_tensors()) all.push_back(t.clone());
+    return all;
+  };
+  HostUpdateRun run;
+  for (int64_t step = 1; step <= steps; ++step) {
+    std::vector<at::Tensor> before;
+    if (step == poison_step) {
+      at::NoGradGuard no_grad;
+      model->named_parameters()["model.norm.weight"].view({-1})[0] = NAN;
+      before = snapshot();
+    }
+    std::vector<data::Batch> batches;
+    for (int64_t m = 0; m < c.sequence.grad_accum; ++m) {
+      batches.push_back(loader.micro_batch(step, m));
+    }
+    const double lr = train::lr_at(c.optim, step, steps);
+    train::GradientOptions options{c.memory.tiled_loss, &buffers, /*bucket_bytes=*/2048};
+    options.host_update = host_update.get();
+    if (host_update) host_update->begin_step(lr);
+    train::compute_gradients(model, batches, mesh, options);
+    double norm = 0.0;
+    if (host_update) {
+      norm = host_update->finish_step(c.optim.grad_clip).grad_norm;
+      run.ahead.push_back(host_update->last_step_updated_ahead());
+    } else {  // the trainer's update after backward
+      norm = train::host_gradient_norm(buffers.grads(), c.optim.host_threads);
+      const double scale = train::clip_coefficient(norm, c.optim.grad_clip);
+      if (std::isfinite(norm)) adamw.step(lr, buffers.grads(), scale);
+    }
+    run.norms.push_back(norm);
+    if (step == poison_step) {
+      const std::vector<at::Tensor> after = snapshot();
+      run.skip_left_state_alone = !std::isfinite(norm) && after.size() == before.size();
+      // Bit patterns, so that the NaN put in compares equal to itself.
+      const auto bits = [](const at::Tensor& t) {
+        if (t.scalar_type() == at::kFloat) return t.view(at::kInt);
+        return t.scalar_type() == at::kDouble ? t.view(at::kLong) : t;
+      };
+      for (size_t i = 0; i < after.size() && run.skip_left_state_alone; ++i) {
+        run.skip_left_state_alone = bits(after[i]).equal(bits(before[i]));
+      }
+    }
+  }
+  for (const at::Tensor& p : params) run.params.push_back(p.detach().clone());
+  run.state = adamw.state_tensors();
+  return run;
+}
+
+// Both paths on `mesh` for grad_clip huge, tiny and between the steps' norms, and a poisoned step.
+void expect_overlapped_update_equals_plain(comm::DeviceMesh& mesh, int64_t dp, int64_t sp,
+                                           const std::string& what) {
+  constexpr int64_t kSteps = 5;
+  config::RunConfig c = testing::tiny_run_config(4, 2, dp, sp);
+  c.sequence.grad_accum = 2;
+  c.memory.offload_optimizer = true;
+  c.memory.offload_activations = true;  // and so checkpointing
+  c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
+  c.optim.lr = 1e-2;
+  c.optim.weight_decay = 0.1;
+  c.optim.host_threads = 2;
+  const auto compare = [&](const std::string& mode, double clip) -> std::vector<double> {
+    c.optim.grad_clip = clip;
+    const HostUpdateRun plain = train_host_update(c, mesh, false, kSteps);
+    const HostUpdateRun overlapped = train_host_update(c, mesh, true, kSteps);
+    const std::string at = what + " grad_clip " + mode + " rank " + std::to_string(mesh.rank());
+    EXPECT_EQ(overlapped.norms, plain.norms) << at;
+    EXPECT_EQ(overlapped.params.size(), plain.params.size()) << at;
+    for (size_t i = 0; i < std::min(plain.params.size(), overlapped.params.size()); ++i) {
+      EXPECT_TRUE(overlapped.params[i].equal(plain.params[i])) << at << " parameter " << i;
+    }
+    EXPECT_EQ(overlapped.state.size(), plain.state.size()) << at;
+    for (size_t i = 0; i < std::min(plain.state.size(), overlapped.state.size()); ++i) {
+      EXPECT_EQ(overlapped.state[i].first, plain.state[i].first) << at;
+      EXPECT_TRUE(overlapped.state[i].second.equal(plain.state[i].second))
+          << at << " " << plain.state[i].first;
+    }
+    // Updated during backward: a world of 1 every decoder layer's parameters (the embedding,
+    // final norm and head after it), a larger world every parameter (after its sum).
+    const int64_t layer_params = 9 * c.model.num_layers;
+    for (int64_t ahead : overlapped.ahead) {
+      EXPECT_EQ(ahead, mesh.world().size() == 1 ? layer_params
+                                                : static_cast<int64_t>(plain.params.size()))
+          << at;
+    }
+    return plain.norms;
+  };
+  const std::vector<double> free_norms = compare("1e9", 1e9);  // clips on no step
+  const std::vector<double> tiny_norms = compare("1e-4", 1e-4);
+  for (double norm : tiny_norms) EXPECT_GT(norm, 1e-4) << what << ": every step must clip";
+  // Between the smallest and the largest norm: some steps clip, some do not.
+  const auto [low, high] = std::minmax_element(free_norms.begin(), free_norms.end());
+  const double between = std::sqrt(*low * *high);
+  const std::vector<double> some_norms = compare("between", between);
+  const auto clipped = std::count_if(some_norms.begin(), some_norms.end(),
+                                     [&](double n) { return n > between; });
+  EXPECT_GT(clipped, 0) << what << " grad_clip " << between << " norms " << some_norms[0] << " "
+                        << some_norms[kSteps - 1];
+  EXPECT_LT(clipped, kSteps) << what << " grad_clip " << between;
+  // A non-finite step changes nothing, in both paths; the update ahead ran and was undone.
+  c.optim.grad_clip = between;
+  for (bool overlapped : {false, true}) {
+    const HostUpdateRun run = train_host_update(c, mesh, overlapped, 2, /*poison_step=*/2);
+    EXPECT_TRUE(run.skip_left_state_alone) << what << (overlapped ? " overlapped" : " plain");
+    if (overlapped) {
+      EXPECT_GT(run.ahead.back(), 0) << what;
+    }
+  }
+}
+
+TEST(OffloadedTrainingRun, OverlappedHostUpdateEqualsTheUpdateAfterBackwardBitForBit) {
+  if (!testing::in_rank_child()) {
+    const std::string dir = fresh_temp_dir("overlap");
+    comm::DeviceMesh mesh = single_rank_mesh(dir, "overlap");
+    expect_overlapped_update_equals_plain(mesh, 1, 1, "one rank");
+    ulysses::remove_tree(dir);
+  }
+  for (const auto& [dp, sp] : {std::pair<int64_t, int64_t>{2, 1}, {1, 2}}) {
+    testing::run_ranks(2, [&, dp = dp, sp = sp](const testing::RankContext& ctx) {
+      auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, dp, sp);
+      expect_overlapped_update_equals_plain(
+          mesh, dp, sp, "dp " + std::to_string(dp) + " x sp " + std::to_string(sp));
+    });
+  }
 }
 
 struct Process {
