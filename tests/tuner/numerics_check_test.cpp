@@ -4,9 +4,11 @@
 // winner with DP, an uneven-heads winner and a ring winner pass; the same Ulysses mesh with an eval
 // loss made wrong on purpose (ULYSSES_FAULT_SP_EVAL_SCALE=1: the trainer's test-only fault hook,
 // src/train/evaluator.cpp, multiplies the eval loss by sp) fails, is not recommended, and
-// recommend exits 1 writing nothing.
+// recommend exits 1 writing nothing; beside a slower configuration that passes, that one is
+// recommended.
 #include <nlohmann/json.hpp>
 
+#include "config/run_config.h"
 #include "sweep_cli_fixture.h"
 #include "tuner/store/database.h"
 
@@ -115,6 +117,41 @@ TEST_F(NumericsCheckTest, UlyssesWinnerPassesAndAWrongEvalLossIsNotRecommended) 
   EXPECT_NE(read_text(fs::path(wrong) / "WHY.md").find("Skipped (`--no-check`)"),
             std::string::npos);
   EXPECT_EQ(rows().size(), 2u);  // nothing ran, nothing stored
+
+  // A slower second configuration, dp 4 x sp 1 (the fault spares it): the faulted winner is
+  // passed over and the next one, which passes, is recommended.
+  {
+    store::Store st = store::Store::open(db_);
+    store::SweepStore sweeps(st.db());
+    store::TrialRecord t = *sweeps.trial(1);
+    t.id = 0;
+    t.key += "-dp4";
+    t.point = R"({"mesh.sp": 1})";
+    t.dp = 4, t.sp = 1;
+    t.config_yaml = config::to_yaml(
+        config::parse_run_config_yaml(t.config_yaml, {"mesh.sp=1", "mesh.dp=4"}));
+    t.tokens_per_s_per_rank = *t.tokens_per_s_per_rank / 2;
+    t.tokens_per_s = *t.tokens_per_s / 2;
+    t.step_ms = *t.step_ms * 2;
+    sweeps.add_trial(t);
+    ASSERT_EQ(t.id, 2);
+  }
+  const std::string next = (dir_ / "rec-next").string();
+  const Result fallback =
+      tune("recommend --db '" + db_ + "' --out '" + next + "'", "ULYSSES_FAULT_SP_EVAL_SCALE=1");
+  ASSERT_EQ(fallback.status, 0) << fallback.out << fallback.err;
+  EXPECT_NE(fallback.err.find("not recommended: trial #1 (dp=2 sp=2): eval loss"),
+            std::string::npos)
+      << fallback.err;
+  EXPECT_NE(fallback.out.find("recommended: trial #2 "), std::string::npos) << fallback.out;
+  const std::string why = read_text(fs::path(next) / "WHY.md");
+  EXPECT_NE(why.find("### Trial #1 (dp=2 sp=2): **failed**"), std::string::npos) << why;
+  EXPECT_NE(why.find("### Trial #2 (dp=4 sp=1): **passed**"), std::string::npos) << why;
+  const std::vector<CheckRow> all = rows();
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all[2].status, "failed");
+  EXPECT_EQ(all[3].status, "passed");
+  EXPECT_EQ(all[3].result["candidate_ranks"], 4);
 }
 
 TEST_F(NumericsCheckTest, UnevenHeadsWinnerPasses) {

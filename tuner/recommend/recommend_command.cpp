@@ -236,7 +236,11 @@ int run_recommend(const RecommendOptions& options) {
     std::set<std::string> failed;  // configurations that failed: their other lengths too
     chosen = nullptr;
     for (const store::TrialRecord* t : ranked) {
-      if (failed.count(report::configuration(*t))) continue;
+      // Configurations that failed (at any length) and deepspeed trials (the check runs
+      // ulysses-train) are passed over.
+      if (failed.count(report::configuration(*t)) || report::trial_backend(*t) != "native") {
+        continue;
+      }
       if (static_cast<int>(checks.size()) == kMaxCheckedCandidates) break;
       std::cerr << "numerics check: trial #" << t->id << " (" << report::configuration(*t)
                 << ") against the same model on one rank\n";
