@@ -1,8 +1,10 @@
 // `ulysses-tune recommend` and `ulysses-tune export`.
-//   recommend --db F [--sweep NAME] [--objective throughput|max-seqlen] --out DIR
+//   recommend --db F [--sweep NAME] [--objective throughput|max-seqlen] [--trainer F]
+//             [--no-check] --out DIR
 //     DIR/recommended.yaml (runs as it is under `ulysses-tune launch`), ds_config.json,
-//     arctic_training.yaml, accelerate_config.yaml, launch.sh (local, torchrun, srun lines) and
-//     WHY.md. Warnings of the exports go to stderr and into WHY.md.
+//     arctic_training.yaml, accelerate_config.yaml, launch.sh (local, torchrun, srun lines),
+//     WHY.md and numerics-check/ (the numerics check's run configs and runs). Warnings of the
+//     exports go to stderr and into WHY.md.
 //   export --db F --trial ID --format native|deepspeed|arctic|accelerate [--out FILE]
 //     one trial's configuration in one format, to stdout or FILE; its output.dir is
 //     runs/<sweep>-trial-<ID> (never the trial's run directory).
