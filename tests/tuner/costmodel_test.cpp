@@ -396,6 +396,34 @@ TEST(CostModel, RingChargesTheKvPassAndTheSmallerAllToAll) {
   EXPECT_EQ(by_name(predict_memory(c, MemoryCoefficients{})).count("ring attention buffers"), 0u);
 }
 
+// SDPA on CUDA (model/sdpa_attention.cpp): where the memory-efficient kernel runs (fp32, the
+// efficient backend, a packed batch's dense mask) it refuses native GQA, so K/V are expanded to the
+// query heads and the layer keeps them at qd each; bf16 flash keeps them at kvd.
+TEST(CostModel, CudaEfficientKernelKeepsKvExpandedToTheQueryHeads) {
+  config::RunConfig c;
+  c.model = config::load_model_preset("llama-3.1-8b");  // 32 query / 8 KV heads, hd 128, 32 layers
+  c.mesh.sp = 8;  // 4 query heads and 1 KV head per rank: qd = 8 x 4 x 128, kvd = 8 x 1 x 128
+  c.sequence.length = 8192;
+  c.train.device = "cuda";
+  c.memory.precision = "bf16";
+  auto activations = [](const config::RunConfig& r) {
+    return by_name(predict_memory(r, MemoryCoefficients{})).at("activations");
+  };
+  const int64_t tokens = 1024, qd = 4096, kvd = 1024;
+  config::RunConfig efficient = c;
+  efficient.attention.backend = "efficient";
+  EXPECT_EQ(activations(efficient) - activations(c), 32 * tokens * 2 * (qd - kvd) * 2);
+  config::RunConfig packed = c;  // bs x sl^2 = 64 Mi: the dense mask
+  packed.data.pack = true;
+  EXPECT_EQ(activations(packed) - activations(c), 32 * tokens * 2 * (qd - kvd) * 2);
+  EXPECT_EQ(by_name(predict_memory(packed, MemoryCoefficients{})).at("attention masks"),
+            int64_t{32} * 8192 * 8192 * 2);
+  config::RunConfig fp32 = c, fp32_cpu = c;
+  fp32.memory.precision = fp32_cpu.memory.precision = "fp32";
+  fp32_cpu.train.device = "cpu";  // the CPU flash kernel takes GQA natively
+  EXPECT_EQ(activations(fp32) - activations(fp32_cpu), 32 * tokens * 2 * (qd - kvd) * 4);
+}
+
 // Ring pairs (sp/ring_attention.cpp) hold no scores on the flash kernels, packed ones included
 // (the varlen kernel over the documents both chunks hold); the math path holds three blocks of
 // query rows [bs, hq/sp_a2a, rows, C] in fp32, rows capped by a 256 MiB block.

@@ -323,10 +323,22 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const int64_t norm_bytes = rms_norm_saved_bytes(h, d);
   const int64_t qk_norm_bytes = qk_norm_saved_bytes(m, hd, d);
   const int64_t mlp_elems = tiled_mlp ? 0 : 4 * ffn;
+  // Packed batches through SDPA build a dense document mask while bs x sl^2 is within
+  // kDenseDocumentMaskElements (model/sdpa_attention.cpp).
+  const double dense_mask = static_cast<double>(bs) * sl * sl;
+  const bool dense_document_mask =
+      ring == 1 && !math && c.data.pack && dense_mask <= kDenseDocumentMaskElements;
+  // On CUDA, where SDPA's memory-efficient kernel runs (fp32, the efficient backend, a dense
+  // mask), it refuses native GQA and K/V are expanded to the query heads: the attention keeps
+  // K/V of qd each, and its backward makes their gradients at that size.
+  const bool kv_expanded = !on_cpu && ring == 1 && !math && most.q > most.kv &&
+                           (!bf16 || c.attention.backend == "efficient" || dense_document_mask);
+  const int64_t kvd_attention = kv_expanded ? qd_a2a : kvd_a2a;
+  const std::string kv_name = kv_expanded ? "2qd [K/V expanded for CUDA's efficient kernel]" : "2kvd";
   const int64_t layer_bytes =
-      2 * norm_bytes + qk_norm_bytes + (3 * qd_a2a + 2 * kvd_a2a + mlp_elems) * d;
+      2 * norm_bytes + qk_norm_bytes + (3 * qd_a2a + 2 * kvd_attention + mlp_elems) * d;
   const std::string layer_formula = "(2 norm" + std::string(qk_norm_bytes > 0 ? " + qk norm" : "") +
-                                    " + (3qd + 2kvd" + std::string(tiled_mlp ? "" : " + 4ffn") +
+                                    " + (3qd + " + kv_name + std::string(tiled_mlp ? "" : " + 4ffn") +
                                     ") x " + ds + ") x bs x T";
   const std::string norm_formula =
       " [norm = 2h x " + ds + " + 4 B per token" +
@@ -343,22 +355,21 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   // kDenseDocumentMaskElements): the bool mask [bs, 1, sl, sl] becomes SDPA's additive mask in
   // the model dtype, which its backward keeps; longer packed batches run each document on its own
   // (or the varlen flash kernel) and keep no mask.
-  const double dense_mask = static_cast<double>(bs) * sl * sl;
   double layer_mask = 0;
   std::string layer_mask_formula;
   if (ring == 1 && math) {
     layer_mask = c.data.pack ? dense_mask : static_cast<double>(sl) * sl;
     layer_mask_formula = c.data.pack ? "bs x sl^2 x 1 B" : "sl^2 x 1 B";
-  } else if (ring == 1 && c.data.pack && dense_mask <= kDenseDocumentMaskElements) {
+  } else if (dense_document_mask) {
     layer_mask = dense_mask * d;
     layer_mask_formula = "bs x sl^2 x " + ds + " (SDPA's additive mask, dense while bs x sl^2 <= " +
                          n(kDenseDocumentMaskElements >> 20) + "Mi)";
   }
   // Backward of one layer adds its gradients: dq, dk, dv (qd + 2kvd), the hidden-state gradient
   // h, and for an untiled MLP the gate/up gradients 2 ffn; saved tensors are freed as it goes.
-  const int64_t grad_elems = qd_a2a + 2 * kvd_a2a + h + (tiled_mlp ? 0 : 2 * ffn);
-  const std::string grad_formula =
-      "(qd + 2kvd + h" + std::string(tiled_mlp ? "" : " + 2ffn") + ") x bs x T x " + ds;
+  const int64_t grad_elems = qd_a2a + 2 * kvd_attention + h + (tiled_mlp ? 0 : 2 * ffn);
+  const std::string grad_formula = "(qd + " + std::string(kv_expanded ? "2qd" : "2kvd") + " + h" +
+                                   std::string(tiled_mlp ? "" : " + 2ffn") + ") x bs x T x " + ds;
   if (checkpointing) {
     const int64_t checkpoint_bytes = tokens * h * d;  // one layer's input [bs, T, h]
     if (ckpt_loc == Location::kHost) {
