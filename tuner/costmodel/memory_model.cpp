@@ -334,12 +334,13 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   const bool kv_expanded = !on_cpu && ring == 1 && !math && most.q > most.kv &&
                            (!bf16 || c.attention.backend == "efficient" || dense_document_mask);
   const int64_t kvd_attention = kv_expanded ? qd_a2a : kvd_a2a;
-  const std::string kv_name = kv_expanded ? "2qd [K/V expanded for CUDA's efficient kernel]" : "2kvd";
+  const std::string kv_name =
+      kv_expanded ? "2qd [K/V expanded for CUDA's efficient kernel]" : "2kvd";
   const int64_t layer_bytes =
       2 * norm_bytes + qk_norm_bytes + (3 * qd_a2a + 2 * kvd_attention + mlp_elems) * d;
-  const std::string layer_formula = "(2 norm" + std::string(qk_norm_bytes > 0 ? " + qk norm" : "") +
-                                    " + (3qd + " + kv_name + std::string(tiled_mlp ? "" : " + 4ffn") +
-                                    ") x " + ds + ") x bs x T";
+  const std::string layer_formula =
+      "(2 norm" + std::string(qk_norm_bytes > 0 ? " + qk norm" : "") + " + (3qd + " + kv_name +
+      std::string(tiled_mlp ? "" : " + 4ffn") + ") x " + ds + ") x bs x T";
   const std::string norm_formula =
       " [norm = 2h x " + ds + " + 4 B per token" +
       (qk_norm_bytes > 0 ? "; qk norm = (hq + hkv) x (hd x " + ds + " + 4 B)" : std::string()) +
@@ -475,8 +476,9 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     if (math_pairs) {
       const int64_t chunk = a2a * t / 2;
       const int64_t row_bytes = bs * most.q * chunk * 4;
-      const int64_t rows = std::clamp<int64_t>(
-          kRingMathScoreBlockBytes / std::max<int64_t>(row_bytes, 1), 1, std::max<int64_t>(chunk, 1));
+      const int64_t rows =
+          std::clamp<int64_t>(kRingMathScoreBlockBytes / std::max<int64_t>(row_bytes, 1), 1,
+                              std::max<int64_t>(chunk, 1));
       ring_score_block = static_cast<double>(rows) * row_bytes;
       add("ring score blocks", 3.0 * ring_score_block,
           "3 x bs x hq/sp_a2a x rows x C x 4 B, C = sl / (2 sp_ring) = " + n(chunk) + ", rows = " +
