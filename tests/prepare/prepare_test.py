@@ -440,8 +440,8 @@ class Suite:
 
     def case_sweep(self):
         """A quickstart-sized sweep on prepared SFT data (the README's experiment): the trials
-        run ulysses-train on the packed conversations, and recommend names the data and keeps it
-        in the configuration it recommends."""
+        run ulysses-train on the packed conversations, and recommend names the data, passes its
+        numerics check on it and keeps it in the configuration it recommends."""
         tune = os.path.abspath(os.path.join(self.bin_dir or "", "ulysses-tune"))
         if not self.bin_dir or not os.path.exists(tune):
             print("  sweep: skipped (no --bin folder with ulysses-tune)")
@@ -469,6 +469,8 @@ class Suite:
                     f"{counts['documents']['train']:,} documents, with a loss mask; prepared by "
                     f"{manifest_of(out)['tool']} in sft mode with the tokenizer ")
         assert expected in why, (expected, why)
+        # recommend's numerics check ran the winner on the packed, masked conversations
+        assert "## Numerics check" in why and "**passed**" in why, why
         recommended = open(os.path.join(rec, "recommended.yaml")).read()
         assert f"megatron:{train}" in recommended and "packing: documents" in recommended, \
             recommended
