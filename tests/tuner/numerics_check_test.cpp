@@ -118,18 +118,18 @@ TEST_F(NumericsCheckTest, UlyssesWinnerPassesAndAWrongEvalLossIsNotRecommended) 
             std::string::npos);
   EXPECT_EQ(rows().size(), 2u);  // nothing ran, nothing stored
 
-  // A slower second configuration, dp 4 x sp 1 (the fault spares it): the faulted winner is
-  // passed over and the next one, which passes, is recommended.
+  // A slower second configuration, dp 2 x sp 1 on 2 ranks (the fault spares it): the faulted
+  // winner is passed over and the next one, which passes, is recommended.
   {
     store::Store st = store::Store::open(db_);
     store::SweepStore sweeps(st.db());
     store::TrialRecord t = *sweeps.trial(1);
     t.id = 0;
-    t.key += "-dp4";
+    t.key += "-dp2";
     t.point = R"({"mesh.sp": 1})";
-    t.dp = 4, t.sp = 1;
+    t.world_size = 2, t.dp = 2, t.sp = 1;
     t.config_yaml = config::to_yaml(
-        config::parse_run_config_yaml(t.config_yaml, {"mesh.sp=1", "mesh.dp=4"}));
+        config::parse_run_config_yaml(t.config_yaml, {"mesh.sp=1", "mesh.dp=2"}));
     t.tokens_per_s_per_rank = *t.tokens_per_s_per_rank / 2;
     t.tokens_per_s = *t.tokens_per_s / 2;
     t.step_ms = *t.step_ms * 2;
@@ -146,12 +146,12 @@ TEST_F(NumericsCheckTest, UlyssesWinnerPassesAndAWrongEvalLossIsNotRecommended) 
   EXPECT_NE(fallback.out.find("recommended: trial #2 "), std::string::npos) << fallback.out;
   const std::string why = read_text(fs::path(next) / "WHY.md");
   EXPECT_NE(why.find("### Trial #1 (dp=2 sp=2): **failed**"), std::string::npos) << why;
-  EXPECT_NE(why.find("### Trial #2 (dp=4 sp=1): **passed**"), std::string::npos) << why;
+  EXPECT_NE(why.find("### Trial #2 (dp=2 sp=1): **passed**"), std::string::npos) << why;
   const std::vector<CheckRow> all = rows();
   ASSERT_EQ(all.size(), 4u);
   EXPECT_EQ(all[2].status, "failed");
   EXPECT_EQ(all[3].status, "passed");
-  EXPECT_EQ(all[3].result["candidate_ranks"], 4);
+  EXPECT_EQ(all[3].result["candidate_ranks"], 2);
 }
 
 TEST_F(NumericsCheckTest, UnevenHeadsWinnerPasses) {
