@@ -748,6 +748,13 @@ TEST(HostGradientNorm, EqualsTheFp64NormOnAnyThreadCount) {
   EXPECT_EQ(norms[0], norms[1]);
   EXPECT_EQ(norms[0], norms[2]);
   EXPECT_EQ(host_gradient_norm({}, 2), 0.0);
+  // In parts, each gradient's chunk sums taken in any order (as they become final during
+  // backward, in reverse) and added up at the end: the same bits.
+  std::vector<std::vector<double>> sums(grads.size());
+  for (size_t i = grads.size(); i-- > 0;) sums[i] = host_gradient_square_sums(grads[i], 2);
+  EXPECT_EQ(host_gradient_norm_of_sums(sums), norms[0]);
+  EXPECT_EQ(sums[0].size(), 4u);  // 3 * 64K + 5 elements
+  EXPECT_TRUE(sums[2].empty());
 
   at::Tensor bad = grads[0].clone();
   bad[65536 + 17] = std::numeric_limits<float>::infinity();
