@@ -14,6 +14,11 @@ one H200), fp32 1e-5.
 
   multirank.py --bin BUILD/bin --out DIR [--device cuda|cpu]
 
+Beside each run's measured peak (the largest rank's) stands the cost model's prediction for its
+run config (`ulysses-tune plan --config`, the model's defaults for the device type): through NCCL
+with a GPU per rank the two compare one to one; with several ranks on one GPU the measured peak is
+of several processes on one device.
+
 Writes DIR/<run>/run.yaml and its output, DIR/multirank.tsv (one row per comparison) and
 DIR/multirank.json; prints one line per comparison. Exit status 0 when every comparison holds, 1
 when one does not or a run failed.
@@ -119,6 +124,18 @@ def train(bin_dir, out, name, ranks, config):
     return status, seconds, losses, summary
 
 
+def predicted_peak(bin_dir, run_dir, device):
+    """The cost model's peak bytes per rank for the run's config, or None when plan fails."""
+    hardware = "h100-sxm" if device == "cuda" else "cpu-local"  # coefficients by device type
+    done = subprocess.run([os.path.join(bin_dir, "ulysses-tune"), "plan", "--config",
+                           os.path.join(run_dir, "run.yaml"), "--hardware", hardware, "--json"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"plan --config {run_dir}/run.yaml: {done.stderr.strip()}", flush=True)
+        return None
+    return json.loads(done.stdout)["peak_bytes"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin", required=True, help="directory of ulysses-train and ulysses-tune")
@@ -144,7 +161,9 @@ def main():
         status, seconds, losses, summary = train(args.bin, args.out, name, ranks, config)
         results[name] = {"ranks": ranks, "exit": status, "seconds": round(seconds, 1),
                          "losses": losses,
-                         "max_rank_peak_mem_bytes": summary.get("max_rank_peak_mem_bytes")}
+                         "max_rank_peak_mem_bytes": summary.get("max_rank_peak_mem_bytes"),
+                         "predicted_peak_bytes": predicted_peak(
+                             args.bin, os.path.join(args.out, name), args.device)}
         print(f"{name}: {ranks} rank{'s' if ranks > 1 else ''}, exit {status}, {seconds:.0f} s",
               flush=True)
 
@@ -162,7 +181,9 @@ def main():
         rows.append({"run": run, "reference": reference, "what": what, "verdict": verdict,
                      "worst_loss_rel": worst, "tolerance": tolerance, "note": why,
                      "peak_bytes": a["max_rank_peak_mem_bytes"],
-                     "reference_peak_bytes": b["max_rank_peak_mem_bytes"]})
+                     "predicted_peak_bytes": a["predicted_peak_bytes"],
+                     "reference_peak_bytes": b["max_rank_peak_mem_bytes"],
+                     "reference_predicted_peak_bytes": b["predicted_peak_bytes"]})
         print(f"{verdict:7s} {what}: worst loss rel "
               + (f"{worst:.2e}" if worst is not None else "-") + (f" ({why})" if why else ""))
     with open(os.path.join(args.out, "multirank.json"), "w") as f:
@@ -170,14 +191,15 @@ def main():
                    "gpus": gpus, "steps": STEPS, "tolerance": tolerance, "comparisons": rows,
                    "runs": results}, f, indent=1)
     with open(os.path.join(args.out, "multirank.tsv"), "w") as f:
-        f.write("run\treference\tverdict\tworst_loss_rel\ttolerance\tpeak_mib\treference_peak_mib"
-                "\twhat\n")
+        f.write("run\treference\tverdict\tworst_loss_rel\ttolerance\tpeak_mib\tpredicted_peak_mib"
+                "\treference_peak_mib\treference_predicted_peak_mib\twhat\n")
         for r in rows:
-            mib = [f"{x / 2**20:.0f}" if x else "-" for x in (r["peak_bytes"],
-                                                              r["reference_peak_bytes"])]
+            mib = [f"{x / 2**20:.0f}" if x else "-"
+                   for x in (r["peak_bytes"], r["predicted_peak_bytes"], r["reference_peak_bytes"],
+                             r["reference_predicted_peak_bytes"])]
             worst = f"{r['worst_loss_rel']:.2e}" if r["worst_loss_rel"] is not None else "-"
             f.write(f"{r['run']}\t{r['reference']}\t{r['verdict']}\t{worst}\t{r['tolerance']:g}\t"
-                    f"{mib[0]}\t{mib[1]}\t{r['what']}\n")
+                    + "\t".join(mib) + f"\t{r['what']}\n")
     return 0 if ok else 1
 
 

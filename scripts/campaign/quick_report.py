@@ -235,15 +235,18 @@ def summary(work, settings, elapsed, compare_md, rows):
         lines += ["## Multi-rank paths", "",
                   f"{multirank['backend']}, {multirank['precision']}, {multirank['steps']} steps; "
                   "each run against its reference on the same weights and tokens (peaks of "
-                  "several ranks on one GPU are of several processes on one device).", "",
-                  "| run | against | verdict | worst loss rel | peak MiB | reference peak MiB |",
-                  "|---|---|---|---:|---:|---:|"]
+                  "several ranks on one GPU are of several processes on one device; the "
+                  "predictions are the cost model's for each run config, per rank).", "",
+                  "| run | against | verdict | worst loss rel | peak MiB | predicted MiB | "
+                  "reference peak MiB | reference predicted MiB |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
         for c in multirank["comparisons"]:
             worst = f"{c['worst_loss_rel']:.2e}" if c["worst_loss_rel"] is not None else "-"
-            peaks = [f"{b / 2**20:.0f}" if b else "-" for b in (c["peak_bytes"],
-                                                                 c["reference_peak_bytes"])]
+            peaks = [f"{b / 2**20:.0f}" if b else "-"
+                     for b in (c["peak_bytes"], c.get("predicted_peak_bytes"),
+                               c["reference_peak_bytes"], c.get("reference_predicted_peak_bytes"))]
             lines.append(f"| {c['what']} | {c['reference']} | {c['verdict']} | {worst} | "
-                         f"{peaks[0]} | {peaks[1]} |")
+                         + " | ".join(peaks) + " |")
         lines.append("")
     lines += ["## Files", "",
               "`compare.md` (the comparison), `sweep-trials.txt`, `recommended.yaml`, "

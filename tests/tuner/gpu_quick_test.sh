@@ -4,7 +4,8 @@
 #   1. a dry run with a wheel bundle: every stage ok (DeepSpeed skipped with its reason), OUT made
 #      of at most 8 plain files (the marker included) of at most 16 MiB, summary.md with the
 #      headline (ratios, sweep of >= 8 finished trials with an out-of-memory one, the
-#      recommendation, plan --fit's error on the sweep's trials), the bundle's missing package
+#      recommendation, plan --fit's error on the sweep's trials, the multi-rank runs' peaks beside
+#      the cost model's), the bundle's missing package
 #      installed privately and seen by the stages, the one the Python has left out, the tarball
 #      holding every stage without the model weights;
 #   2. the deadline: with the unit stage hanging and a 40 s budget (less than that stage's own cap
@@ -89,6 +90,9 @@ assert re.search(r"plan --fit's error on the sweep's own trials: time worst [0-9
 assert re.search(r"Longest length hf trains: \d+", head), head
 assert re.search(r"Multi-rank paths \(gloo, fp32\): 4 of 4 within 1e-05 of their reference runs' losses", head), head
 assert "## Multi-rank paths" in text and "| ring 2 x 2 (sp 4) on packed documents vs sp 1 | ring1 | ok |" in text, text
+# each run's measured peak beside the cost model's prediction for its config, and the reference's
+assert re.search(r"\| ring 2 x 2 \(sp 4\) on packed documents vs sp 1 \| ring1 \| ok \| [0-9.e+-]+ "
+                 r"\| \d+ \| \d+ \| \d+ \| \d+ \|", text), text
 assert "ulysses_quick_probe" not in head
 wheels = re.search(r"^Wheels: (.*)$", text, re.M).group(1)
 assert "ulysses-quick-probe 1.0: installed" in wheels, wheels

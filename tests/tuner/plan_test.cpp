@@ -5,6 +5,7 @@
 // milliseconds within 0.1 % (they only move when the model's formulas change, which must update
 // the goldens here and reports/plan-vs-alst/).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,8 @@
 
 namespace ulysses::plan {
 namespace {
+
+namespace fs = std::filesystem;
 
 calibrate::HardwareProfile h100(int64_t devices) {
   calibrate::HardwareProfile hw;
@@ -372,6 +375,47 @@ TEST(Plan, HeaderNamesTheZeroStageItAssumed) {
   for (const auto& row : j["rows"]) {
     EXPECT_EQ(row["zero_stage"], row["features"] == "alst" ? 2 : 3) << row.dump();
   }
+}
+
+// plan --config predicts one run config as written: its mesh (the ring degree resolved), length
+// and features, with the hardware profile's coefficients, the same peak the sweep stores beside a
+// trial of that config; a profile of another device is refused in one line.
+TEST(Plan, OneRunConfigAsWritten) {
+  const fs::path path = fs::temp_directory_path() / ("plan-config-" + std::to_string(getpid()) +
+                                                     ".yaml");
+  std::ofstream(path) << "model: {preset: llama-3.1-8b}\n"
+                         "mesh: {dp: 2, sp: 4, sp_ring: 2}\n"
+                         "sequence: {length: 65536}\n"
+                         "data: {source: synthetic, pack: true, eod_token: 7}\n"
+                         "memory: {precision: bf16, tiled_mlp: auto, tiled_loss: auto, "
+                         "checkpointing: true, offload_optimizer: true}\n"
+                         "train: {device: cuda}\n";
+  PlanOptions o;
+  o.config = path.string();
+  o.hardware = "h200";
+  o.json = true;
+  const nlohmann::json j = nlohmann::json::parse(plan_output(o));
+  const config::RunConfig c = config::load_run_config(path.string());
+  const auto hw = calibrate::load_hardware_profile(project_home() + "/profiles/hardware/h200.yaml");
+  EXPECT_EQ(j["peak_bytes"].get<int64_t>(),
+            costmodel::predict_memory(c, memory_coefficients(hw)).peak_bytes);
+  EXPECT_EQ(j["dp"], 2);
+  EXPECT_EQ(j["sp"], 4);
+  EXPECT_EQ(j["sp_ring"], 2);
+  EXPECT_EQ(j["seqlen"], 65536);
+  EXPECT_GT(j["step_ms"].get<double>(), 0);
+  EXPECT_GT(j["host_bytes"].get<int64_t>(), 0);  // the offloaded optimizer's states
+  o.json = false;
+  EXPECT_NE(plan_output(o).find("2x4 (2 a2a x 2 ring)"), std::string::npos) << plan_output(o);
+  o.hardware = "cpu-local";
+  try {
+    plan_output(o);
+    ADD_FAILURE() << "a CPU profile for a CUDA run config was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "--hardware: cpu-local is a cpu profile; " + path.string() +
+                                         " trains on train.device cuda");
+  }
+  fs::remove(path);
 }
 
 TEST(Plan, FeaturesParse) {

@@ -77,6 +77,31 @@ void apply_calibration(const std::string& path, PlanRequest* r) {
   }
 }
 
+// r's coefficients: the hardware profile's defaults, or those of --calibration FILE or of the
+// newest fit in --db DB (which it names on stdout). REQUIRES: r->hardware loaded.
+void apply_coefficients(const PlanOptions& o, PlanRequest* r) {
+  r->memory = memory_coefficients(r->hardware);
+  if (!o.calibration.empty() && !o.db.empty()) {
+    throw UserError("--db: give either --db or --calibration");
+  }
+  if (!o.calibration.empty()) apply_calibration(o.calibration, r);
+  if (o.db.empty()) return;
+  store::Store results = store::Store::open(o.db);
+  const std::optional<store::CalibrationRun> run =
+      results.latest_model_fit(r->hardware.device_type);
+  if (!run) {
+    throw UserError("--db: " + o.db + " holds no cost-model fit for " +
+                    r->hardware.device_type + " (write one with plan --fit " + o.db + ")");
+  }
+  const CalibratedModel m =
+      model_from_rows(results.calibrations(run->id), r->hardware.device_type, o.db);
+  r->memory.runtime_bytes = m.memory.runtime_bytes;
+  r->memory.allocator_fraction = m.memory.allocator_fraction;
+  r->time = m.time;
+  r->time_calibrated = true;
+  std::cout << "calibration: " << o.db << ", run " << run->id << " (" << run->command << ")\n";
+}
+
 std::string device_of(const config::RunConfig& c) { return c.train.device; }
 
 // The experiment's hardware profile name, from the sweep's stored experiment file.
@@ -316,6 +341,27 @@ const char* lifetime_name(costmodel::Lifetime l) {
   return "";
 }
 
+// "peak X GiB per rank (...), host Y GiB per rank" and, with `terms`, the prediction's terms as
+// a table.
+void print_memory_terms(const costmodel::MemoryPrediction& m, bool terms = true) {
+  report::Table t;
+  for (const char* h : {"component", "GiB", "lifetime", "where", "formula"}) {
+    t.add_column(h, std::string(h) == "GiB");
+  }
+  bool cached = false;  // the layers' blocks kept beside the loss's (CUDA)
+  for (const costmodel::MemoryTerm& term : m.terms) {
+    t.rows.push_back({term.name, fmt("%.2f", term.bytes / kGiB), lifetime_name(term.lifetime),
+                      term.location == costmodel::Location::kHost ? "host" : "device",
+                      term.formula});
+    cached = cached || term.name == "cached layer blocks";
+  }
+  std::cout << "peak " << fmt("%.2f", m.peak_bytes / kGiB)
+            << " GiB per rank (static + saved + largest transient, or the optimizer step: '"
+            << m.largest_transient << "'" << (cached ? " + cached layer blocks" : "")
+            << " + overhead), host " << fmt("%.2f", m.host_bytes / kGiB) << " GiB per rank\n"
+            << (terms ? report::render_terminal(t) : std::string());
+}
+
 void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
   for (const PlanRow& row : rows) {
     if (!row.valid) continue;
@@ -324,28 +370,9 @@ void print_components(const PlanRequest& r, const std::vector<PlanRow>& rows) {
       if (candidate.name == row.features) f = candidate;
     }
     const config::RunConfig c = row_config(r, row.sp, f, row.seqlen, row.sp_ring);
-    const costmodel::MemoryPrediction m = costmodel::predict_memory(c, r.memory);
-    report::Table t;
-    for (const char* h : {"component", "GiB", "lifetime", "where", "formula"}) {
-      t.add_column(h, std::string(h) == "GiB");
-    }
-    for (const costmodel::MemoryTerm& term : m.terms) {
-      t.rows.push_back({term.name, fmt("%.2f", term.bytes / kGiB), lifetime_name(term.lifetime),
-                        term.location == costmodel::Location::kHost ? "host" : "device",
-                        term.formula});
-    }
-    bool cached = false;  // the layers' blocks kept beside the loss's (CUDA)
-    for (const costmodel::MemoryTerm& term : m.terms) {
-      cached = cached || term.name == "cached layer blocks";
-    }
     std::cout << "\n" << report::mesh_text(row.dp, row.sp, row.sp_ring, row.uneven_heads) << " "
-              << row.features << " at "
-              << row.seqlen << " tokens: peak " << fmt("%.2f", m.peak_bytes / kGiB)
-              << " GiB per rank (static + saved + largest transient, or the optimizer step: '"
-              << m.largest_transient << "'" << (cached ? " + cached layer blocks" : "")
-              << " + overhead), host "
-              << fmt("%.2f", m.host_bytes / kGiB) << " GiB per rank\n"
-              << report::render_terminal(t);
+              << row.features << " at " << row.seqlen << " tokens: ";
+    print_memory_terms(costmodel::predict_memory(c, r.memory));
   }
   std::cout << "\n";
 }
@@ -367,6 +394,49 @@ std::string zero_assumed(const PlanRequest& r, const std::vector<PlanRow>& rows,
   }
   if (what_if_deepspeed) text += "; what-if DeepSpeed: states sharded over the world as ZeRO-3";
   return text;
+}
+
+// plan --config: the cost model's prediction for one run config as written (its mesh, length,
+// precision and memory features): peak and host memory per rank and step time.
+int run_config_plan(const PlanOptions& o) {
+  const config::RunConfig c = config::load_run_config(o.config);
+  PlanRequest r;
+  r.hardware = calibrate::load_hardware_profile(hardware_path(o.hardware));
+  if (r.hardware.device_type != c.train.device) {
+    throw UserError("--hardware: " + r.hardware.name + " is a " + r.hardware.device_type +
+                    " profile; " + o.config + " trains on train.device " + c.train.device);
+  }
+  apply_coefficients(o, &r);
+  const CalibratedModel model{r.memory, r.time, r.time_calibrated, 0};
+  const costmodel::MemoryPrediction m = costmodel::predict_memory(c, r.memory);
+  const double step_ms = predict_step_ms(model, r.hardware, c);
+  const int64_t ring = costmodel::ring_ranks(c);  // mesh.sp_ring resolved (auto included)
+  const std::string mesh = report::mesh_text(c.mesh.dp, c.mesh.sp, ring, c.mesh.uneven_heads);
+  if (o.json) {
+    const json out = {{"config", o.config},
+                      {"hardware", r.hardware.name},
+                      {"dp", c.mesh.dp},
+                      {"sp", c.mesh.sp},
+                      {"sp_ring", ring},
+                      {"seqlen", c.sequence.length},
+                      {"peak_bytes", m.peak_bytes},
+                      {"host_bytes", m.host_bytes},
+                      {"largest_transient", m.largest_transient},
+                      {"step_ms", step_ms},
+                      {"time_calibrated", r.time_calibrated}};
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "plan: " << o.config << " on " << r.hardware.name << ": " << mesh << ", "
+            << c.sequence.length << " tokens, " << c.memory.precision << "\n"
+            << model_line(c.model) << "step " << fmt("%.3f", step_ms / 1000) << " s"
+            << (r.time_calibrated ? "" : "*") << ", ";
+  print_memory_terms(m, o.components);
+  if (!r.time_calibrated) {
+    std::cout << "* uncalibrated: the step time is an estimate from the hardware profile's "
+                 "peaks (give a fit with --db DB or --calibration FILE)\n";
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -420,11 +490,22 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* o) {
   cmd->add_option("--out", o->out,
                   "with --fit: write the calibration JSON here (an existing file only with --force)");
   cmd->add_flag("--force", o->force, "with --out: replace the file if it exists");
+  CLI::Option* config = cmd->add_option(
+      "--config", o->config,
+      "predict one ulysses-train run config as written (its mesh, length, precision and memory "
+      "features) on --hardware: peak and host memory per rank, step time; with --components "
+      "its memory terms");
+  for (const char* other : {"--model", "--world", "--nodes", "--seqlen", "--max-seqlen",
+                            "--features", "--micro-batch", "--zero", "--precision",
+                            "--what-if-deepspeed", "--uneven-heads", "--ring", "--fit"}) {
+    config->excludes(cmd->get_option(other));
+  }
   return cmd;
 }
 
 int run_plan(const PlanOptions& o) {
   if (!o.fit_db.empty()) return run_fit(o);
+  if (!o.config.empty()) return run_config_plan(o);
   if (o.seqlen > 0 && o.max_seqlen) throw UserError("--seqlen: give either --seqlen or --max-seqlen");
   if (o.seqlen < 0) throw UserError("--seqlen: must be >= 1");
   if (o.world > 0 && o.nodes > 0) throw UserError("--world: give either --world or --nodes");
@@ -445,27 +526,7 @@ int run_plan(const PlanOptions& o) {
   r.ring = o.ring;
   for (const std::string& f : o.features) r.features.push_back(parse_features(f));
   if (r.features.empty()) r.features = default_feature_sets();
-  r.memory = memory_coefficients(r.hardware);
-  if (!o.calibration.empty() && !o.db.empty()) {
-    throw UserError("--db: give either --db or --calibration");
-  }
-  if (!o.calibration.empty()) apply_calibration(o.calibration, &r);
-  if (!o.db.empty()) {
-    store::Store results = store::Store::open(o.db);
-    const std::optional<store::CalibrationRun> run =
-        results.latest_model_fit(r.hardware.device_type);
-    if (!run) {
-      throw UserError("--db: " + o.db + " holds no cost-model fit for " +
-                      r.hardware.device_type + " (write one with plan --fit " + o.db + ")");
-    }
-    const CalibratedModel m = model_from_rows(results.calibrations(run->id),
-                                              r.hardware.device_type, o.db);
-    r.memory.runtime_bytes = m.memory.runtime_bytes;
-    r.memory.allocator_fraction = m.memory.allocator_fraction;
-    r.time = m.time;
-    r.time_calibrated = true;
-    std::cout << "calibration: " << o.db << ", run " << run->id << " (" << run->command << ")\n";
-  }
+  apply_coefficients(o, &r);
   if (o.what_if_deepspeed) {
     r.memory.gradient_bytes = r.precision == "fp32" ? 4 : 2;
     r.memory.state_shards = r.world;

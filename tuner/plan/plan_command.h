@@ -29,6 +29,7 @@ struct PlanOptions {
   bool uneven_heads = false;           // also meshes whose sp splits the heads unevenly
   bool ring = false;                   // also meshes with ring attention (mesh.sp_ring)
   bool components = false;             // also print each row's memory terms with their formulas
+  std::string config;                  // a run config to predict as written ("" = the plan)
   // --fit mode
   std::string fit_db;
   std::string sweep;
