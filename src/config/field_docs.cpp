@@ -182,16 +182,18 @@ const std::map<std::string, std::string>& meanings() {
        "auto: on a GPU the CPUs the process may run on divided among its node's ranks "
        "(LOCAL_WORLD_SIZE), on the CPU the intra-op threads. summary.json records the count."},
       {"optim.overlap_host_update",
-       "With memory.offload_optimizer at zero.stage 0 and memory.offload_gradients: true runs "
-       "each parameter's host AdamW update (and its share of the gradient norm) on a host thread "
-       "while backward goes on, as soon as its gradient is final (a decoder layer's, after its "
-       "backward of the step's last micro-batch on one rank; after its sum over the world on "
-       "several, beside the sum of the rest), keeping the old weights and moments (12 bytes per "
-       "parameter of host memory); at the end the step commits when the norm does not clip, "
-       "is redone from the kept state with the clip factor when it does, and is undone when the "
-       "norm is not finite. The results equal false's bit for bit. false: the whole update "
-       "after backward. Other placements and ZeRO stages 1-3 update after backward either way. "
-       "summary.json's optimizer_overlap says how much of the optimizer ran during backward."},
+       "auto, true or false. With memory.offload_optimizer at zero.stage 0 and "
+       "memory.offload_gradients, true runs each parameter's host AdamW update (and its share of "
+       "the gradient norm) on a host thread while backward goes on, as soon as its gradient is "
+       "final (a decoder layer's, after its backward of the step's last micro-batch on one rank; "
+       "after its sum over the world on several, beside the sum of the rest), keeping the old "
+       "weights and moments (12 bytes per parameter of host memory); at the end the step commits "
+       "when the norm does not clip, is redone from the kept state with the clip factor when it "
+       "does, and is undone when the norm is not finite. The results equal false's bit for bit. "
+       "false: the whole update after backward. auto: true on a GPU, false on the CPU (there the "
+       "host threads are those backward runs on: none is idle to hide the update on). Other "
+       "placements and ZeRO stages 1-3 update after backward either way. summary.json's "
+       "optimizer_overlap says how much of the optimizer ran during backward."},
       {"train.steps", "Optimizer steps to run (0 = none; evaluation still runs when set)."},
       {"train.seed", "Seed of the trainer's random state (saved in checkpoints)."},
       {"train.device", "cpu or cuda (cuda:LOCAL_RANK)."},

@@ -130,11 +130,12 @@ struct OptimOptions {
   // local world size: torchrun, SLURM or Open MPI), on the CPU the intra-op threads (the host is
   // the device there).
   int64_t host_threads = 0;
-  // With memory.offload_optimizer at zero.stage 0 (gradients on the host): each parameter's host
-  // AdamW update runs while backward goes on, as soon as its gradient is final, with the clip
-  // applied exactly at the end (redone from the kept state on steps that clip). false: the whole
-  // update after backward. Either way the same results bit for bit.
-  bool overlap_host_update = true;
+  // With memory.offload_optimizer at zero.stage 0 (gradients on the host): each parameter's
+  // host AdamW update runs while backward goes on, as soon as its gradient is final, with the clip
+  // applied exactly at the end (redone from the kept state on steps that clip). "true", "false"
+  // (the whole update after backward) or "auto": true on a GPU, false on the CPU (where the host
+  // threads are the ones backward runs on). Either way the same results bit for bit.
+  std::string overlap_host_update = "auto";
 };
 
 // ZeRO over the world group (all dp x sp ranks): 0 = every rank holds full optimizer state;

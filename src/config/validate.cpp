@@ -251,6 +251,7 @@ void validate_run(const RunConfig& c) {
           "must be in [0, lr " + show(c.optim.lr) + "], got " + show(c.optim.min_lr));
   at_least("optim.max_consecutive_skips", c.optim.max_consecutive_skips, 0);
   at_least("optim.host_threads", c.optim.host_threads, 0);
+  one_of("optim.overlap_host_update", c.optim.overlap_host_update, {"auto", "true", "false"});
 
   require(c.zero.stage >= 0 && c.zero.stage <= 3, "zero.stage",
           "must be 0, 1, 2 or 3, got " + show(c.zero.stage));

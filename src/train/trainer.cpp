@@ -269,12 +269,14 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   } else {
     adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), optim, placement);
   }
-  // optim.overlap_host_update (stage 0, optimizer and gradients on the host): each parameter's
-  // host update runs beside backward once its gradient is final: in a world of 1 after its
+  // optim.overlap_host_update (stage 0, optimizer and gradients on the host; auto: on a GPU):
+  // each parameter's host update runs beside backward once its gradient is final: in a world of 1 after its
   // layer's backward of the last micro-batch (the layer hooks take over build_model's
   // checkpointing runner, recompute and offload included), in a larger one after its sum.
   std::shared_ptr<OverlappedHostUpdate> host_update;
-  if (adamw && host_gradients && config.optim.overlap_host_update) {
+  const bool overlap = config.optim.overlap_host_update == "true" ||
+                       (config.optim.overlap_host_update == "auto" && device.is_cuda());
+  if (adamw && host_gradients && overlap) {
     host_update = std::make_shared<OverlappedHostUpdate>(model, gradients, *adamw,
                                                          mesh.world().size(), optim.host_threads);
     if (mesh.world().size() == 1) {
