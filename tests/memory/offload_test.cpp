@@ -848,6 +848,54 @@ TEST(OffloadedTrainingRun, OverlappedHostUpdateEqualsTheUpdateAfterBackwardOnDp2
   }
 }
 
+// The trainer's wiring of optim.overlap_host_update (its layer hooks on one rank; several ranks'
+// hand-off after the sums is OverlappedHostUpdateEqualsTheUpdateAfterBackwardOnDp2AndSp2's): 3
+// steps that clip, with 2 micro-batches, tiles and activation offload, equal the update after
+// backward bit for bit (losses, norms, weights), and summary.json says what ran ahead.
+TEST(OffloadedTrainingRun, OverlappedHostUpdateInTheTrainerEqualsTheUpdateAfterIt) {
+  const fs::path dir = testing::shared_dir("offload-test", "overlap");
+  for (int64_t sp : {1}) {
+    for (const char* overlap : {"false", "true"}) {
+      train_sp2(dir, std::string(overlap) + "-sp" + std::to_string(sp), [&](config::RunConfig& c) {
+        c.mesh.sp = sp;
+        c.model.init_std = 0.05;
+        c.sequence.grad_accum = 2;
+        c.optim.grad_clip = 0.05;
+        c.memory.offload_optimizer = true;
+        c.memory.offload_activations = true;
+        c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
+        c.optim.overlap_host_update = overlap;
+      });
+    }
+  }
+  if (testing::in_rank_child()) return;
+  for (int64_t sp : {1}) {
+    const std::string tag = "-sp" + std::to_string(sp);
+    const RunResult plain = read_run(dir, "false" + tag), overlapped = read_run(dir, "true" + tag);
+    ASSERT_EQ(plain.steps.size(), 3u);
+    ASSERT_EQ(overlapped.steps.size(), 3u);
+    for (size_t s = 0; s < 3; ++s) {
+      EXPECT_GT(plain.steps[s]["grad_norm"].get<double>(), 0.05) << "clipping, step " << s;
+      EXPECT_EQ(overlapped.steps[s]["grad_norm"].get<double>(),
+                plain.steps[s]["grad_norm"].get<double>()) << tag << " step " << s;
+      EXPECT_EQ(overlapped.steps[s]["loss"].get<double>(), plain.steps[s]["loss"].get<double>())
+          << tag << " step " << s;
+    }
+    for (const auto& [name, t] : plain.weights) {
+      EXPECT_TRUE(overlapped.weights.at(name).equal(t)) << tag << " " << name;
+    }
+    std::ifstream summary(dir / ("true" + tag) / "summary.json");
+    const auto overlap = nlohmann::json::parse(summary)["optimizer_overlap"];
+    EXPECT_TRUE(overlap["overlapped"].get<bool>()) << tag;
+    const int64_t parameters = overlap["parameters"].get<int64_t>();
+    // One rank: the 2 decoder layers' 9 tensors each; two: every tensor, after its sum.
+    EXPECT_EQ(overlap["last_step_updated_ahead"].get<int64_t>(), sp == 1 ? 18 : parameters) << tag;
+    std::ifstream plain_summary(dir / ("false" + tag) / "summary.json");
+    EXPECT_FALSE(nlohmann::json::parse(plain_summary)["optimizer_overlap"]["overlapped"].get<bool>());
+  }
+  ulysses::remove_tree(dir);
+}
+
 struct Process {
   int status = -1;
   std::string stdout_text, stderr_text;
