@@ -133,9 +133,10 @@ struct OptimOptions {
   // With memory.offload_optimizer at zero.stage 0 (gradients on the host): each parameter's
   // host AdamW update runs while backward goes on, as soon as its gradient is final, with the clip
   // applied exactly at the end (redone from the kept state on steps that clip). "true", "false"
-  // (the whole update after backward) or "auto": true on a GPU, false on the CPU (where the host
-  // threads are the ones backward runs on). Either way the same results bit for bit.
-  std::string overlap_host_update = "auto";
+  // (the whole update after backward; the default: the kept state costs 12 bytes per parameter
+  // of host memory) or "auto": true on a GPU, false on the CPU (where the host threads are the
+  // ones backward runs on). Either way the same results bit for bit.
+  std::string overlap_host_update = "false";
 };
 
 // ZeRO over the world group (all dp x sp ranks): 0 = every rank holds full optimizer state;

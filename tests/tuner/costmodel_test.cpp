@@ -275,6 +275,37 @@ TEST(CostModel, DeviceOptimizerStepTransient) {
   EXPECT_EQ(by_name(predict_memory(offloaded, k_test())).count("optimizer step"), 0u);
 }
 
+// The overlapped host update (optim.overlap_host_update true, or auto on a GPU) keeps each parameter's
+// weights and moments aside while it updates during backward: 12 B per parameter of host memory,
+// at stage 0 with the gradients on the host only.
+TEST(CostModel, OverlappedHostUpdateKeepsTwelveBytesPerParameterOnTheHost) {
+  config::RunConfig c = tiny();
+  c.train.device = "cuda";
+  c.memory.offload_optimizer = true;
+  c.optim.overlap_host_update = "auto";
+  const int64_t p = parameter_count(c.model);
+  const std::map<std::string, int64_t> kept = by_name(predict_memory(c, k_test()));
+  EXPECT_EQ(kept.at("overlapped update's kept state"), 12 * p);
+  c.optim.overlap_host_update = "false";
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).count("overlapped update's kept state"), 0u);
+  EXPECT_EQ(predict_memory(c, k_test()).host_bytes + 12 * p,
+            [&] {
+              config::RunConfig on = c;
+              on.optim.overlap_host_update = "true";
+              return predict_memory(on, k_test()).host_bytes;
+            }());
+  c.optim.overlap_host_update = "auto";
+  c.memory.offload_gradients = false;  // the gradients stay on the device: no overlap
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).count("overlapped update's kept state"), 0u);
+  config::RunConfig cpu = tiny();  // auto does not overlap on a CPU
+  cpu.memory.offload_optimizer = true;
+  cpu.optim.overlap_host_update = "auto";
+  EXPECT_EQ(by_name(predict_memory(cpu, k_test())).count("overlapped update's kept state"), 0u);
+  c.memory.offload_gradients = true;  // the default, false: after backward, nothing kept
+  c.optim = config::OptimOptions{};
+  EXPECT_EQ(by_name(predict_memory(c, k_test())).count("overlapped update's kept state"), 0u);
+}
+
 // The step runs after backward freed the activations: the peak is static + the larger of
 // (saved + largest transient) and the step's transient.
 TEST(CostModel, OptimizerStepSetsThePeakWhenLargerThanBackward) {

@@ -303,6 +303,16 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     add("fp32 master weights", 4.0 * ps, "P x 4 B" + per(z.optimizer), Lifetime::kStatic,
         opt_loc);
   }
+  // optim.overlap_host_update (stage 0, gradients on the host; auto: on a GPU): each parameter's
+  // master weights and moments are copied aside before its update made during backward, to put
+  // back on a step that clips (zero/overlapped_host_update.h).
+  const bool overlapped = grads_on_host && (c.optim.overlap_host_update == "true" ||
+                                            (c.optim.overlap_host_update == "auto" && !on_cpu));
+  if (overlapped) {
+    add("overlapped update's kept state", 12.0 * p,
+        "P x (4 B weights + 2 x 4 B moments) (optim.overlap_host_update)", Lifetime::kStatic,
+        Location::kHost);
+  }
   if (opt_loc == Location::kHost) {
     // 64 MiB each: two download buffers when the gradients are on the device, two for the
     // converted weights of bf16 parameters going back to it (stage 0).
