@@ -13,6 +13,13 @@
 
 namespace ulysses::train {
 
+// Per decoder layer, the [first, last) indices of its parameters in `params`, which must be
+// model->parameters() in their order (checked; `who` names the caller in the error). A layer's
+// parameters must be adjacent.
+std::vector<std::pair<size_t, size_t>> layer_parameter_ranges(model::LlamaForCausalLM& model,
+                                                              const std::vector<at::Tensor>& params,
+                                                              const char* who);
+
 // The layer hooks of stages 0 and 1 (memory::enable_layer_hooks): weights stay whole (gather and
 // release do nothing); after a layer's nested backward, while armed, it starts the all-reduce of
 // that layer's slice of `buffers` (GradientBuffers::all_reduce_start). compute_gradients arms it

@@ -3,12 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <regex>
 #include <string>
 
 #include "optim/cpu_adam.h"
 #include "optim/grad_clip.h"
 #include "profile/phase_timer.h"
+#include "zero/layer_all_reduce.h"
 
 namespace ulysses::train {
 
@@ -24,29 +24,14 @@ OverlappedHostUpdate::OverlappedHostUpdate(model::LlamaForCausalLM& model,
   TORCH_CHECK(adamw.placement() == OptimizerPlacement::kHost,
               "OverlappedHostUpdate: the optimizer must be offloaded (kHost)");
   TORCH_CHECK(world_size >= 1, "OverlappedHostUpdate: world_size must be >= 1");
-  static const std::regex layer_name("model\\.layers\\.([0-9]+)\\..*");
-  const auto named = model->named_parameters();
+  layer_params_ =
+      layer_parameter_ranges(model, buffers.params(), "OverlappedHostUpdate: the buffers");
   const std::vector<at::Tensor> optimized = adamw.parameters();
-  TORCH_CHECK(named.size() == buffers.params().size() && optimized.size() == named.size(),
-              "OverlappedHostUpdate: the buffers and the optimizer are not over the model's "
-              "parameters");
-  layer_params_.assign(static_cast<size_t>(model->model->num_layers()), {0, 0});
-  std::vector<bool> seen(layer_params_.size(), false);
-  for (size_t i = 0; i < named.size(); ++i) {
-    TORCH_CHECK(named[i].value().is_same(buffers.params()[i]) &&
-                    named[i].value().is_same(optimized[i]),
-                "OverlappedHostUpdate: the buffers' or the optimizer's parameters are not in the "
-                "model's order");
-    std::smatch match;
-    const std::string& name = named[i].key();
-    if (!std::regex_match(name, match, layer_name)) continue;
-    const size_t layer = std::stoul(match[1]);
-    auto& range = layer_params_.at(layer);
-    if (!seen[layer]) range = {i, i};
-    TORCH_CHECK(range.second == i, "OverlappedHostUpdate: layer ", layer,
-                "'s parameters are not adjacent");
-    range.second = i + 1;
-    seen[layer] = true;
+  TORCH_CHECK(optimized.size() == buffers.params().size(),
+              "OverlappedHostUpdate: the optimizer is not over the model's parameters");
+  for (size_t i = 0; i < optimized.size(); ++i) {
+    TORCH_CHECK(optimized[i].is_same(buffers.params()[i]),
+                "OverlappedHostUpdate: the optimizer's parameters are not in the model's order");
   }
   worker_ = std::thread([this] { work(); });
 }

@@ -83,9 +83,10 @@ config::RunConfig trial_config(int64_t seqlen, const std::string& tiled_loss,
   return config::parse_run_config_yaml(yaml.str());
 }
 
-std::vector<Trial> load_trials(const std::string& run) {
-  std::ifstream in(project_home() + "/tests/tuner/data/h200-quick-sweep-trials.csv");
-  std::vector<Trial> trials;
+// The cells of tests/tuner/data/<file>'s rows: '#' comments, blank lines and the header left out.
+std::vector<std::vector<std::string>> csv_rows(const std::string& file) {
+  std::ifstream in(project_home() + "/tests/tuner/data/" + file);
+  std::vector<std::vector<std::string>> rows;
   std::string line;
   bool header = true;
   while (std::getline(in, line)) {
@@ -94,9 +95,16 @@ std::vector<Trial> load_trials(const std::string& run) {
       header = false;
       continue;
     }
-    std::vector<std::string> f;
     std::stringstream cells(line);
-    for (std::string cell; std::getline(cells, cell, ',');) f.push_back(cell);
+    rows.emplace_back();
+    for (std::string cell; std::getline(cells, cell, ',');) rows.back().push_back(cell);
+  }
+  return rows;
+}
+
+std::vector<Trial> load_trials(const std::string& run) {
+  std::vector<Trial> trials;
+  for (const std::vector<std::string>& f : csv_rows("h200-quick-sweep-trials.csv")) {
     if (f.size() != 8 || f[0] != run) continue;
     Trial t;
     t.run = f[0], t.trial = std::stoi(f[1]);
@@ -199,22 +207,11 @@ TEST(GpuFit, TheSecondSweepIsPredictedByTheFitOfTheFirst) {
 // fraction) against the allocated peak, less the cached layer blocks (blocks the allocator holds
 // but has not handed out), and against the reserved peak with them.
 TEST(GpuFit, TheModelPredictsTheAllocatorsPeaksOfTheCompareRuns) {
-  std::ifstream in(project_home() + "/tests/tuner/data/h200-quick-compare-peaks.csv");
   MemoryCoefficients bare;
   bare.runtime_bytes = 0, bare.allocator_fraction = 0;
   int rows = 0;
-  std::string line;
-  bool header = true;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (header) {
-      header = false;
-      continue;
-    }
-    std::vector<std::string> f;
-    std::stringstream cells(line);
-    for (std::string cell; std::getline(cells, cell, ',');) f.push_back(cell);
-    ASSERT_EQ(f.size(), 5u) << line;
+  for (const std::vector<std::string>& f : csv_rows("h200-quick-compare-peaks.csv")) {
+    ASSERT_EQ(f.size(), 5u) << f[0];
     const std::string& name = f[0];
     const bool tiled = name != "plain", offloaded = name == "alst";
     std::ostringstream yaml;
