@@ -134,11 +134,15 @@ LengthSpec read_lengths(const Reader& r, const YAML::Node& node) {
 // as profiles are (the working directory first, then beside the experiment) and made absolute,
 // since trials run in directories of their own and a recommended config is launched from
 // anywhere. The files must exist and read: a sweep on missing data fails before any trial.
-void resolve_data_path(const Reader& r, YAML::Node& base, const std::string& section,
-                       const std::string& experiment_dir) {
-  if (!config::is_mapping(base[section]) || !base[section]["source"].IsDefined()) return;
+// Returns what the section names, read once (synthetic when it names no source).
+TrainingData resolve_data_path(const Reader& r, YAML::Node& base, const std::string& section,
+                               const std::string& experiment_dir) {
+  config::DataOptions options;
+  if (!config::is_mapping(base[section]) || !base[section]["source"].IsDefined()) {
+    return read_training_data(options, "base." + section + ".source");
+  }
   const std::string key = "base." + section + ".source";
-  std::string source;
+  std::string& source = options.source;
   r.read(base[section]["source"], key, source);
   for (const std::string kind : {"tokens:", "megatron:"}) {
     if (!source.starts_with(kind) || source.size() == kind.size()) continue;
@@ -159,13 +163,21 @@ void resolve_data_path(const Reader& r, YAML::Node& base, const std::string& sec
     }
     source = kind + fs::absolute(*found).lexically_normal().string();
     base[section]["source"] = source;
-    config::DataOptions options;
-    options.source = source;
-    try {
-      read_training_data(options, key);
-    } catch (const UserError& err) {
-      throw UserError(r.source + ": " + err.what());
-    }
+  }
+  // What else of the section decides what a trial reads (the data section's own keys).
+  const YAML::Node node = base[section];
+  if (node["seed"].IsDefined()) r.read(node["seed"], "base." + section + ".seed", options.seed);
+  if (node["pack"].IsDefined()) r.read(node["pack"], "base." + section + ".pack", options.pack);
+  if (node["packing"].IsDefined()) {
+    r.read(node["packing"], "base." + section + ".packing", options.packing);
+  }
+  if (node["loss_mask"].IsDefined()) {
+    r.read(node["loss_mask"], "base." + section + ".loss_mask", options.loss_mask);
+  }
+  try {
+    return read_training_data(options, key);
+  } catch (const UserError& err) {
+    throw UserError(r.source + ": " + err.what());
   }
 }
 
@@ -211,7 +223,7 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
     base["model"]["preset"] = e.model;
   }
   if (!base.IsDefined() || base.IsNull()) base = YAML::Node(YAML::NodeType::Map);
-  resolve_data_path(r, base, "data", dir);
+  e.data = resolve_data_path(r, base, "data", dir);
   resolve_data_path(r, base, "eval", dir);
   if (config::is_mapping(base["train"]) && base["train"]["device"].IsDefined()) {
     r.read(base["train"]["device"], "base.train.device", e.device);

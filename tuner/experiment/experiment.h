@@ -45,6 +45,8 @@
 #include <utility>
 #include <vector>
 
+#include "tuner/experiment/training_data.h"
+
 namespace ulysses::experiment {
 
 // One axis of the space as written: a run-config key path (or a shorthand such as
@@ -95,6 +97,9 @@ struct Experiment {
   std::string runner = "local";  // local | srun (trial/runner.h); default: the hardware's runner
   int64_t nodes = 1;             // nodes per trial; world_size is a multiple; 1 for local
   std::string device = "cpu";  // base.train.device: cpu | cuda
+  // What base.data.source names, read once at parse (training_data.h): its digest goes with the
+  // sweep, its description into the sweep's environment.
+  TrainingData data;
   // native | deepspeed, in file order; more than {native} makes `backend` an axis of the space.
   std::vector<std::string> backends = {"native"};
 };

@@ -132,8 +132,7 @@ std::map<std::string, std::string> profile_digests(const Experiment& e) {
   std::map<std::string, std::string> digests = {
       {"hardware_profile", digest_of(canonical(hardware))},
       {"model", digest_of(canonical(YAML::Load(config::to_yaml(base))["model"]))}};
-  const TrainingData data = read_training_data(base.data, e.path + ": base.data.source");
-  if (!data.digest.empty()) digests["data"] = data.digest;
+  if (!e.data.digest.empty()) digests["data"] = e.data.digest;
   return digests;
 }
 

@@ -19,7 +19,6 @@
 #include "tuner/backends/deepspeed/deepspeed_trial.h"
 #include "tuner/calibrate/machine_check.h"
 #include "tuner/experiment/experiment.h"
-#include "config/run_config.h"
 #include "tuner/experiment/result_inputs.h"
 #include "tuner/experiment/training_data.h"
 #include "tuner/experiment/trial_space.h"
@@ -177,8 +176,7 @@ void check_unchanged(const store::SweepRecord& sweep, const experiment::Experime
 std::string environment_of(const std::string& trainer, const experiment::Experiment& e) {
   nlohmann::ordered_json env = nlohmann::ordered_json::parse(capture_environment(trainer));
   env["experiment_digests"] = experiment::profile_digests(e);
-  env["data"] = experiment::training_data_json(experiment::read_training_data(
-      config::parse_run_config_yaml(e.base_yaml).data, e.path + ": base.data.source"));
+  env["data"] = experiment::training_data_json(e.data);
   return env.dump();
 }
 
