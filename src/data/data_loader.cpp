@@ -107,8 +107,7 @@ int64_t DataLoader::global_valid_tokens(int64_t step) const {
   const std::vector<int64_t> no_documents;
   int64_t total = 0;
   for (int64_t index = first; index < first + global_batch_; ++index) {
-    const int64_t length =
-        whole_documents_ ? static_cast<int64_t>(source_->tokens(index).size()) : length_;
+    const int64_t length = whole_documents_ ? source_->token_count(index) : length_;
     total += count_valid_labels(length, pack_ ? source_->document_starts(index) : no_documents,
                                 source_->loss_mask(index));
   }

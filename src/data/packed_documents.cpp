@@ -73,6 +73,13 @@ const PackedDocumentSource::Piece* PackedDocumentSource::sample_pieces(int64_t i
   return pieces_.data() + sample_first_piece_[sample];
 }
 
+int64_t PackedDocumentSource::token_count(int64_t index) const {
+  int64_t count = 0, n = 0;
+  const Piece* pieces = sample_pieces(index, &count);
+  for (int64_t p = 0; p < count; ++p) n += pieces[p].length;
+  return n;
+}
+
 std::vector<int64_t> PackedDocumentSource::tokens(int64_t index) const {
   int64_t count = 0;
   const Piece* pieces = sample_pieces(index, &count);

@@ -30,6 +30,7 @@ class PackedDocumentSource final : public TokenSource {
   // Sample `index` (wrapped modulo num_samples()): its documents back to back, n <= L tokens.
   // Throws UserError naming PREFIX.bin when a token is outside [0, vocab_size).
   std::vector<int64_t> tokens(int64_t index) const override;           // [n]
+  int64_t token_count(int64_t index) const override;                   // n
   std::vector<int64_t> document_starts(int64_t index) const override;  // where docs 2.. begin
   std::vector<uint8_t> loss_mask(int64_t index) const override;        // [n], or [] without one
   std::string loss_mask_prefix() const override { return mask_ ? mask_->prefix() : ""; }

@@ -36,6 +36,8 @@ class TokenSource {
   // whole documents. Sources backed by files wrap `index` modulo their number of samples. Throws
   // UserError naming the file when a token read is outside [0, vocab_size). REQUIRES: index >= 0.
   virtual std::vector<int64_t> tokens(int64_t index) const = 0;  // [n]
+  // n of tokens(index), without reading them (sources whose samples vary in length say so).
+  virtual int64_t token_count(int64_t /*index*/) const { return sample_length(); }
 
   // Offsets j in [1, n), ascending, at which a new document begins inside sample `index`. Offset 0
   // always begins one (a sample may start inside a document) and is not listed. Empty when the
