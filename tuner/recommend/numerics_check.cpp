@@ -183,8 +183,8 @@ CheckConfigs check_configs(const store::TrialRecord& t, const CheckOptions& o,
   const config::RunConfig stored = config::parse_run_config_yaml(t.config_yaml);
   // The same short run for both: a few steps, an evaluation after each on held-out batches
   // (the trial's eval.source, else synthetic data of another seed, else the training source),
-  // the full model (no probe
-  // shortcut), no checkpoints, no memory cap (the one rank holds what the mesh split).
+  // the full model (no probe shortcut), no checkpoints, no memory cap (the one rank holds what
+  // the mesh split).
   std::vector<std::string> common = {
       "train.steps=" + std::to_string(o.steps), "profile.warmup_steps=0",
       "attention.skip_all_but_last=false", "eval.every=1", "memory.limit_gib=0",
