@@ -90,6 +90,7 @@ TrialRecord full_trial(int64_t sweep_id, const std::string& key) {
   t.predicted_peak_bytes = int64_t{3} << 30;
   t.predicted_step_ms = 99.5;
   t.summary = R"({"median_step_ms":123.5})";
+  t.slot = "cores 0-0";
   return t;
 }
 
@@ -123,6 +124,8 @@ void expect_same(const TrialRecord& a, const TrialRecord& b) {
   EXPECT_EQ(a.predicted_peak_bytes, b.predicted_peak_bytes);
   EXPECT_EQ(a.predicted_step_ms, b.predicted_step_ms);
   EXPECT_EQ(a.summary, b.summary);
+  EXPECT_EQ(a.slot, b.slot);
+  EXPECT_EQ(a.remeasure_of, b.remeasure_of);
 }
 
 // A cost-model fit is a calibration run (benchmark costmodel.fit) with the trials it was fitted
@@ -385,10 +388,10 @@ TEST_F(SweepStoreTest, ASchemaVersion1DatabaseMigratesKeepingItsRows) {
     ASSERT_FALSE(db.has_table("sweeps"));
   }
   Store store = Store::open(path_);
-  EXPECT_EQ(store.schema_version(), 5);
-  EXPECT_EQ(latest_schema_version(), 5) << "a new migration: extend this test";
+  EXPECT_EQ(store.schema_version(), 6);
+  EXPECT_EQ(latest_schema_version(), 6) << "a new migration: extend this test";
   for (const char* table : {"sweeps", "trials", "trial_steps", "trial_phases", "calibration_trials",
-                            "trial_load", "numerics_checks"})
+                            "trial_load", "numerics_checks", "trial_neighbours"})
     EXPECT_TRUE(store.db().has_table(table)) << table;
   const auto runs = store.calibration_runs();
   ASSERT_EQ(runs.size(), 1u);
@@ -445,6 +448,75 @@ TEST_F(SweepStoreTest, TrialLoadsRoundTripAndAVersion3DatabaseStillReads) {
   EXPECT_EQ(loads[0].start_load_1m, 0.25);
   EXPECT_EQ(loads[0].end_load_1m, 1.5);
   EXPECT_EQ(loads[0].cores, 2);
+  expect_integrity_ok(store.db());
+}
+
+// Slots (schema version 6): a trial's slot and remeasure_of round trip, neighbours are stored in
+// both directions once, a re-run of a trial drops its old neighbours, deleting a trial removes
+// its pairs, and a version 5 database reads (read-only too) with no slots or neighbours, writes
+// trials without the columns, and migrates.
+TEST_F(SweepStoreTest, SlotsRemeasuresAndNeighboursRoundTripAndAVersion5DatabaseStillReads) {
+  {
+    Database db = Database::open(path_);
+    for (int v = 0; v < 5; ++v) {
+      db.transaction([&] {
+        db.exec(migrations().at(v).sql);
+        db.exec("PRAGMA user_version = " + std::to_string(v + 1));
+      });
+    }
+    SweepStore sweeps(db);
+    TrialRecord t = full_trial(sweeps.create_sweep(make_sweep("old")), "k");
+    sweeps.add_trial(t);  // written without the slot columns
+    TrialRecord back = *sweeps.trial(t.id);
+    EXPECT_EQ(back.slot, "");
+    EXPECT_FALSE(back.remeasure_of.has_value());
+  }
+  {
+    Database old = Database::open(path_, Database::Mode::kReadOnly);
+    SweepStore sweeps(old);
+    const int64_t sweep_id = sweeps.find_sweep("old")->id;
+    EXPECT_EQ(sweeps.trials(sweep_id).at(0).slot, "");
+    EXPECT_TRUE(sweeps.trial_neighbours(sweep_id).empty());
+  }
+  Store store = Store::open(path_);
+  SweepStore sweeps(store.db());
+  const int64_t sweep_id = sweeps.create_sweep(make_sweep("slots"));
+  TrialRecord a = full_trial(sweep_id, "a"), b = full_trial(sweep_id, "b");
+  TrialRecord c = full_trial(sweep_id, "c");
+  b.slot = "cores 1-1";
+  c.slot = "";
+  sweeps.add_trial(a);
+  sweeps.add_trial(b);
+  sweeps.add_trial(c);
+  TrialRecord again = full_trial(sweep_id, "a remeasure");
+  again.remeasure_of = a.id;
+  sweeps.add_trial(again);
+  expect_same(*sweeps.trial(again.id), again);
+  expect_same(*sweeps.trial(b.id), b);
+  expect_same(*sweeps.trial(c.id), c);
+  Statement null_slot = store.db().prepare("SELECT slot IS NULL FROM trials WHERE id = ?");
+  null_slot.bind(1, c.id).step();
+  EXPECT_EQ(null_slot.column_int(0), 1);
+
+  sweeps.record_neighbours(a.id, {b.id, c.id, a.id});
+  sweeps.record_neighbours(b.id, {a.id});  // already stored: no duplicate
+  auto pairs = [&] {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const TrialNeighbour& n : sweeps.trial_neighbours(sweep_id)) {
+      out.emplace_back(n.trial_id, n.neighbour_id);
+    }
+    return out;
+  };
+  using Pairs = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(pairs(), (Pairs{{a.id, b.id}, {a.id, c.id}, {b.id, a.id}, {c.id, a.id}}));
+  EXPECT_TRUE(sweeps.trial_neighbours(sweep_id + 1).empty());
+
+  TrialRecord rerun = full_trial(sweep_id, "c");  // --resume runs c again: new neighbours
+  sweeps.begin_trial(rerun);
+  EXPECT_EQ(rerun.id, c.id);
+  EXPECT_EQ(pairs(), (Pairs{{a.id, b.id}, {b.id, a.id}}));
+  store.db().prepare("DELETE FROM trials WHERE id = ?").bind(1, b.id).run();
+  EXPECT_TRUE(pairs().empty());
   expect_integrity_ok(store.db());
 }
 

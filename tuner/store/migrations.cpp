@@ -159,6 +159,20 @@ CREATE TABLE numerics_checks (
   result      TEXT NOT NULL    -- JSON
 );
 )sql"},
+      {6, "trial slots: where each trial ran and which trials ran beside it",
+       R"sql(
+-- A sweep may split what it has into slots (core sets, device sets, node sets) and run trials
+-- side by side. slot names the one a trial ran on (NULL when the sweep ran one slot);
+-- remeasure_of marks a trial that re-measured another one with no other trial running;
+-- trial_neighbours holds, in both directions, the trials whose runs overlapped in time.
+ALTER TABLE trials ADD COLUMN slot TEXT;
+ALTER TABLE trials ADD COLUMN remeasure_of INTEGER REFERENCES trials(id);
+CREATE TABLE trial_neighbours (
+  trial_id     INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  neighbour_id INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  PRIMARY KEY (trial_id, neighbour_id)
+);
+)sql"},
   };
   return list;
 }

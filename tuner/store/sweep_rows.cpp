@@ -37,18 +37,28 @@ constexpr const char* kTrialColumns[] = {"sweep_id",
                                          "limit_bytes",
                                          "predicted_peak_bytes",
                                          "predicted_step_ms",
-                                         "summary"};
+                                         "summary",
+                                         "slot",
+                                         "remeasure_of"};
 constexpr int kTrialColumnCount = static_cast<int>(std::size(kTrialColumns));
+// The last columns, added by schema version 6: absent from older databases.
+constexpr int kSlotColumnCount = 2;
 
-std::string join_columns() {
+int column_count(bool with_slots) {
+  return with_slots ? kTrialColumnCount : kTrialColumnCount - kSlotColumnCount;
+}
+
+std::string join_columns(bool with_slots) {
   std::string out;
-  for (const char* column : kTrialColumns) out += (out.empty() ? "" : ", ") + std::string(column);
+  for (int i = 0; i < column_count(with_slots); ++i) {
+    out += (out.empty() ? "" : ", ") + std::string(kTrialColumns[i]);
+  }
   return out;
 }
 
-std::string placeholders() {
+std::string placeholders(bool with_slots) {
   std::string out;
-  for (int i = 0; i < kTrialColumnCount; ++i) out += i == 0 ? "?" : ", ?";
+  for (int i = 0; i < column_count(with_slots); ++i) out += i == 0 ? "?" : ", ?";
   return out;
 }
 
@@ -72,35 +82,32 @@ double double_or_nan(const Statement& s, int c) {
 
 }  // namespace
 
-const std::string& trial_select_sql() {
-  static const std::string sql = "SELECT id, " + join_columns() + " FROM trials ";
-  return sql;
+std::string trial_select_sql(bool with_slots) {
+  return "SELECT id, " + join_columns(with_slots) +
+         (with_slots ? "" : ", NULL AS slot, NULL AS remeasure_of") + " FROM trials ";
 }
 
-const std::string& trial_upsert_sql() {
-  static const std::string sql = [] {
-    std::string set;
-    for (const char* column : kTrialColumns) {
-      if (std::string(column) == "sweep_id" || std::string(column) == "key") continue;
-      set += (set.empty() ? "" : ", ") + std::string(column) + " = excluded." + column;
-    }
-    return "INSERT INTO trials (" + join_columns() + ") VALUES (" + placeholders() +
-           ") ON CONFLICT (sweep_id, key) DO UPDATE SET " + set;
-  }();
-  return sql;
+std::string trial_upsert_sql(bool with_slots) {
+  std::string set;
+  for (int i = 0; i < column_count(with_slots); ++i) {
+    const std::string column = kTrialColumns[i];
+    if (column == "sweep_id" || column == "key") continue;
+    set += (set.empty() ? "" : ", ") + column + " = excluded." + column;
+  }
+  return "INSERT INTO trials (" + join_columns(with_slots) + ") VALUES (" +
+         placeholders(with_slots) + ") ON CONFLICT (sweep_id, key) DO UPDATE SET " + set;
 }
 
-const std::string& trial_update_sql() {
-  static const std::string sql =
-      "UPDATE trials SET (" + join_columns() + ") = (" + placeholders() + ") WHERE id = ?";
-  return sql;
+std::string trial_update_sql(bool with_slots) {
+  return "UPDATE trials SET (" + join_columns(with_slots) + ") = (" + placeholders(with_slots) +
+         ") WHERE id = ?";
 }
 
 void bind_text_or_null(Statement& s, int index, const std::string& value) {
   value.empty() ? s.bind_null(index) : s.bind(index, value);
 }
 
-int bind_trial(Statement& s, const TrialRecord& t) {
+int bind_trial(Statement& s, const TrialRecord& t, bool with_slots) {
   int i = 1;
   s.bind(i++, t.sweep_id);
   for (const std::string* text : {&t.key, &t.point, &t.config_yaml, &t.config_json}) {
@@ -127,8 +134,12 @@ int bind_trial(Statement& s, const TrialRecord& t) {
   bind_optional(s, i++, t.predicted_peak_bytes);
   bind_optional(s, i++, t.predicted_step_ms);
   s.bind(i++, t.summary);
-  TORCH_CHECK(i == kTrialColumnCount + 1, "bind_trial: ", i - 1, " binds for ", kTrialColumnCount,
-              " columns");
+  if (with_slots) {
+    bind_text_or_null(s, i++, t.slot);
+    bind_optional(s, i++, t.remeasure_of);
+  }
+  TORCH_CHECK(i == column_count(with_slots) + 1, "bind_trial: ", i - 1, " binds for ",
+              column_count(with_slots), " columns");
   return i;
 }
 
@@ -164,6 +175,8 @@ TrialRecord read_trial(const Statement& s) {
   t.predicted_peak_bytes = optional_int(s, c++);
   t.predicted_step_ms = optional_double(s, c++);
   t.summary = s.column_text(c++);
+  t.slot = s.column_text(c++);
+  t.remeasure_of = optional_int(s, c++);
   return t;
 }
 

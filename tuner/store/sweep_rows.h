@@ -9,17 +9,20 @@
 
 namespace ulysses::store {
 
+// with_slots: the table has the columns of schema version 6 (slot, remeasure_of); without them
+// (an older database) the SQL leaves them out, selects them as NULL, and bind_trial skips them.
+
 // "SELECT id, <every trials column> FROM trials " (append WHERE/ORDER BY); rows for read_trial.
-const std::string& trial_select_sql();
+std::string trial_select_sql(bool with_slots);
 // INSERT of every column but id; a row of the same (sweep_id, key) is overwritten in place and
 // keeps its id. Parameters as bind_trial.
-const std::string& trial_upsert_sql();
+std::string trial_upsert_sql(bool with_slots);
 // UPDATE of every column but id; parameters as bind_trial, then the id.
-const std::string& trial_update_sql();
+std::string trial_update_sql(bool with_slots);
 
 // Binds every column but id to parameters 1..N of s; returns N + 1 (the next parameter).
-// Optional fields and "" timestamps bind NULL.
-int bind_trial(Statement& s, const TrialRecord& trial);
+// Optional fields and "" timestamps (and slot) bind NULL.
+int bind_trial(Statement& s, const TrialRecord& trial, bool with_slots);
 // Reads a row of trial_select_sql(); NULL columns read back as nullopt / "".
 TrialRecord read_trial(const Statement& s);
 

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <utility>
 
 #include "common/error.h"
 #include "tuner/store/sweep_rows.h"
@@ -74,9 +75,9 @@ namespace {
 
 // Writes `trial` over any row of its (sweep_id, key), drops that row's steps and phases, and
 // returns the row's id. REQUIRES: inside a transaction.
-int64_t upsert_trial(Database& db, const TrialRecord& trial) {
-  Statement insert = db.prepare(trial_upsert_sql());
-  bind_trial(insert, trial);
+int64_t upsert_trial(Database& db, const TrialRecord& trial, bool with_slots) {
+  Statement insert = db.prepare(trial_upsert_sql(with_slots));
+  bind_trial(insert, trial, with_slots);
   insert.run();
   Statement find = db.prepare("SELECT id FROM trials WHERE sweep_id = ? AND key = ?");
   find.bind(1, trial.sweep_id).bind(2, trial.key);
@@ -84,6 +85,12 @@ int64_t upsert_trial(Database& db, const TrialRecord& trial) {
   const int64_t id = find.column_int(0);
   db.prepare("DELETE FROM trial_steps WHERE trial_id = ?").bind(1, id).run();
   db.prepare("DELETE FROM trial_phases WHERE trial_id = ?").bind(1, id).run();
+  if (with_slots) {  // a re-run has neighbours of its own
+    db.prepare("DELETE FROM trial_neighbours WHERE trial_id = ? OR neighbour_id = ?")
+        .bind(1, id)
+        .bind(2, id)
+        .run();
+  }
   return id;
 }
 
@@ -93,14 +100,14 @@ void SweepStore::begin_trial(TrialRecord& trial) {
   TrialRecord running = trial;
   running.status = "running";
   int64_t id = 0;
-  db_.transaction([&] { id = upsert_trial(db_, running); });
+  db_.transaction([&] { id = upsert_trial(db_, running, with_slots()); });
   trial.id = id;
   trial.status = "running";
 }
 
 void SweepStore::add_trial(TrialRecord& trial) {
   int64_t id = 0;
-  db_.transaction([&] { id = upsert_trial(db_, trial); });
+  db_.transaction([&] { id = upsert_trial(db_, trial, with_slots()); });
   trial.id = id;
 }
 
@@ -108,8 +115,8 @@ void SweepStore::finish_trial(const TrialRecord& trial, const std::vector<TrialS
                               const std::vector<TrialPhase>& phases) {
   TORCH_CHECK(trial.id > 0, "finish_trial: trial ", trial.key, " has no id (call begin_trial)");
   db_.transaction([&] {
-    Statement update = db_.prepare(trial_update_sql());
-    const int id_parameter = bind_trial(update, trial);
+    Statement update = db_.prepare(trial_update_sql(with_slots()));
+    const int id_parameter = bind_trial(update, trial, with_slots());
     update.bind(id_parameter, trial.id).run();
     Statement changed = db_.prepare("SELECT changes()");
     changed.step();
@@ -135,14 +142,14 @@ void SweepStore::finish_trial(const TrialRecord& trial, const std::vector<TrialS
 }
 
 std::optional<TrialRecord> SweepStore::trial(int64_t id) {
-  Statement s = db_.prepare(trial_select_sql() + "WHERE id = ?");
+  Statement s = db_.prepare(trial_select_sql(with_slots()) + "WHERE id = ?");
   s.bind(1, id);
   if (!s.step()) return std::nullopt;
   return read_trial(s);
 }
 
 std::vector<TrialRecord> SweepStore::trials(int64_t sweep_id) {
-  Statement s = db_.prepare(trial_select_sql() + "WHERE sweep_id = ? ORDER BY id");
+  Statement s = db_.prepare(trial_select_sql(with_slots()) + "WHERE sweep_id = ? ORDER BY id");
   s.bind(1, sweep_id);
   std::vector<TrialRecord> out;
   while (s.step()) out.push_back(read_trial(s));
@@ -195,6 +202,37 @@ std::vector<TrialLoad> SweepStore::trial_loads(int64_t sweep_id) {
     load.cores = s.is_null(3) ? 0 : s.column_int(3);
     out.push_back(load);
   }
+  return out;
+}
+
+bool SweepStore::with_slots() {
+  if (!with_slots_) with_slots_ = db_.has_column("trials", "slot");
+  return *with_slots_;
+}
+
+void SweepStore::record_neighbours(int64_t trial_id, const std::vector<int64_t>& neighbour_ids) {
+  TORCH_CHECK(with_slots(), "record_neighbours: ", db_.path(), " has no trial_neighbours table");
+  db_.transaction([&] {
+    for (int64_t other : neighbour_ids) {
+      if (other == trial_id) continue;
+      for (const auto& [a, b] : {std::pair{trial_id, other}, std::pair{other, trial_id}}) {
+        db_.prepare("INSERT OR IGNORE INTO trial_neighbours (trial_id, neighbour_id) VALUES (?, ?)")
+            .bind(1, a)
+            .bind(2, b)
+            .run();
+      }
+    }
+  });
+}
+
+std::vector<TrialNeighbour> SweepStore::trial_neighbours(int64_t sweep_id) {
+  std::vector<TrialNeighbour> out;
+  if (!db_.has_table("trial_neighbours")) return out;  // written before slots existed
+  Statement s = db_.prepare(
+      "SELECT n.trial_id, n.neighbour_id FROM trial_neighbours n JOIN trials t ON t.id = "
+      "n.trial_id WHERE t.sweep_id = ? ORDER BY n.trial_id, n.neighbour_id");
+  s.bind(1, sweep_id);
+  while (s.step()) out.push_back(TrialNeighbour{s.column_int(0), s.column_int(1)});
   return out;
 }
 

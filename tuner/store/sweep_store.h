@@ -1,5 +1,5 @@
 // Sweeps and trials in the results database (records in trial_record.h, schema
-// versions 2 and 4 in migrations.cpp). Every write is one transaction, so a killed sweep leaves each
+// versions 2, 4 and 6 in migrations.cpp). Every write is one transaction, so a killed sweep leaves each
 // trial either absent, `running` (re-run by --resume) or complete with its steps and phases.
 // Errors are UserError naming the database file (database.h). Optional fields and "" timestamps
 // are stored as NULL; SQLite stores NaN as NULL too, so a NaN optional reads back as nullopt and
@@ -63,8 +63,22 @@ class SweepStore {
   // table (schema version 3 or older, opened read-only) or trials that recorded none.
   std::vector<TrialLoad> trial_loads(int64_t sweep_id);
 
+  // Records that the runs of `trial_id` and of each of `neighbour_ids` overlapped in time: both
+  // directions, one transaction; pairs already stored and trial_id itself are left out.
+  // REQUIRES: the ids name trials; a schema of version 6 or later.
+  void record_neighbours(int64_t trial_id, const std::vector<int64_t>& neighbour_ids);
+  // Every neighbour pair of a sweep's trials, both directions, ordered by (trial_id,
+  // neighbour_id); empty for a database without the table (version 5 or older, read-only).
+  std::vector<TrialNeighbour> trial_neighbours(int64_t sweep_id);
+
  private:
+  // True when the trials table has the schema version 6 columns (slot, remeasure_of); a database
+  // without them (older, opened read-only or not migrated) reads them as ""/nullopt and writes
+  // without them.
+  bool with_slots();
+
   Database& db_;
+  std::optional<bool> with_slots_;
 };
 
 }  // namespace ulysses::store

@@ -52,6 +52,11 @@ struct TrialRecord {
   std::optional<int64_t> predicted_peak_bytes;
   std::optional<double> predicted_step_ms;
   std::string summary = "{}";  // summary.json of the run, verbatim
+  // The slot the trial ran on ("cores 0-0", "cuda 2,3", "nodes n1,n2"); "" (NULL) when the sweep
+  // ran one slot, or the trial did not run. Schema version 6.
+  std::string slot;
+  // Set on a re-measure: the id of the trial it measured again with no other trial running.
+  std::optional<int64_t> remeasure_of;
 
   bool ran() const { return exit_code.has_value(); }
 };
@@ -77,6 +82,12 @@ struct TrialLoad {
   int64_t trial_id = 0;
   std::optional<double> start_load_1m, end_load_1m;  // nullopt: not readable
   int64_t cores = 0;                                 // 0: unknown
+};
+
+// Two trials whose runs overlapped in time (table trial_neighbours, both directions stored).
+struct TrialNeighbour {
+  int64_t trial_id = 0;
+  int64_t neighbour_id = 0;
 };
 
 struct SweepRecord {
