@@ -11,6 +11,9 @@ PARQUET_SUFFIXES = (".parquet",)
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 KNOWN_SUFFIXES = JSON_LINES_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES
 ROW_BATCH = 1024  # rows per Parquet / datasets read
+PARQUET_READ_BUFFER = 1 << 20  # a Parquet column chunk is read through a buffer of this size
+# instead of whole (a row group's column can be gigabytes)
+JSON_CUT_MARGIN = 16  # a JSON error this close to the end of what has been read may be the cut
 
 
 class InputError(Exception):
@@ -167,7 +170,7 @@ def _iter_json_list(path):
                     if end < len(buffer) or eof:
                         break
                 except json.JSONDecodeError as error:
-                    if eof:
+                    if eof or not _may_be_cut(error, len(buffer)):
                         raise BrokenSource(number, f"invalid JSON: {error.msg}") from None
                 fill()
             yield number, value
@@ -177,10 +180,17 @@ def _iter_json_list(path):
             raise BrokenSource(number + 1, "invalid JSON: text after the list")
 
 
+def _may_be_cut(error, read):
+    """Whether a JSON error in a buffer of `read` characters may come from the buffer ending in
+    the middle of the record (read more and decode again) rather than from the record itself (stop
+    now, without reading the rest of the file)."""
+    return error.msg.startswith("Unterminated string") or error.pos >= read - JSON_CUT_MARGIN
+
+
 def _iter_parquet(path, fields):
     import pyarrow.parquet as parquet
     try:
-        parquet_file = parquet.ParquetFile(path)
+        parquet_file = parquet.ParquetFile(path, buffer_size=PARQUET_READ_BUFFER)
     except Exception as error:  # pyarrow raises several types for a file it cannot read
         raise InputError(f"{path}: not a readable Parquet file: {error}") from None
     present = [name for name in fields if name in parquet_file.schema_arrow.names]
