@@ -77,7 +77,8 @@ space:
   memory.tiled_loss: [1, 8]
   sequence.length: [4096]
 YAML
-"$tune" sweep "$work/q.yaml" --name q --db "$work/local.db" > "$work/local.log" 2>&1 ||
+"$tune" sweep "$work/q.yaml" --name q --db "$work/local.db" --runs-dir "$work/local-runs" \
+  > "$work/local.log" 2>&1 ||
   fail "local sweep: $(tail -3 "$work/local.log")"
 
 # 3. The same through SLURM: submit, scancel after 2 stored trials, resubmit with --resume.
