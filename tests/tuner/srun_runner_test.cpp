@@ -2,6 +2,7 @@
 // command line and environment, srun's reports of how tasks ended (texts as SLURM 22.05 prints
 // them, taken from real runs) mapped to the statuses local trials get, sbatch scripts, and the
 // experiment's runner / nodes keys. The real-SLURM run is slurm_sweep_test.sh.
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -12,6 +13,7 @@
 #include "support/test_files.h"
 #include "tuner/experiment/experiment.h"
 #include "tuner/launch/sbatch.h"
+#include "tuner/trial/slots.h"
 #include "tuner/trial/srun_runner.h"
 
 namespace ulysses::trial {
@@ -53,6 +55,115 @@ TEST(SrunStep, CommandLineHasTheTrialsShapeLimitAndLogs) {
   EXPECT_EQ(step_time_limit_min(60), 1);
   EXPECT_EQ(step_time_limit_min(60.5), 2);
   EXPECT_EQ(step_time_limit_min(0), 0);
+}
+
+// A slot's step runs on its nodes, and may start while an earlier step there is cleaned up.
+TEST(SrunStep, ASlotsStepNamesItsNodes) {
+  SrunStep step;
+  step.srun = "srun";
+  step.nnodes = 2;
+  step.ntasks = 2;
+  step.run_dir = "/r";
+  step.command = {"/bin/t"};
+  step.nodelist = {"n3", "n4"};
+  const std::vector<std::string> argv = srun_step_argv(step);
+  const std::vector<std::string> head(argv.begin(), argv.begin() + 12);
+  const std::vector<std::string> expected{"srun", "--nodes", "2", "--ntasks", "2",
+                                          "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+                                          "--quit-on-interrupt", "--nodelist", "n3,n4",
+                                          "--overlap"};
+  EXPECT_EQ(head, expected);
+  step.nodelist = {"n3"};  // not the step's node count: a bug
+  EXPECT_THROW(srun_step_argv(step), c10::Error);
+}
+
+// Node failures as SLURM 22.05 reports them, and our backstop; other failures are not.
+TEST(SrunClassify, NodeFailuresAreTold) {
+  EXPECT_EQ(node_failure_line("srun: error: Node failure on n3\nsrun: error: n3: task 1: Killed\n",
+                              false, 0),
+            "srun: error: Node failure on n3");
+  EXPECT_EQ(node_failure_line("slurmstepd: error: *** STEP 9.3 ON n3 CANCELLED AT "
+                              "2026-11-28T10:00:00 DUE TO NODE FAILURE ***\n",
+                              false, 0),
+            "slurmstepd: error: *** STEP 9.3 ON n3 CANCELLED AT 2026-11-28T10:00:00 DUE TO NODE "
+            "FAILURE ***");
+  EXPECT_EQ(node_failure_line("srun: error: Task launch for StepId=9.4 failed on node n4: "
+                              "Communication connection failure\n",
+                              false, 0),
+            "srun: error: Task launch for StepId=9.4 failed on node n4: Communication connection "
+            "failure");
+  EXPECT_NE(node_failure_line("", true, 135).find("srun did not end 135 s"), std::string::npos);
+  EXPECT_EQ(node_failure_line("srun: error: n1: task 0: Exited with exit code 12\n", false, 0),
+            "");
+  EXPECT_EQ(node_failure_line("slurmstepd: error: *** STEP 9.5 ON n1 CANCELLED AT "
+                              "2026-11-28T10:00:00 DUE TO TIME LIMIT ***\n",
+                              false, 0),
+            "");
+}
+
+// Slots of an allocation, a GPU node and a CPU: disjoint, labelled, and refused in one line
+// naming `slots` when one cannot hold a trial.
+TEST(TrialSlots, SplitsNodesDevicesAndCores) {
+  SlotResources have;
+  have.nodes = parse_hostnames("n1\nn2\n  n3\nn4\n\n");
+  ASSERT_EQ(have.nodes, (std::vector<std::string>{"n1", "n2", "n3", "n4"}));
+  have.cores = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  have.cuda_devices = {"0", "1", "2", "3", "4", "5", "6", "7"};
+
+  SlotNeeds srun{"srun", "cuda", 8, 2};
+  EXPECT_EQ(resolve_slot_count(0, srun, have), 2);
+  std::vector<Slot> slots = split_slots(2, srun, have);
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_EQ(slots[0].nodes, (std::vector<std::string>{"n1", "n2"}));
+  EXPECT_EQ(slots[1].label, "nodes n3,n4");
+  EXPECT_TRUE(slots[1].cores.empty());
+  try {
+    split_slots(3, srun, have);
+    ADD_FAILURE() << "3 slots of 2 nodes in 4 accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "slots: 3 slots of 2 nodes (nodes) need 6 nodes; the "
+                                     "allocation has 4 nodes");
+  }
+
+  SlotNeeds gpu{"local", "cuda", 2, 1};
+  EXPECT_EQ(resolve_slot_count(0, gpu, have), 4);
+  slots = split_slots(4, gpu, have);
+  ASSERT_EQ(slots.size(), 4u);
+  EXPECT_EQ(slots[1].cuda_devices, "2,3");
+  EXPECT_EQ(slots[1].label, "cuda 2,3");
+  EXPECT_EQ(slots[0].cores, (std::vector<int>{0, 1, 2}));  // 9 cores: 3, 2, 2, 2
+  EXPECT_EQ(slots[3].cores, (std::vector<int>{7, 8}));
+  EXPECT_EQ(slots[0].threads_per_rank, 1);
+  EXPECT_THROW(split_slots(5, gpu, have), UserError);  // 10 devices needed
+
+  SlotNeeds cpu{"local", "cpu", 1, 1};
+  have.cores = {0, 1};
+  EXPECT_EQ(resolve_slot_count(0, cpu, have), 1);
+  slots = split_slots(2, cpu, have);
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_EQ(slots[0].label, "cores 0-0");
+  EXPECT_EQ(slots[1].cores, (std::vector<int>{1}));
+  EXPECT_EQ(slots[1].threads_per_rank, 1);
+  cpu.world_size = 2;
+  try {
+    split_slots(2, cpu, have);
+    ADD_FAILURE() << "a 1-core slot for 2 ranks accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "slots: 2 slots of the 2 cores this sweep may use leave 1 "
+                                     "core to some slot; a trial of 2 ranks needs one core per "
+                                     "rank (2 cores)");
+  }
+  have.cores = {0, 2, 4, 5, 6, 7};
+  cpu.world_size = 1;
+  slots = split_slots(2, cpu, have);
+  EXPECT_EQ(slots[0].label, "cores 0,2,4");
+  EXPECT_EQ(slots[1].label, "cores 5-7");
+  EXPECT_EQ(slots[1].threads_per_rank, 3);
+  const std::vector<Slot> one = split_slots(1, cpu, have);  // today's: nothing set
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].label, "");
+  EXPECT_TRUE(one[0].cores.empty());
+  EXPECT_EQ(one[0].threads_per_rank, 0);
 }
 
 TEST(SrunStep, EnvironmentLetsTheRanksReadSlurm) {
@@ -230,6 +341,31 @@ TEST_F(RunnerKeys, RunnerAndNodes) {
   hardware_ = "dgx-h100-8x4";                                  // launcher srun, 4 nodes of 8
   EXPECT_EQ(parse("").runner, "srun");
   EXPECT_EQ(parse("").nodes, 1);
+}
+
+TEST_F(RunnerKeys, SlotsAndIsolation) {
+  EXPECT_EQ(parse("").slots, 1);
+  EXPECT_EQ(parse("").isolation, "offload_alone");
+  EXPECT_EQ(parse("slots: 3\n").slots, 3);
+  EXPECT_EQ(parse("slots: auto\n").slots, 0);
+  EXPECT_EQ(parse("isolation: all_alone\n").isolation, "all_alone");
+  for (const char* bad : {"slots: 0\n", "slots: two\n", "slots: 2.5\n"}) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("r.yaml: slots: expected a whole number >= 1 or auto", 0),
+                0u)
+          << e.what();
+    }
+  }
+  try {
+    parse("isolation: none\n");
+    ADD_FAILURE() << "isolation: none accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "r.yaml: isolation: expected offload_alone, shared or all_alone, got 'none'");
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <stdexcept>
 
 #include "common/error.h"
 #include "common/paths.h"
@@ -23,7 +24,8 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kTopKeys = {
     "name",     "description", "hardware", "model",     "world_size", "nproc",
     "memory_limit_gib", "base", "space",   "objective", "target_length", "headroom",
-    "budget",   "trial",       "search",   "runner",   "nodes",     "backend"};
+    "budget",   "trial",       "search",   "runner",   "nodes",     "backend",
+    "slots",    "isolation"};
 
 // Errors name the file and the key: "<source>: <key>: <what>".
 struct Reader {
@@ -345,6 +347,27 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
     const int64_t filled = (e.world_size + hw.devices_per_node - 1) / hw.devices_per_node;
     e.nodes = std::max<int64_t>(1, std::min(hw.nodes, filled));
     while (e.world_size % e.nodes != 0) --e.nodes;
+  }
+  if (root["slots"].IsDefined()) {
+    std::string slots;
+    r.read(root["slots"], "slots", slots);
+    if (slots == "auto") {
+      e.slots = 0;
+    } else {
+      try {
+        size_t used = 0;
+        e.slots = std::stoll(slots, &used);
+        if (used != slots.size()) throw std::invalid_argument(slots);
+      } catch (const std::exception&) {
+        r.fail("slots", "expected a whole number >= 1 or auto, got '" + slots + "'");
+      }
+      if (e.slots < 1) r.fail("slots", "expected a whole number >= 1 or auto, got '" + slots + "'");
+    }
+  }
+  if (root["isolation"].IsDefined()) r.read(root["isolation"], "isolation", e.isolation);
+  if (e.isolation != "offload_alone" && e.isolation != "shared" && e.isolation != "all_alone") {
+    r.fail("isolation",
+           "expected offload_alone, shared or all_alone, got '" + e.isolation + "'");
   }
   return e;
 }

@@ -33,6 +33,17 @@
 //                                  # allocation (trial/srun_runner.h); default: the hardware's
 //   nodes: 1                       # nodes per trial (srun); default: the hardware's nodes,
 //                                  # at most ceil(world_size / devices_per_node)
+//   slots: 1                       # trials run side by side, each on its own part of what the
+//                                  # sweep has: local on CPU, a set of cores (each rank gets
+//                                  # cores / world_size threads); local on a GPU node,
+//                                  # world_size devices (CUDA_VISIBLE_DEVICES) and a share of
+//                                  # the cores; srun, `nodes` nodes of the allocation. auto: as
+//                                  # many as fit (devices / world_size, allocation nodes /
+//                                  # nodes; 1 on CPU). Default 1; `sweep --slots N` overrides
+//   isolation: offload_alone       # offload_alone: a trial that offloads (optimizer,
+//                                  # activations, gradients, parameters) runs with no other
+//                                  # trial on its node; shared: no such rule; all_alone:
+//                                  # every trial runs alone on its node
 //   backend: native                # who trains each trial: native (ulysses-train), deepspeed
 //                                  # (transformers + DeepSpeed, backends/deepspeed/), or a list
 //                                  # of both: every configuration then runs on each (one
@@ -96,6 +107,8 @@ struct Experiment {
   bool prune = true;   // skip what the memory model says cannot fit
   std::string runner = "local";  // local | srun (trial/runner.h); default: the hardware's runner
   int64_t nodes = 1;             // nodes per trial; world_size is a multiple; 1 for local
+  int64_t slots = 1;             // trials side by side (sweep/slots.h); 0 = auto
+  std::string isolation = "offload_alone";  // offload_alone | shared | all_alone
   std::string device = "cpu";  // base.train.device: cpu | cuda
   // What base.data.source names, read once at parse (training_data.h): its digest goes with the
   // sweep, its description into the sweep's environment.
@@ -113,7 +126,8 @@ std::string default_profiles_dir();
 // limit (config/yaml_reader.h), invalid YAML, a name check_sweep_name refuses, an unknown
 // or duplicate key, a wrong type, an empty space or empty value list, a missing profile, a bad
 // length spec (from > to, step < 1), an unknown objective, method, runner or backend, a budget
-// below zero, nodes < 1, not dividing world_size, or > 1 with runner: local, memory probes
+// below zero, nodes < 1, not dividing world_size, or > 1 with runner: local, slots neither a
+// whole number >= 1 nor auto, an unknown isolation, memory probes
 // (search.probe with a max-length search) with backend deepspeed, or a base.data.source /
 // base.eval.source whose files are missing or unreadable. Relative paths in those two are looked
 // up in the working directory, then beside the experiment, and written into base_yaml as

@@ -104,11 +104,19 @@ std::vector<std::string> srun_step_argv(const SrunStep& step) {
               "srun_step_argv: ", step.ntasks, " tasks do not spread evenly over ", step.nnodes,
               " nodes");
   TORCH_CHECK(!step.command.empty(), "srun_step_argv: empty command");
+  TORCH_CHECK(step.nodelist.empty() || static_cast<int>(step.nodelist.size()) == step.nnodes,
+              "srun_step_argv: ", step.nodelist.size(), " nodes listed for a step of ",
+              step.nnodes);
   std::vector<std::string> argv{step.srun,
                                 "--nodes", std::to_string(step.nnodes),
                                 "--ntasks", std::to_string(step.ntasks),
                                 "--ntasks-per-node", std::to_string(step.ntasks / step.nnodes),
                                 "--kill-on-bad-exit=1", "--quit-on-interrupt"};
+  if (!step.nodelist.empty()) {
+    std::string nodes;
+    for (const std::string& node : step.nodelist) nodes += (nodes.empty() ? "" : ",") + node;
+    argv.insert(argv.end(), {"--nodelist", nodes, "--overlap"});
+  }
   if (const int minutes = step_time_limit_min(step.timeout_s); minutes > 0) {
     argv.insert(argv.end(), {"--time", std::to_string(minutes)});
   }
@@ -190,6 +198,28 @@ std::vector<launch::ProcessExit> parse_srun_task_exits(const std::string& srun_s
                                                 ((own_code || step_cancelled) && !terminating));
   }
   return exits;
+}
+
+std::string node_failure_line(const std::string& messages, bool backstop_timed_out,
+                              double backstop_s) {
+  static const char* const kMarks[] = {"DUE TO NODE FAILURE", "Node failure", "node failure",
+                                       "NODE_FAIL", "NODE FAIL"};
+  std::stringstream lines(messages);
+  std::string line;
+  while (std::getline(lines, line)) {
+    for (const char* mark : kMarks) {
+      if (line.find(mark) != std::string::npos) return last_line_of(line);
+    }
+    if (line.find("Task launch for") != std::string::npos &&
+        line.find("failed on node") != std::string::npos) {
+      return last_line_of(line);
+    }
+  }
+  if (backstop_timed_out) {
+    return "srun did not end " + std::to_string(static_cast<int>(backstop_s)) +
+           " s after the step started, past its time limit (a node or slurmctld not answering)";
+  }
+  return "";
 }
 
 StepEnd step_end(const std::string& text) {
@@ -300,6 +330,7 @@ TrialOutcome SrunRunner::run(const TrialSpec& spec) {
   step.job_name = spec.name.empty() ? "ulysses-trial" : spec.name;
   step.run_dir = spec.run_dir;
   step.command = trainer_argv(spec);
+  step.nodelist = spec.nodelist;
 
   std::vector<std::pair<std::string, std::string>> extra;
   for (const auto& entry : spec.extra_env) {
@@ -311,8 +342,9 @@ TrialOutcome SrunRunner::run(const TrialSpec& spec) {
   launch::ProcessSpec process;
   process.argv = srun_step_argv(step);
   process.env = srun_environment(
-      launch::merge_environment(launch::current_environment(), extra), master_addr_,
-      launch::pick_free_port(), spec.nproc / spec.nnodes);
+      launch::merge_environment(launch::current_environment(), extra),
+      spec.nodelist.empty() ? master_addr_ : spec.nodelist.front(), launch::pick_free_port(),
+      spec.nproc / spec.nnodes);
   process.stdout_path = spec.run_dir + "/srun.out";
   process.stderr_path = spec.run_dir + "/srun.err";
   launch::SupervisorOptions options;
@@ -351,6 +383,8 @@ TrialOutcome SrunRunner::run(const TrialSpec& spec) {
   outcome.interrupt_signal = result.interrupt_signal;
   if (c.status == "running" && outcome.interrupt_signal == 0) outcome.interrupt_signal = SIGTERM;
   fill_outcome(std::move(c), std::move(m), &outcome);
+  outcome.node_failure = node_failure_line(
+      messages, result.outcome == launch::Outcome::kTimedOut, options.timeout_s);
   return outcome;
 }
 

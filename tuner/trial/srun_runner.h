@@ -23,14 +23,23 @@ struct SrunStep {
   std::string job_name = "ulysses-trial";
   std::string run_dir;        // task t's stdout / stderr: run_dir/rank-<t>.out / .err
   std::vector<std::string> command;  // the trainer's argv
+  // The step's nodes (a slot of the sweep: nnodes of them); empty = SLURM chooses.
+  std::vector<std::string> nodelist;
 };
 
 // The step's time limit in whole minutes (SLURM's unit): ceil(timeout_s / 60), 0 when no timeout.
 int step_time_limit_min(double timeout_s);
 
 // `srun --nodes N --ntasks T --ntasks-per-node T/N --kill-on-bad-exit=1 --quit-on-interrupt
-// [--time M] --job-name NAME --output RUN_DIR/rank-%t.out --error RUN_DIR/rank-%t.err COMMAND...`
-// Pure. REQUIRES: nnodes >= 1, ntasks a positive multiple of nnodes, command non-empty.
+// [--nodelist A,B --overlap] [--time M] --job-name NAME --output RUN_DIR/rank-%t.out
+// --error RUN_DIR/rank-%t.err COMMAND...`
+// With a node list the step runs on exactly those nodes; --overlap lets it start while an
+// earlier step on them is still being cleaned up (SLURM 22.05 holds a step's resources a while
+// after srun ends, and the sweep's own batch step shares the first node): the sweep never puts
+// two trials on one node. Without --exact the step gets every CPU of its nodes, as a one-slot
+// sweep's step does. Pure.
+// REQUIRES: nnodes >= 1, ntasks a positive multiple of nnodes, command non-empty, nodelist
+// empty or of nnodes names.
 std::vector<std::string> srun_step_argv(const SrunStep& step);
 
 // `base` ("K=V" entries) for the step: torchrun's rank variables (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -57,6 +66,14 @@ std::string first_host(const std::string& variable, const std::string& node_list
 std::vector<launch::ProcessExit> parse_srun_task_exits(const std::string& srun_stderr,
                                                        int ntasks, bool step_cancelled, int pid);
 
+// The line of srun's stderr (or the tasks' messages) that says the step ended by a node failure
+// ("srun: error: Node failure on n3", "*** STEP 5.2 ON n3 CANCELLED AT ... DUE TO NODE FAILURE
+// ***", "NODE_FAIL", "Task launch for StepId=... failed on node n3: ..."), or "" when none does.
+// backstop_timed_out: our own timeout stopped srun, i.e. SLURM did not end the step by its time
+// limit plus kSlurmLimitSlackS: also a node failure ("srun did not end ..."). Pure.
+std::string node_failure_line(const std::string& messages, bool backstop_timed_out,
+                              double backstop_s);
+
 // How the step ended by slurmstepd's own words ("*** STEP 12.3 ON n1 CANCELLED AT ... DUE TO
 // TIME LIMIT ***") anywhere in `text`.
 enum class StepEnd { kNormal, kTimeLimit, kCancelled };
@@ -79,7 +96,9 @@ Classification classify_step(const launch::SupervisionResult& srun, const std::s
 // Runs each trial as `srun_step_argv` under the supervisor (one process: srun, its stdout and
 // stderr in run_dir/srun.out / srun.err), with our own timeout at the step's limit +
 // kSlurmLimitSlackS as a backstop; SIGINT/SIGTERM are forwarded to srun, which forwards them to
-// the tasks; a step still listed after srun was stopped is scancel'ed.
+// the tasks; a step still listed after srun was stopped is scancel'ed. A spec with a node list
+// runs on those nodes, its ranks' MASTER_ADDR the first of them; a node failure
+// (node_failure_line) is set on the outcome.
 // Invariants: srun_ is an absolute path; job_id_ and master_addr_ come from the allocation.
 class SrunRunner : public TrialRunner {
  public:

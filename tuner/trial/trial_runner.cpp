@@ -4,6 +4,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +83,35 @@ std::vector<launch::ProcessSpec> rank_specs(const TrialSpec& spec) {
   return specs;
 }
 
+// Sets the calling thread's CPU affinity to `cpus` for its lifetime (children forked meanwhile
+// inherit it) and restores the one it had. Empty: changes nothing.
+class ThreadAffinity {
+ public:
+  explicit ThreadAffinity(const std::vector<int>& cpus) {
+    if (cpus.empty()) return;
+    TORCH_CHECK(pthread_getaffinity_np(pthread_self(), sizeof previous_, &previous_) == 0,
+                "run_trial: cannot read the thread's CPU affinity");
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu : cpus) {
+      TORCH_CHECK(cpu >= 0 && cpu < CPU_SETSIZE, "run_trial: cpu ", cpu, " out of range");
+      CPU_SET(cpu, &set);
+    }
+    TORCH_CHECK(pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0,
+                "run_trial: cannot pin the ranks to their cpus");
+    set_ = true;
+  }
+  ~ThreadAffinity() {
+    if (set_) pthread_setaffinity_np(pthread_self(), sizeof previous_, &previous_);
+  }
+  ThreadAffinity(const ThreadAffinity&) = delete;
+  ThreadAffinity& operator=(const ThreadAffinity&) = delete;
+
+ private:
+  cpu_set_t previous_{};
+  bool set_ = false;
+};
+
 }  // namespace
 
 TrialOutcome run_trial(const TrialSpec& spec) {
@@ -101,7 +133,11 @@ TrialOutcome run_trial(const TrialSpec& spec) {
   options.settle_s = kCommFailureSettleS;
 
   const auto start = std::chrono::steady_clock::now();
-  const launch::SupervisionResult result = launch::supervise(processes, options);
+  launch::SupervisionResult result;
+  {
+    const ThreadAffinity pinned(spec.cpus);
+    result = launch::supervise(processes, options);
+  }
   TrialOutcome outcome;
   outcome.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

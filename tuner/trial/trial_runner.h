@@ -26,6 +26,12 @@ struct TrialSpec {
   std::vector<std::string> extra_env;     // "K=V" added to each rank's environment
   int nnodes = 1;            // runner srun: nodes of the job step (nproc ranks spread evenly)
   std::string name;          // runner srun: the step's --job-name; "" = "ulysses-trial"
+  // runner local: the CPUs the ranks run on (sched_setaffinity); empty = the caller's. The
+  // calling thread takes this affinity while it starts the ranks (they inherit it) and gets its
+  // own back before run_trial returns.
+  std::vector<int> cpus;
+  // runner srun: the nodes of the step (--nodelist; nnodes of them); empty = SLURM chooses.
+  std::vector<std::string> nodelist;
 };
 
 struct TrialOutcome {
@@ -39,6 +45,11 @@ struct TrialOutcome {
   double wall_s = 0;                 // from starting the ranks until the last one was reaped
   int failed_rank = -1;              // the rank whose exit decided oom / failed / killed
   int interrupt_signal = 0;          // set iff status == "running"
+  // runner srun: set when the step ended by a node failure (a node or its slurmstepd failed, a
+  // task could not be launched on a node, or srun did not end by the step's time limit and
+  // our backstop stopped it): the line that says so. The trial says nothing about its
+  // configuration then, and the sweep takes the nodes out of use.
+  std::string node_failure;
   // Measurements of rank 0 (measurements.h); also kept for failed trials (steps that ran).
   std::optional<double> step_ms, tokens_per_s, tokens_per_s_per_rank, final_loss;
   std::optional<int64_t> peak_mem_bytes, peak_host_bytes;
@@ -58,8 +69,9 @@ struct TrialOutcome {
 // A failed trial is a result, not an error. Throws UserError when run_dir or run.yaml cannot be
 // written, std::system_error when a log file cannot be opened or a process cannot be created.
 // REQUIRES: nproc >= 1; run_dir, output_dir and trainer non-empty; timeout_s, grace_s >= 0;
-// every extra_env entry holds '='; called as launch::supervise() requires (the main thread, no
-// other thread taking SIGINT, SIGTERM or SIGCHLD).
+// every extra_env entry holds '='; called as launch::supervise() requires: no other thread takes
+// SIGINT, SIGTERM or SIGCHLD (a sweep with several slots blocks them in every thread and calls
+// this from one thread per slot; each supervision polls its own children).
 TrialOutcome run_trial(const TrialSpec& spec);
 
 // The pieces every runner shares (srun_runner.cpp uses them too).
