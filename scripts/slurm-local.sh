@@ -21,8 +21,10 @@
 # SlurmdParameters=config_overrides), one partition "debug". ULYSSES_SLURM_CTLD_PORT /
 # _SLURMD_PORT (16817 / 16818), ULYSSES_SLURM_SUBNET (the first three octets of a /24, default
 # 10.217.0) and ULYSSES_SLURM_NET (prefix of the bridge, veth and namespace names, default uls)
-# let two clusters run side by side. A failed node is noticed by slurmctld within SlurmdTimeout
-# (10 s on a multi-node cluster): it marks the node DOWN and the steps on it fail ("Node failure").
+# let two clusters run side by side. slurmctld notices a failed node 15-30 s after node-down
+# (SlurmdTimeout and MessageTimeout are 5 s on a multi-node cluster): it marks the node DOWN,
+# removes it from the jobs that hold it (those submitted with --no-kill run on without it; the
+# others are cancelled) and the steps on it end with srun's "Node failure on NAME".
 # Exit 77 = cannot run here (not root, packages missing, network namespaces not permitted):
 # ctest's SKIP_RETURN_CODE.
 set -euo pipefail
@@ -95,6 +97,25 @@ stop_pidfile() {
   rm -f "$1"
 }
 
+stop_pidfiles() {  # FILE...: TERM to all at once, up to 5 s for all, then KILL
+  local pids=() file
+  for file in "$@"; do
+    if pid_alive "$file"; then pids+=("$(cat "$file")"); fi
+  done
+  if [ "${#pids[@]}" -gt 0 ]; then
+    kill "${pids[@]}" 2> /dev/null || true
+    local pid alive
+    for _ in $(seq 50); do
+      alive=0
+      for pid in "${pids[@]}"; do kill -0 "$pid" 2> /dev/null && alive=1; done
+      [ "$alive" = 1 ] || break
+      sleep 0.1
+    done
+    kill -9 "${pids[@]}" 2> /dev/null || true
+  fi
+  rm -f "$@"
+}
+
 node_names() {
   if [ "$nodes" -gt 1 ]; then seq -f 'n%g' 1 "$nodes"; else echo localhost; fi
 }
@@ -124,20 +145,25 @@ kill_node_processes() {
   rm -f "$dir/slurmd-$1.pid"
 }
 
+# The nodes of a multi-node cluster: their slurmd, every process left on them, their namespaces,
+# veth pairs and the bridge (what exists of them).
+teardown_nodes() {
+  local pidfiles=() node
+  for node in $(node_names); do pidfiles+=("$dir/slurmd-$node.pid"); done
+  stop_pidfiles "${pidfiles[@]}"
+  for node in $(node_names); do kill_node_processes "$node"; done
+  for node in $(node_names); do
+    ip link del "$(netns_of "$node")" 2> /dev/null || true
+    ip netns del "$(netns_of "$node")" 2> /dev/null || true
+  done
+  ip link del "$net-br" 2> /dev/null || true
+}
+
 stop() {
   load_cluster
   if [ "$nodes" -gt 1 ]; then
-    for node in $(node_names); do
-      stop_pidfile "$dir/slurmd-$node.pid"
-      kill_node_processes "$node"
-    done
-    for node in $(node_names); do
-      ip link del "$(netns_of "$node")" 2> /dev/null || true
-      ip netns del "$(netns_of "$node")" 2> /dev/null || true
-    done
-    ip link del "$net-br" 2> /dev/null || true
-    stop_pidfile "$dir/slurmctld.pid"
-    stop_pidfile "$dir/munged.pid"
+    teardown_nodes
+    stop_pidfiles "$dir/slurmctld.pid" "$dir/munged.pid"
   else
     for daemon in slurmd slurmctld munged; do stop_pidfile "$dir/$daemon.pid"; done
   fi
@@ -156,7 +182,8 @@ write_config() {
     spool="$dir/spool/%n"
     slurmd_pid="$dir/slurmd-%n.pid"
     slurmd_log="$dir/log/slurmd-%n.log"
-    timeouts="SlurmdTimeout=10"
+    # A failed node is DOWN 15-30 s after it failed (slurmctld's pings, then SlurmdTimeout).
+    timeouts="SlurmdTimeout=5 MessageTimeout=5"
   fi
   {
     cat << EOF
@@ -192,7 +219,7 @@ MinJobAge=300
 InactiveLimit=0
 SchedulerType=sched/builtin
 EOF
-    [ -z "$timeouts" ] || echo "$timeouts"
+    for line in $timeouts; do echo "$line"; done
     if [ "$nodes" -gt 1 ]; then
       for node in $(node_names); do
         echo "NodeName=$node NodeAddr=$(node_addr "$node") NodeHostname=$node CPUs=$cpus State=UNKNOWN"
@@ -291,6 +318,7 @@ start() {
     return 0
   fi
   ( nodes=1; stop )  # whatever an earlier run left, single- or multi-node (stop reads cluster.env)
+  [ "$nodes" -le 1 ] || teardown_nodes  # and what a run killed before it wrote cluster.env left
   write_config
   [ "$nodes" -le 1 ] || network_up
   munged --force --socket="$dir/munge/munge.socket" --key-file="$dir/munge/munge.key" \
