@@ -310,6 +310,122 @@ TEST(Plots, LabelsDoNotOverlap) {
   }
 }
 
+// cpu_sweep() as run on two core slots, two trials at a time: trial i starts at 10 s x (i / 2)
+// on slot i % 2 and runs for 9 s (the timestamps whole seconds, as the sweep stores them); trials
+// 1-12 ran beside their partner, the rest alone; then a configuration re-measured alone on both
+// cores at 100 s for 12 s, and a pruned trial (never started: no bar).
+SweepData slotted_sweep() {
+  SweepData data = cpu_sweep();
+  for (size_t i = 0; i < data.trials.size(); ++i) {
+    TrialRecord& t = data.trials[i];
+    t.slot = i % 2 == 0 ? "cores 0-0" : "cores 1-1";
+    char start[32];
+    std::snprintf(start, sizeof start, "2026-11-28T23:%02d:%02dZ",
+                  static_cast<int>(10 * (i / 2) / 60), static_cast<int>(10 * (i / 2) % 60));
+    t.started_at = start;
+    t.wall_s = 9.0;
+  }
+  for (size_t i = 0; i + 1 < data.trials.size(); i += 2) {  // pairs that overlapped
+    const int64_t a = data.trials[i].id, b = data.trials[i + 1].id;
+    if (b > 12) break;
+    data.neighbours[a].push_back(b), data.neighbours[b].push_back(a);
+  }
+  TrialRecord again = data.trials.front();
+  again.id = 100;
+  again.remeasure_of = data.trials.front().id;
+  again.slot = "cores 0-1";
+  again.started_at = "2026-11-28T23:01:40Z";
+  again.wall_s = 12.0;
+  data.trials.push_back(again);
+  TrialRecord pruned;
+  pruned.id = 101;
+  pruned.status = "pruned";
+  data.trials.push_back(pruned);
+  return data;
+}
+
+// The blocks of a .dat file: (its "# title" line, its data rows).
+std::vector<std::pair<std::string, std::vector<std::vector<double>>>> dat_blocks(
+    const std::string& dat) {
+  std::vector<std::pair<std::string, std::vector<std::vector<double>>>> blocks;
+  size_t at = dat.find('\n') + 1;  // the file's header line
+  while (at < dat.size()) {
+    const size_t end = std::min(dat.find("\n\n\n", at), dat.size());
+    const std::string text = dat.substr(at, end - at + 1);
+    const size_t title_end = text.find('\n');
+    blocks.emplace_back(text.substr(2, title_end - 2), dat_rows(text.substr(title_end + 1)));
+    at = end + 3;
+  }
+  return blocks;
+}
+
+TEST(Plots, TheTimelineDrawsEachTrialOnItsSlotOverTime) {
+  // A sweep that ran one trial at a time has no timeline.
+  const PlotFiles serial = make_plot_files(cpu_sweep());
+  for (const Plot& p : serial.plots) EXPECT_NE(p.file, "timeline.png");
+  EXPECT_EQ(plot_file(serial, "timeline.dat"), "");
+
+  const SweepData data = slotted_sweep();
+  const PlotFiles files = make_plot_files(data);
+  const auto plot = std::find_if(files.plots.begin(), files.plots.end(),
+                                 [](const Plot& p) { return p.file == "timeline.png"; });
+  ASSERT_NE(plot, files.plots.end());
+  EXPECT_EQ(plot->omitted, "");
+  const std::string block = plot_block(plot_file(files, "plots.gp"), "timeline.png");
+  // Slots in the order of their first trial, as labelled rows 0, 1, 2.
+  EXPECT_NE(block.find("set ytics ('cores 0-0' 0, 'cores 1-1' 1, 'cores 0-1' 2)"),
+            std::string::npos)
+      << block;
+  std::map<int64_t, const TrialRecord*> by_id;
+  for (const TrialRecord& t : data.trials) by_id[t.id] = &t;
+  const char* slots[] = {"cores 0-0", "cores 1-1", "cores 0-1"};
+  int bars = 0, labels = 0;
+  for (const auto& [title, rows] : dat_blocks(plot_file(files, "timeline.dat"))) {
+    for (const auto& row : rows) {
+      if (title.rfind("labels", 0) == 0) {  // x row id: inside its bar
+        ASSERT_EQ(row.size(), 3u);
+        ++labels;
+        expect_inside(row[0], axis_range(block, "x"), false, "label x");
+        continue;
+      }
+      ASSERT_EQ(row.size(), 4u) << title;
+      const TrialRecord& t = *by_id.at(static_cast<int64_t>(row[3]));
+      ++bars;
+      EXPECT_EQ(title, t.remeasure_of ? "ok, re-measured alone" : t.status) << t.id;
+      EXPECT_EQ(t.slot, slots[static_cast<int>(row[0])]) << t.id;
+      // Seconds since the first start (23:00:00); each bar as long as the trial's wall time.
+      const int64_t index = t.id == 100 ? -1 : t.id - 1;
+      const double start = index < 0 ? 100.0 : 10.0 * static_cast<double>(index / 2);
+      EXPECT_DOUBLE_EQ(row[1], start) << t.id;
+      EXPECT_DOUBLE_EQ(row[2] - row[1], *t.wall_s) << t.id;
+      expect_inside(row[1], axis_range(block, "x"), false, "timeline start");
+      expect_inside(row[2], axis_range(block, "x"), false, "timeline end");
+      expect_inside(row[0], axis_range(block, "y"), false, "timeline row");
+    }
+  }
+  EXPECT_EQ(bars, static_cast<int>(data.trials.size()) - 1);  // all but the pruned one
+  EXPECT_EQ(labels, bars);  // 9 s of 112 s is wide enough for a label
+  EXPECT_NE(block.find("fs pattern"), std::string::npos) << "the re-measure is not hatched";
+  // 16 measured trials (ok, not probes; the re-measure included), 1-12 beside another.
+  EXPECT_NE(plot->caption.find("12 of 16 measured trials ran beside another trial."),
+            std::string::npos)
+      << plot->caption;
+
+  // gnuplot draws it (ULYSSES_KEEP_TEST_DIR=1 keeps the picture).
+  if (!find_gnuplot("")) GTEST_SKIP() << "gnuplot is not installed";
+  const fs::path dir = fs::temp_directory_path() / ("timeline-test-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  write_plots(data, dir.string(), find_gnuplot(""));
+  const std::string png = read(dir / "timeline.png");
+  EXPECT_GT(png.size(), 1000u);
+  EXPECT_EQ(png.substr(0, 8), std::string(kPngSignature, 8));
+  if (std::getenv("ULYSSES_KEEP_TEST_DIR")) {
+    std::cerr << "kept " << dir << "\n";
+  } else {
+    ulysses::remove_tree(dir);
+  }
+}
+
 TEST_F(ReportFixture, CsvParsesBackToEveryTrialWithItsQuoting) {
   const fs::path out = dir_ / "reports" / "synthetic";
   ASSERT_EQ(run_report(options(out)), 0);

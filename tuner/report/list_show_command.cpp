@@ -127,6 +127,13 @@ void show_trial(store::Database& db, int64_t id, std::ostream& out) {
   for (const auto& [name, value] : trial_fields(*trial)) print_field(out, name, value);
   print_field(out, "mesh", mesh(*trial));
   print_field(out, "peak", peak_text(*trial));
+  std::string beside;
+  for (const auto& n : store.trial_neighbours(trial->sweep_id)) {
+    if (n.trial_id == id) beside += (beside.empty() ? "" : ", ") + std::to_string(n.neighbour_id);
+  }
+  if (!trial->slot.empty() || !beside.empty()) {
+    print_field(out, "ran beside", beside.empty() ? "no other trial" : "trials " + beside);
+  }
   if (trial->predicted_step_ms) {
     const bool calibrated = sweep && time_predictions_calibrated(db, *sweep);
     print_field(out, "predicted step",

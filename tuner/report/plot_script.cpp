@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "tuner/results/backend_comparison.h"
@@ -442,6 +444,132 @@ bool backends_plot(const SweepData& data, Plot& plot, std::string& dat, std::str
   return true;
 }
 
+// Seconds since the epoch of a UTC time "YYYY-MM-DDTHH:MM:SSZ" (sweep_host.h utc_now), or
+// nullopt when `text` is not one.
+std::optional<double> utc_seconds(const std::string& text) {
+  std::tm tm{};
+  char zone = 0;
+  if (std::sscanf(text.c_str(), "%d-%d-%dT%d:%d:%d%c", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &zone) != 7 ||
+      zone != 'Z') {
+    return std::nullopt;
+  }
+  tm.tm_year -= 1900, tm.tm_mon -= 1;
+  return static_cast<double>(timegm(&tm));
+}
+
+// The slots of a sweep that ran trials side by side, over time: one row per slot, one bar per
+// trial that ran (from its start for its wall time), coloured by status; re-measures alone
+// hatched. Returns false when no trial names a slot (the sweep ran one trial at a time).
+bool timeline_plot(const SweepData& data, Plot& plot, std::string& dat, std::string& gp) {
+  struct Bar {
+    const TrialRecord* trial;
+    double start, end;
+  };
+  std::vector<std::string> slots;  // in the order of their first trial's start
+  std::vector<Bar> bars;
+  for (const auto& t : data.trials) {
+    if (t.slot.empty()) continue;
+    const std::optional<double> start = utc_seconds(t.started_at);
+    if (!start) continue;
+    const std::optional<double> end =
+        t.wall_s ? std::optional<double>(*start + *t.wall_s) : utc_seconds(t.finished_at);
+    if (!end) continue;  // still running
+    bars.push_back({&t, *start, std::max(*end, *start)});
+  }
+  if (bars.empty()) {
+    if (std::none_of(data.trials.begin(), data.trials.end(),
+                     [](auto& t) { return !t.slot.empty(); })) {
+      return false;
+    }
+    plot.omitted = "Not drawn: no trial that ran on a slot recorded its start and wall time.";
+    return true;
+  }
+  std::stable_sort(bars.begin(), bars.end(), [](auto& a, auto& b) { return a.start < b.start; });
+  for (const Bar& b : bars) {
+    if (std::find(slots.begin(), slots.end(), b.trial->slot) == slots.end()) {
+      slots.push_back(b.trial->slot);
+    }
+  }
+  const double origin = bars.front().start;
+  double last = 0.0;
+  for (const Bar& b : bars) last = std::max(last, b.end - origin);
+  const double span = std::max(last, 1.0);
+  // One data block per legend entry: the statuses in kTrialStatuses order, then re-measures.
+  std::vector<std::pair<std::string, std::string>> blocks;  // (title, rows)
+  auto block = [&](const std::string& title) -> std::string& {
+    auto it = std::find_if(blocks.begin(), blocks.end(), [&](auto& b) { return b.first == title; });
+    return it != blocks.end() ? it->second : blocks.emplace_back(title, "").second;
+  };
+  for (const char* status : store::kTrialStatuses) block(status);
+  block("ok, re-measured alone");
+  std::string labels;
+  int neighboured = 0, measured_trials = 0;
+  std::set<int64_t> with_neighbours;
+  for (const auto& [trial, neighbours] : data.neighbours) {
+    if (!neighbours.empty()) with_neighbours.insert(trial);
+  }
+  for (const Bar& b : bars) {
+    const TrialRecord& t = *b.trial;
+    const auto row = std::find(slots.begin(), slots.end(), t.slot) - slots.begin();
+    const std::string title =
+        t.remeasure_of && t.status == "ok" ? "ok, re-measured alone" : t.status;
+    block(title) += std::to_string(row) + " " + exact(b.start - origin) + " " +
+                    exact(b.end - origin) + " " + std::to_string(t.id) + "\n";
+    if (b.end - b.start >= span / 25) {
+      labels += exact((b.start + b.end) / 2 - origin) + " " + std::to_string(row) + " " +
+                std::to_string(t.id) + "\n";
+    }
+    if (is_measured(t)) {
+      ++measured_trials;
+      if (with_neighbours.count(t.id)) ++neighboured;
+    }
+  }
+  std::erase_if(blocks, [](auto& b) { return b.second.empty(); });
+  dat = "# slot_row start_s end_s trial_id (seconds since the first trial's start); one block per "
+        "status\n";
+  std::string plot_cmd = "plot ";
+  const std::map<std::string, std::string> colours = {
+      {"ok", "#2ca02c"},      {"ok, re-measured alone", "#2ca02c"},
+      {"oom", "#d62728"},     {"failed", "#ff7f0e"},
+      {"timeout", "#9467bd"}, {"killed", "#8c564b"},
+      {"running", "#1f77b4"}};
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    dat += "# " + blocks[i].first + "\n" + blocks[i].second + "\n\n";
+    const auto colour = colours.find(blocks[i].first);
+    const bool hatched = blocks[i].first == "ok, re-measured alone";
+    const std::string rgb =
+        "rgb '" + (colour != colours.end() ? colour->second : std::string("gray50")) + "'";
+    plot_cmd += std::string(i == 0 ? "'timeline.dat'" : ", \\\n     ''") + " index " +
+                std::to_string(i) +
+                " using (($2 + $3) / 2):1:2:3:($1 - 0.35):($1 + 0.35) with boxxyerror fc " + rgb +
+                (hatched ? " fs pattern 4 border lc " + rgb
+                         : std::string(" fs solid 0.8 border lc rgb 'gray20'")) +
+                " title " + gnuplot_quote(blocks[i].first);
+  }
+  if (!labels.empty()) {
+    dat += "# labels: x row trial_id\n" + labels + "\n\n";
+    plot_cmd += ", \\\n     '' index " + std::to_string(blocks.size()) +
+                " using 1:2:3 with labels notitle";
+  }
+  std::string ytics = "set ytics (";
+  for (size_t i = 0; i < slots.size(); ++i) {
+    ytics += (i ? ", " : "") + gnuplot_quote(slots[i]) + " " + std::to_string(i);
+  }
+  ytics += ")\n";
+  const int height = std::clamp(220 + 60 * static_cast<int>(slots.size()), 420, 1600);
+  gp += begin_plot(plot.file, plot.title, 1100, height) + "set xlabel 'seconds since the first " +
+        "trial started'\nset xrange [" + number(-0.04 * span) + ":" + number(1.04 * span) +
+        "]\nset yrange [-0.7:" + number(static_cast<double>(slots.size()) - 0.3) +
+        "]\n" + ytics + "set grid noytics xtics\nset key outside right top vertical\n" + plot_cmd + "\n";
+  plot.caption = "Each trial that ran, as a bar on the slot it ran on, from its start for its wall "
+                 "time (labelled with its id where the bar is wide enough); hatched: a "
+                 "configuration measured again with no other trial running. " +
+                 std::to_string(neighboured) + " of " + std::to_string(measured_trials) +
+                 " measured trials ran beside another trial.";
+  return true;
+}
+
 }  // namespace
 
 std::string gnuplot_quote(const std::string& text) {
@@ -477,6 +605,12 @@ PlotFiles make_plot_files(const SweepData& data) {
   if (prediction_plot(data, prediction, dat, gp)) {
     out.plots.push_back(prediction);
     out.files.emplace_back("prediction.dat", dat);
+  }
+  Plot timeline{"timeline.png", "Trials over time on the sweep's slots", "", ""};
+  dat.clear();
+  if (timeline_plot(data, timeline, dat, gp)) {
+    out.plots.push_back(timeline);
+    if (!dat.empty()) out.files.emplace_back("timeline.dat", dat);
   }
   Plot backends{"backends.png", "Ours vs DeepSpeed: tokens/s per rank", "", ""};
   dat.clear();

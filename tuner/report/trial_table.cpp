@@ -40,7 +40,9 @@ std::vector<std::pair<std::string, std::string>> trial_fields(const store::Trial
           {"limit_bytes", exact(t.limit_bytes)},
           {"predicted_peak_bytes", exact(t.predicted_peak_bytes)},
           {"predicted_step_ms", exact(t.predicted_step_ms)},
-          {"summary", t.summary}};
+          {"summary", t.summary},
+          {"slot", t.slot},
+          {"remeasure_of", exact(t.remeasure_of)}};
 }
 
 Table trial_fields_table(const std::vector<store::TrialRecord>& trials) {

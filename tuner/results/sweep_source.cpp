@@ -54,6 +54,9 @@ SweepData load_sweep(store::Database& db, const std::string& name) {
   store::SweepStore sweeps(db);
   data.trials = sweeps.trials(data.sweep.id);
   data.loads = sweeps.trial_loads(data.sweep.id);
+  for (const store::TrialNeighbour& n : sweeps.trial_neighbours(data.sweep.id)) {
+    data.neighbours[n.trial_id].push_back(n.neighbour_id);
+  }
   data.time_calibrated = time_predictions_calibrated(db, data.sweep);
   for (const auto& trial : data.trials) {
     auto phases = sweeps.trial_phases(trial.id);

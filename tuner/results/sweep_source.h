@@ -30,6 +30,8 @@ struct SweepData {
   std::vector<store::TrialRecord> trials;
   std::map<int64_t, std::vector<store::TrialPhase>> phases;  // by trial id; absent = none
   std::vector<store::TrialLoad> loads;  // trial id order; empty when none was recorded
+  // The trials each trial ran beside (trial_neighbours), by trial id; absent = ran alone.
+  std::map<int64_t, std::vector<int64_t>> neighbours;
   // Whether the trials' step-time predictions (predicted_step_ms) came from a cost-model fit
   // (time_predictions_calibrated); false: from the hardware profile's peaks, uncalibrated.
   bool time_calibrated = false;
