@@ -4,10 +4,14 @@
 // the grid's answer with fewer runs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
+#include <stdexcept>
 
 #include "tuner/search/engine.h"
 #include "tuner/search/knowledge.h"
@@ -474,6 +478,144 @@ TEST(SearchEngine, RepeatedFailuresLeaveTheLongestLengthOpenAndSaySo) {
   EXPECT_EQ(host.records[0].reason,
             "longest fitting length not settled: fits at 4096; runs failed at 7168, 8192 (not a "
             "memory result), search stopped");
+}
+
+// Synthetic for a search with several workers: run() may be called from several threads at
+// once. Each run holds its result back until `overlap` runs have been in flight together since
+// it started, or until the engine has called idle() twice meanwhile (it is waiting for this run:
+// the units after it depend on it). So a run is still in flight while every unit that does not
+// wait for it decides: one that should have waited for it and did not would decide without its
+// result and differ from the one-worker search. An engine starts an independent unit at once,
+// without idling, so the overlap is seen whenever the search allows one.
+struct Concurrent : Synthetic {
+  using Synthetic::Synthetic;
+  std::mutex mutex;
+  std::condition_variable changed;
+  int in_flight = 0, most_in_flight = 0, overlap = 2;
+  int64_t overlaps = 0;  // times in_flight reached `overlap`
+  int64_t idle_calls = 0;
+  int64_t run_calls = 0;
+  int64_t throw_at = 0;  // the run_calls-th run throws (0 = none)
+
+  RunOutcome run(const Point& p, int64_t length, bool probe) override {
+    std::unique_lock<std::mutex> lock(mutex);
+    const int64_t overlaps_at_start = overlaps, idle_at_start = idle_calls;
+    ++in_flight;
+    most_in_flight = std::max(most_in_flight, in_flight);
+    if (in_flight >= overlap) ++overlaps;
+    changed.notify_all();
+    changed.wait_for(lock, std::chrono::seconds(60), [&] {
+      return overlaps > overlaps_at_start || idle_calls >= idle_at_start + 2;
+    });
+    const bool fail = ++run_calls == throw_at;
+    RunOutcome out = Synthetic::run(p, length, probe);
+    --in_flight;
+    changed.notify_all();
+    if (fail) throw std::runtime_error("stop");
+    return out;
+  }
+  void idle() override {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++idle_calls;
+    changed.notify_all();
+  }
+  // Points and lengths by status, without trial ids (they depend on the order runs end).
+  std::map<std::string, std::multiset<std::pair<Point, int64_t>>> by_status;
+  void record(const Point& p, int64_t length, const std::string& status,
+              const std::string& reason) override {
+    Synthetic::record(p, length, status, reason);
+    by_status[status].insert({p, length});
+  }
+  std::multiset<std::tuple<Point, int64_t, bool>> run_set() const {
+    return {runs.begin(), runs.end()};
+  }
+};
+
+// Six workers decide every unit from the same finished runs as one: the same runs, skips,
+// prunes and longest lengths in the grid, throughput (dominance, implied out-of-memory) and
+// max-length (probes, bisection, curve) searches, with runs side by side.
+TEST(SearchEngine, WorkersRunSideBySideAndDecideAsOne) {
+  Space throughput = test_space();
+  throughput.lengths = {4096, 8192};
+  Space max_length = test_space();
+  max_length.search_max = true;
+  max_length.curve = 2;
+  struct Case {
+    const Space* space;
+    std::string method;
+  };
+  for (const Case& c : {Case{&throughput, "smart"}, Case{&throughput, "grid"},
+                        Case{&max_length, "smart"}}) {
+    Options one;
+    one.method = c.method;
+    Concurrent serial(*c.space);
+    serial.limit_mib = 5000;
+    serial.prune_above_mib = 7000;
+    serial.overlap = 1;
+    const Summary a = run_search(*c.space, one, serial);
+    Options six = one;
+    six.workers = 6;
+    Concurrent parallel(*c.space);
+    parallel.overlap = six.workers;
+    parallel.limit_mib = 5000;
+    parallel.prune_above_mib = 7000;
+    const Summary b = run_search(*c.space, six, parallel);
+    SCOPED_TRACE(c.method + (c.space->search_max ? " max length" : " throughput"));
+    EXPECT_EQ(serial.most_in_flight, 1);
+    EXPECT_GE(parallel.most_in_flight, 2);
+    EXPECT_LE(parallel.most_in_flight, 6);
+    EXPECT_EQ(parallel.run_set(), serial.run_set());
+    EXPECT_EQ(parallel.by_status, serial.by_status);
+    EXPECT_EQ(parallel.real_results, serial.real_results);
+    EXPECT_EQ(a.runs, b.runs);
+    EXPECT_EQ(a.probes, b.probes);
+    EXPECT_EQ(a.skipped, b.skipped);
+    EXPECT_EQ(a.pruned, b.pruned);
+    if (c.method == "smart") {
+      EXPECT_GT(b.skipped, 0);  // dominance and implications still skip
+    }
+  }
+}
+
+// A throughput search on six workers never runs what a finished run implies (out of memory
+// implied, or dominated): the units that could be skipped wait for the runs that decide them.
+TEST(SearchEngine, WorkersSkipWhatFinishedRunsImply) {
+  Space s = test_space();
+  s.lengths = {4096, 8192};
+  Concurrent host(s);
+  host.limit_mib = 5000;
+  Options o;
+  o.workers = host.overlap = 6;
+  run_search(s, o, host);
+  ASSERT_FALSE(host.by_status["skipped"].empty());
+  for (const auto& [p, length, probe] : host.runs) {
+    EXPECT_EQ(host.by_status["skipped"].count({p, length}), 0u) << describe(s, p) << length;
+  }
+  // Nothing dominated ran: no point ran at a length where one it cannot beat already fitted.
+  for (const auto& [p, length, probe] : host.runs) {
+    for (const auto& [q, other, other_probe] : host.runs) {
+      if (other != length || q == p || !cannot_be_faster(s, p, q)) continue;
+      const bool q_fits = host.real_results[{q, length}].first;
+      EXPECT_FALSE(q_fits) << describe(s, p) << " ran though " << describe(s, q) << " fits at "
+                           << length;
+    }
+  }
+}
+
+// An exception in one worker's run stops the search: nothing starts after it and it reaches the
+// caller once the other runs ended.
+TEST(SearchEngine, AnExceptionInAWorkerStopsTheSearch) {
+  Space s = test_space();
+  s.lengths = {4096, 8192};
+  Concurrent host(s);
+  host.limit_mib = 5000;
+  host.throw_at = 3;
+  Options o;
+  o.method = "grid";
+  o.workers = 2;
+  EXPECT_THROW(run_search(s, o, host), std::runtime_error);
+  EXPECT_LE(host.runs.size(), 4u);  // the third and at most one beside it
+  EXPECT_EQ(host.in_flight, 0);
 }
 
 }  // namespace

@@ -3,9 +3,16 @@
 #include "tuner/search/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "tuner/search/knowledge.h"
 
@@ -14,11 +21,18 @@ namespace {
 
 std::string trial_ref(int64_t id) { return "trial #" + std::to_string(id); }
 
+// One unit of the search (engine.h): its body runs under the engine's lock, and `deps` are the
+// indices of earlier units of the same phase it waits for.
+struct Unit {
+  std::function<void()> body;
+  std::vector<size_t> deps;
+};
+
 class Engine {
  public:
   Engine(const Space& space, const Options& options, Host& host)
-      : space_(space), options_(options), host_(host), knowledge_(space),
-        n_(static_cast<int>(space.lengths.size())) {}
+      : space_(space), options_(options), host_(host), n_(static_cast<int>(space.lengths.size())),
+        knowledge_(space) {}
 
   Summary run() {
     std::vector<Point> valid;
@@ -42,14 +56,90 @@ class Engine {
   }
 
  private:
+  // Runs the units of one phase: in order in this thread (one worker), or side by side as
+  // engine.h says. Returns when every started unit has ended; rethrows the first exception.
+  void run_units(std::vector<Unit>& units) {
+    if (options_.workers <= 1) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      lock_ = &lock;
+      for (Unit& unit : units) {
+        if (stopped_) break;
+        unit.body();
+      }
+      lock_ = nullptr;
+      return;
+    }
+    std::vector<char> done(units.size(), 0);
+    std::vector<std::thread> threads;
+    int active = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Waits for `ready` while calling Host::idle about every 0.1 s; an exception from it stops
+    // the search.
+    auto wait = [&](const std::function<bool()>& ready) {
+      while (!ready()) {
+        if (wake_.wait_for(lock, std::chrono::milliseconds(100), ready)) break;
+        lock.unlock();
+        try {
+          host_.idle();
+        } catch (...) {
+          lock.lock();
+          if (!error_) error_ = std::current_exception();
+          stopped_ = true;
+          continue;
+        }
+        lock.lock();
+      }
+    };
+    for (size_t k = 0; k < units.size() && !stopped_; ++k) {
+      wait([&] {
+        if (stopped_) return true;
+        if (active >= options_.workers) return false;
+        for (size_t d : units[k].deps) {
+          if (!done[d]) return false;
+        }
+        return true;
+      });
+      if (stopped_) break;
+      ++active;
+      threads.emplace_back([this, &units, &done, &active, k] {
+        std::unique_lock<std::mutex> unit_lock(mutex_);
+        lock_ = &unit_lock;
+        try {
+          if (!stopped_) units[k].body();
+        } catch (...) {
+          if (!error_) error_ = std::current_exception();
+          stopped_ = true;
+        }
+        lock_ = nullptr;
+        done[k] = 1;
+        --active;
+        wake_.notify_all();
+      });
+    }
+    wait([&] { return active == 0; });
+    lock.unlock();
+    for (std::thread& t : threads) t.join();
+    lock.lock();
+    if (error_) {
+      std::exception_ptr error = error_;
+      lock.unlock();
+      std::rethrow_exception(error);
+    }
+  }
+
   // Every valid point at every length, no implications, no pruning.
   void grid(const std::vector<Point>& valid) {
+    std::vector<Unit> units;
     for (const Point& p : valid) {
       for (int i = 0; i < n_; ++i) {
-        if (!start_run()) return;
-        execute(p, i, false);
+        units.push_back({[this, p, i] {
+                           if (budget_spent_ || !start_run()) return;
+                           execute(p, i, false);
+                         },
+                         {}});
       }
     }
+    run_units(units);
   }
 
   // Sorts by saving score (ascending or descending), then by the host's predicted value at
@@ -72,22 +162,39 @@ class Engine {
   // Each length, fastest-looking points (fewest savings, then the best prediction) first; skip
   // what is implied out of memory, pruned, or dominated by a point with fewer savings that fits.
   void throughput(std::vector<Point> valid) {
+    std::vector<Unit> units;
+    std::vector<std::pair<Point, int>> keys;  // (point, length index) of each unit
     for (int i = 0; i < n_; ++i) {
       order(valid, /*fewest_savings_first=*/true, space_.lengths[i]);
       for (const Point& p : valid) {
-        if (std::optional<int64_t> id = knowledge_.implied_oom(p, i, false)) {
-          skip(p, i, "out of memory implied by " + trial_ref(*id) +
-                         " (saves at least as much memory at a length <= this one)");
-        } else if (std::optional<int64_t> id = knowledge_.dominating_fit(p, i);
-                   id && options_.saving_costs_time) {
-          skip(p, i, "dominated by " + trial_ref(*id) +
-                         ": it fits at this length with fewer memory savings (savings cost time)");
-        } else if (!pruned(p, i)) {
-          if (!start_run()) return;
-          execute(p, i, false);
+        Unit unit;
+        for (size_t k = 0; k < keys.size(); ++k) {  // earlier units whose runs could decide it
+          const auto& [q, j] = keys[k];
+          const bool implies_oom = saves_at_least(space_, q, p);
+          const bool dominates =
+              j == i && options_.saving_costs_time && q != p && cannot_be_faster(space_, p, q);
+          if (implies_oom || dominates) unit.deps.push_back(k);
         }
+        unit.body = [this, p, i] {
+          if (budget_spent_) return;  // the one-worker search stops here
+          if (std::optional<int64_t> id = knowledge_.implied_oom(p, i, false)) {
+            skip(p, i, "out of memory implied by " + trial_ref(*id) +
+                           " (saves at least as much memory at a length <= this one)");
+          } else if (std::optional<int64_t> id = knowledge_.dominating_fit(p, i);
+                     id && options_.saving_costs_time) {
+            skip(p, i,
+                 "dominated by " + trial_ref(*id) +
+                     ": it fits at this length with fewer memory savings (savings cost time)");
+          } else if (!pruned(p, i)) {
+            if (!start_run()) return;
+            execute(p, i, false);
+          }
+        };
+        keys.emplace_back(p, i);
+        units.push_back(std::move(unit));
       }
     }
+    run_units(units);
   }
 
   // The longest fitting length of each point, most-saving points first (their out-of-memory
@@ -96,58 +203,89 @@ class Engine {
   void max_length(std::vector<Point> valid) {
     // Equal savings: the best predicted value at the longest length first.
     order(valid, /*fewest_savings_first=*/false, space_.lengths.back());
-    int best = -1;
-    std::vector<std::pair<Point, int>> settled;  // points and their longest fitting index
-    for (const Point& p : valid) {
-      int lo = -1, hi = n_;
-      std::optional<int64_t> hi_id;
-      for (int i = 0; i < n_; ++i) {
-        if (knowledge_.implied_fit(p, i, false)) lo = i;
-      }
-      for (int i = n_ - 1; i > lo; --i) {
-        if (std::optional<int64_t> id = knowledge_.implied_oom(p, i, false)) hi = i, hi_id = id;
-      }
-      if (hi <= best) {
-        skip(p, -1, "cannot reach the longest fitting length so far (" +
-                       std::to_string(space_.lengths[best]) + "): out of memory at " +
-                       std::to_string(space_.lengths[hi]) + " implied by " + trial_ref(*hi_id));
-        continue;
-      }
-      std::set<int> failed;  // lengths where a real run of p failed: they bound nothing
-      if (best >= 0 && lo < best) {  // one run at the best length decides whether p competes
-        std::optional<Result> r = test(p, best, false);
-        if (!r) return;
-        if (*r == Result::kOom) continue;
-        if (*r == Result::kFits) {
-          lo = best;
-        } else {
-          failed.insert(best);  // undecided: p's own search goes on around it
+    longest_.assign(valid.size(), -1);
+    settled_at_.assign(valid.size(), -1);
+    std::vector<Unit> units;
+    for (size_t k = 0; k < valid.size(); ++k) {
+      Unit unit;
+      for (size_t j = 0; j < k; ++j) {
+        if (j == 0 || saves_at_least(space_, valid[j], valid[k]) ||
+            saves_at_least(space_, valid[k], valid[j])) {
+          unit.deps.push_back(j);
         }
       }
-      if (options_.probe && hi - lo > 1) {
-        int probe_lo = lo, probe_hi = hi;
-        for (int i = lo + 1; i < hi; ++i) {
-          if (knowledge_.implied_fit(p, i, true)) probe_lo = i;
-        }
-        for (int i = hi - 1; i > probe_lo; --i) {
-          if (knowledge_.implied_oom(p, i, true)) probe_hi = i;
-        }
-        std::set<int> probe_failed;
-        if (!bisect(p, probe_lo, probe_hi, true, false, probe_failed)) return;
-        hi = std::min(hi, probe_hi);  // a probe's out-of-memory is a real one (not its failure)
-      }
-      if (!bisect(p, lo, hi, false, options_.probe, failed)) return;
-      if (hi - lo > 1) not_settled(p, lo, hi, failed);
-      if (hi - lo == 1 && lo >= 0) settled.emplace_back(p, lo);
-      best = std::max(best, lo);
+      const std::vector<size_t> deps = unit.deps;
+      unit.body = [this, &valid, k, deps] {
+        if (budget_spent_) return;  // the one-worker search stops here
+        int best = -1;  // the longest fit among the points this one waited for
+        for (size_t j : deps) best = std::max(best, longest_[j]);
+        search_point(valid[k], k, best);
+      };
+      units.push_back(std::move(unit));
+    }
+    run_units(units);
+    if (budget_spent_) return;
+    std::vector<std::pair<Point, int>> settled;  // in the order of the points
+    for (size_t k = 0; k < valid.size(); ++k) {
+      if (settled_at_[k] >= 0) settled.emplace_back(valid[k], settled_at_[k]);
     }
     curve(settled);
   }
+
+  // One point's length search (max_length): sets longest_[k] (the longest fit it found, or
+  // -1 when it does not compete) and settled_at_[k] (that index when settled). Sets
+  // budget_spent_ when the budget ran out.
+  void search_point(const Point& p, size_t k, int best) {
+    int lo = -1, hi = n_;
+    std::optional<int64_t> hi_id;
+    for (int i = 0; i < n_; ++i) {
+      if (knowledge_.implied_fit(p, i, false)) lo = i;
+    }
+    for (int i = n_ - 1; i > lo; --i) {
+      if (std::optional<int64_t> id = knowledge_.implied_oom(p, i, false)) hi = i, hi_id = id;
+    }
+    if (hi <= best) {
+      skip(p, -1, "cannot reach the longest fitting length so far (" +
+                     std::to_string(space_.lengths[best]) + "): out of memory at " +
+                     std::to_string(space_.lengths[hi]) + " implied by " + trial_ref(*hi_id));
+      return;
+    }
+    std::set<int> failed;  // lengths where a real run of p failed: they bound nothing
+    if (best >= 0 && lo < best) {  // one run at the best length decides whether p competes
+      std::optional<Result> r = test(p, best, false);
+      if (!r) return spent();
+      if (*r == Result::kOom) return;
+      if (*r == Result::kFits) {
+        lo = best;
+      } else {
+        failed.insert(best);  // undecided: p's own search goes on around it
+      }
+    }
+    if (options_.probe && hi - lo > 1) {
+      int probe_lo = lo, probe_hi = hi;
+      for (int i = lo + 1; i < hi; ++i) {
+        if (knowledge_.implied_fit(p, i, true)) probe_lo = i;
+      }
+      for (int i = hi - 1; i > probe_lo; --i) {
+        if (knowledge_.implied_oom(p, i, true)) probe_hi = i;
+      }
+      std::set<int> probe_failed;
+      if (!bisect(p, probe_lo, probe_hi, true, false, probe_failed)) return spent();
+      hi = std::min(hi, probe_hi);  // a probe's out-of-memory is a real one (not its failure)
+    }
+    if (!bisect(p, lo, hi, false, options_.probe, failed)) return spent();
+    if (hi - lo > 1) not_settled(p, lo, hi, failed);
+    if (hi - lo == 1 && lo >= 0) settled_at_[k] = lo;
+    longest_[k] = lo;
+  }
+
+  void spent() { budget_spent_ = true; }
 
   // Each settled point at space_.curve shorter lengths, evenly spread below its longest fit
   // (index round(lo * k / (curve + 1)), k = 1..curve), unless already measured there; in the
   // order the points settled, so a spent budget leaves the most-saving points' curves whole.
   void curve(const std::vector<std::pair<Point, int>>& settled) {
+    std::vector<Unit> units;
     for (const auto& [p, lo] : settled) {
       std::set<int> lengths;
       for (int k = 1; k <= space_.curve; ++k) {
@@ -156,11 +294,15 @@ class Engine {
         if (i < lo && !measured_.count({p, i})) lengths.insert(i);
       }
       for (int i : lengths) {
-        if (pruned(p, i)) continue;
-        if (!start_run()) return;
-        execute(p, i, false);
+        units.push_back({[this, p = p, i] {
+                           if (budget_spent_ || pruned(p, i)) return;
+                           if (!start_run()) return spent();
+                           execute(p, i, false);
+                         },
+                         {}});
       }
     }
+    run_units(units);
   }
 
   // Narrows (lo, hi), where lo fits (or is -1) and hi does not (or is n), to adjacent indices
@@ -249,14 +391,27 @@ class Engine {
     ++summary_.skipped;
   }
 
+  // False when no further run may start: the budget is spent (then recorded) or the search
+  // is stopping.
   bool start_run() {
+    if (stopped_) return false;
     if (host_.budget_left()) return true;
     summary_.budget_exhausted = true;
+    budget_spent_ = true;
     return false;
   }
 
+  // Runs p at index i through the host without the engine's lock (other units decide meanwhile).
   RunOutcome execute(const Point& p, int i, bool probe) {
-    RunOutcome out = host_.run(p, space_.lengths[i], probe);
+    lock_->unlock();
+    RunOutcome out;
+    try {
+      out = host_.run(p, space_.lengths[i], probe);
+    } catch (...) {
+      lock_->lock();
+      throw;
+    }
+    lock_->lock();
     if (!out.ran) {
       ++summary_.invalid_at_length;
       return out;
@@ -272,11 +427,22 @@ class Engine {
   const Space& space_;
   const Options& options_;
   Host& host_;
+  const int n_;
+  // Guards everything below; held by the unit that decides (lock_ is its lock, one per thread).
+  std::mutex mutex_;
+  std::condition_variable wake_;  // a unit ended
+  static thread_local std::unique_lock<std::mutex>* lock_;
   Knowledge knowledge_;
   std::set<std::pair<Point, int>> measured_;  // real runs that fit: (point, length index)
-  const int n_;
   Summary summary_;
+  std::vector<int> longest_;     // max length: each point's longest fit (-1: none or dropped)
+  std::vector<int> settled_at_;  // max length: its index when settled, else -1
+  bool budget_spent_ = false;    // a run was refused by the budget: no unit starts a run
+  bool stopped_ = false;         // an exception: no unit starts
+  std::exception_ptr error_;
 };
+
+thread_local std::unique_lock<std::mutex>* Engine::lock_ = nullptr;
 
 }  // namespace
 

@@ -17,6 +17,28 @@
 //   - max-length search only: each point whose longest fit is settled is then measured at
 //     Space::curve shorter lengths, so that throughput can be read against length.
 // Every point or length it leaves out is recorded with its reason.
+//
+// Runs side by side (Options::workers > 1, a sweep's slots). The search is cut into units, each
+// decided in one go from what FINISHED runs say: a (point, length) of the grid, of the
+// throughput search and of the curve; a point's whole length search (probe bisection, bisection,
+// in its order) in the max-length search. Units start in the order the one-worker search takes
+// them, at most `workers` at once, and a unit starts only once every earlier unit whose runs
+// could decide it has finished:
+//   throughput: (p, L) waits for every earlier (q, L') with L' <= L where q saves at least as
+//     much as p (its out-of-memory implies p's), and, at L' == L, every q that p cannot be faster
+//     than (its fit dominates p);
+//   max length: a point waits for every earlier point it is comparable with in the memory order
+//     (their facts imply its fits and out-of-memory results) and for the first point (the lead:
+//     most saving, best predicted); "the longest fitting length so far", which decides whether a
+//     point competes, is the longest fit among exactly those points;
+//   grid and curve units wait for nothing.
+// So a unit reads the same facts whatever the number of workers, and the search's statuses and
+// longest lengths do not depend on it; a unit that waits holds back the units after it (they
+// start in order), so the runs started are the same too, up to a budget: which run the last of
+// max_trials goes to may depend on timing where units of several points run at once. Knowledge
+// is read and written under one lock, held by a unit except while Host::run runs.
+// An exception from any unit or from Host::idle stops the search: no unit starts after it, the
+// running runs are waited for (the host stops them), and the first exception is rethrown.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -64,7 +86,14 @@ class Host {
     (void)p, (void)length;
     return std::nullopt;
   }
+  // Options::workers > 1 only: called about every 0.1 s by the thread that called run_search
+  // while it waits for units on other threads, without the engine's lock; it may throw to stop
+  // the search (e.g. on a signal).
+  virtual void idle() {}
 };
+// With Options::workers > 1, run() is called from up to `workers` threads at once (each call
+// for a different (point, length, probe)); the other calls come one at a time, never at the same
+// time as each other, but at the same time as run() calls.
 
 // Failed runs (not out of memory) after which the max-length search of a point stops.
 inline constexpr int kMaxFailuresPerPoint = 2;
@@ -74,6 +103,7 @@ struct Options {
   bool probe = true;             // max-length search: probe before real runs
   bool prune = true;             // ask Host::prune_reason before running
   bool saving_costs_time = true; // skip points dominated in time (see above)
+  int workers = 1;               // units run side by side (see above); 1 = in the caller's thread
 };
 
 struct Summary {
