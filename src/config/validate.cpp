@@ -252,6 +252,17 @@ void validate_run(const RunConfig& c) {
   at_least("optim.max_consecutive_skips", c.optim.max_consecutive_skips, 0);
   at_least("optim.host_threads", c.optim.host_threads, 0);
   one_of("optim.overlap_host_update", c.optim.overlap_host_update, {"auto", "true", "false"});
+  // Where the overlap cannot run, true is refused (auto falls back to the update after
+  // backward); what depends on the world size and device (the gradient shards' place at ZeRO
+  // stages 1-3) the trainer checks.
+  require(c.optim.overlap_host_update != "true" || c.memory.offload_optimizer,
+          "optim.overlap_host_update",
+          "true needs memory.offload_optimizer (it overlaps the offloaded optimizer's host update)");
+  require(c.optim.overlap_host_update != "true" || c.zero.stage != 0 ||
+              c.memory.offload_gradients,
+          "optim.overlap_host_update",
+          "true needs memory.offload_gradients at zero.stage 0 (the host update reads the "
+          "gradients where they were summed, in host memory)");
 
   require(c.zero.stage >= 0 && c.zero.stage <= 3, "zero.stage",
           "must be 0, 1, 2 or 3, got " + show(c.zero.stage));

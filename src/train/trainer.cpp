@@ -38,6 +38,7 @@
 #include "zero/grad_buffers.h"
 #include "zero/layer_all_reduce.h"
 #include "zero/overlapped_host_update.h"
+#include "zero/overlapped_shard_update.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "train/metrics.h"
@@ -269,20 +270,41 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   } else {
     adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), optim, placement);
   }
-  // optim.overlap_host_update (stage 0, optimizer and gradients on the host; auto: on a GPU):
-  // each parameter's host update runs beside backward once its gradient is final: in a world of 1 after its
-  // layer's backward of the last micro-batch (the layer hooks take over build_model's
-  // checkpointing runner, recompute and offload included), in a larger one after its sum.
+  // optim.overlap_host_update (the optimizer and the gradients it reads on the host; auto: on a
+  // GPU): each parameter's (ZeRO: each shard's) host update runs beside backward once its
+  // gradient is final. Stage 0: in a world of 1 after its layer's backward of the last
+  // micro-batch (the layer hooks take over build_model's checkpointing runner, recompute and
+  // offload included), in a larger one after its sum. Stages 1-3: once its reduction has landed.
   std::shared_ptr<OverlappedHostUpdate> host_update;
-  const bool overlap = config.optim.overlap_host_update == "true" ||
-                       (config.optim.overlap_host_update == "auto" && device.is_cuda());
-  if (adamw && host_gradients && overlap) {
-    host_update = std::make_shared<OverlappedHostUpdate>(model, gradients, *adamw,
-                                                         mesh.world().size(), optim.host_threads);
-    if (mesh.world().size() == 1) {
-      memory::enable_layer_hooks(model, config.memory.offload_activations,
-                                 config.memory.checkpointing || config.memory.offload_activations,
-                                 host_update);
+  std::unique_ptr<OverlappedShardUpdate> shard_update;
+  const std::string& overlap_option = config.optim.overlap_host_update;
+  if (overlap_option != "false") {
+    // Why the overlap cannot run here, or empty.
+    std::string unable;
+    if (placement != OptimizerPlacement::kHost) {
+      unable = "needs memory.offload_optimizer (it overlaps the offloaded optimizer's host update)";
+    } else if (zero_stage == 0 && !host_gradients) {
+      unable = "needs memory.offload_gradients at zero.stage 0 (the host update reads the "
+               "gradients where they were summed, in host memory)";
+    } else if (zero && !zero->overlap_applies()) {
+      unable = "needs the gradient shards in host memory, and at zero.stage " +
+               std::to_string(zero_stage) + " on " + device.str() + " they stay on the device";
+    }
+    if (!unable.empty() && overlap_option == "true") {
+      throw UserError("optim.overlap_host_update: true " + unable + "; set it to false or auto");
+    }
+    if (unable.empty() && (overlap_option == "true" || device.is_cuda())) {  // auto: on a GPU
+      if (zero) {
+        shard_update = std::make_unique<OverlappedShardUpdate>(*zero, optim.host_threads);
+      } else {
+        host_update = std::make_shared<OverlappedHostUpdate>(
+            model, gradients, *adamw, mesh.world().size(), optim.host_threads);
+        if (mesh.world().size() == 1) {
+          memory::enable_layer_hooks(
+              model, config.memory.offload_activations,
+              config.memory.checkpointing || config.memory.offload_activations, host_update);
+        }
+      }
     }
   }
   profile::install_model_ranges(model);  // around the runners installed so far
@@ -436,15 +458,25 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     gradient_options.partition = partition.get();
     gradient_options.layer_all_reduce = layer_all_reduce.get();
     gradient_options.host_update = host_update.get();
+    gradient_options.shard_update = shard_update.get();
     const double lr = lr_at(config.optim, step, config.train.steps);
     if (host_update) host_update->begin_step(lr);
+    if (shard_update) shard_update->begin_step(lr);
     StepLoss loss = compute_gradients(model, batches, mesh, gradient_options);
-    if (zero) zero->reduce_gradients();
+    if (zero) {
+      zero->reduce_gradients(shard_update ? shard_update->on_summed()
+                                          : GradientBuffers::SummedFn());
+    }
     const auto optimizer_start = std::chrono::steady_clock::now();
     double grad_norm = 0.0;
     // Gradients are summed over the world before the norm, so every rank takes the same branch.
     bool skipped = false;
-    if (zero) {  // optimizer phase inside; zero_gather after it
+    if (shard_update) {  // what ran ahead commits, is redone or undone; then zero_gather
+      const OverlappedShardUpdate::Result result =
+          shard_update->finish_step(config.optim.grad_clip, lr);
+      grad_norm = result.grad_norm;
+      skipped = result.skipped;
+    } else if (zero) {  // optimizer phase inside; zero_gather after it
       grad_norm = zero->clip(config.optim.grad_clip);
       skipped = !std::isfinite(grad_norm);
       if (!skipped) zero->step(lr);
@@ -591,16 +623,24 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
           {"gradient_buckets_in_flight_max", gradients.host_buckets_in_flight_max()},
           {"gradient_bytes_in_flight_max", gradients.host_bytes_in_flight_max()}};
       // How much of the optimizer phase ran hidden behind backward (optim.overlap_host_update).
-      const double during = host_update ? host_update->ms_before_backward_end() : 0.0;
+      // ZeRO: per shard (an AdamW entry: the flat buffer's shard at stage 1, a parameter's at 2
+      // and 3) of rank 0.
+      const double during = host_update    ? host_update->ms_before_backward_end()
+                            : shard_update ? shard_update->ms_before_backward_end()
+                                           : 0.0;
       const double total = during + optimizer_ms_after_backward;
+      const int64_t ahead = host_update    ? host_update->last_step_updated_ahead()
+                            : shard_update ? shard_update->last_step_updated_ahead()
+                                           : 0;
       extra["optimizer_overlap"] = {
-          {"overlapped", host_update != nullptr},
+          {"overlapped", host_update != nullptr || shard_update != nullptr},
           {"steps", config.train.steps - first_step + 1},
           {"host_ms_during_backward", during},
           {"ms_after_backward", optimizer_ms_after_backward},
           {"hidden_fraction", total > 0.0 ? during / total : 0.0},
-          {"last_step_updated_ahead", host_update ? host_update->last_step_updated_ahead() : 0},
+          {"last_step_updated_ahead", ahead},
           {"parameters", static_cast<int64_t>(params.size())}};
+      if (zero) extra["optimizer_overlap"]["shards"] = zero->shard_optimizer().parameters().size();
     }
     metrics->write_summary(extra);
     say("done: outputs in " + config.output.dir + " (metrics.jsonl, summary.json, run.yaml)" +

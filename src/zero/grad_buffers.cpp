@@ -243,24 +243,46 @@ void GradientBuffers::zero() {
 
 namespace {
 
-// Issues the sum of flat[begin, end) over `group` in buckets of at most `bucket_numel` elements.
-void start_buckets(comm::Group& group, at::Tensor& flat, int64_t begin, int64_t end,
-                   int64_t bucket_numel, std::vector<comm::Group::Pending>& in_flight) {
-  for (int64_t start = begin; start < end; start += bucket_numel) {
-    at::Tensor bucket = flat.narrow(0, start, std::min(bucket_numel, end - start));
-    in_flight.push_back(group.all_reduce_start(bucket, comm::ReduceOp::kSum));  // in place
-  }
-}
-
 int64_t bucket_numel_of(const at::Tensor& flat, int64_t bucket_bytes) {
   return std::max<int64_t>(bucket_bytes / flat.element_size(), 1);
 }
 
 }  // namespace
 
+// Issues the sum of flats_[f][begin, end) over `group` in buckets of at most `bucket_numel`
+// elements.
+void GradientBuffers::start_buckets(comm::Group& group, size_t f, int64_t begin, int64_t end,
+                                    int64_t bucket_numel) {
+  for (int64_t start = begin; start < end; start += bucket_numel) {
+    const int64_t numel = std::min(bucket_numel, end - start);
+    at::Tensor bucket = flats_[f].narrow(0, start, numel);
+    in_flight_.push_back(group.all_reduce_start(bucket, comm::ReduceOp::kSum));  // in place
+    in_flight_ranges_.push_back({f, start, start + numel});
+  }
+}
+
 void GradientBuffers::wait_in_flight() {
   for (auto& pending : in_flight_) pending.wait();
   in_flight_.clear();
+  in_flight_ranges_.clear();
+}
+
+void GradientBuffers::wait_in_flight_in_order(const SummedFn& on_summed) {
+  std::vector<size_t> order(in_flight_.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const BucketRange& x = in_flight_ranges_[a];
+    const BucketRange& y = in_flight_ranges_[b];
+    return x.flat != y.flat ? x.flat < y.flat : x.begin < y.begin;
+  });
+  // The buckets tile each flat (the started ranges and the rest between them), so the summed
+  // prefix of a flat is the end of the last bucket waited for.
+  for (size_t k : order) {
+    in_flight_[k].wait();
+    on_summed(in_flight_ranges_[k].flat, in_flight_ranges_[k].end);
+  }
+  in_flight_.clear();
+  in_flight_ranges_.clear();
 }
 
 void GradientBuffers::all_reduce_start(comm::Group& group, size_t first, size_t last,
@@ -288,8 +310,7 @@ void GradientBuffers::all_reduce_start(comm::Group& group, size_t first, size_t 
     for (const auto& [b, e] : started_[f]) {
       TORCH_CHECK(end <= b || begin >= e, "GradientBuffers::all_reduce_start: range started twice");
     }
-    start_buckets(group, flats_[f], begin, end, bucket_numel_of(flats_[f], bucket_bytes),
-                  in_flight_);
+    start_buckets(group, f, begin, end, bucket_numel_of(flats_[f], bucket_bytes));
     started_[f].emplace_back(begin, end);
     std::sort(started_[f].begin(), started_[f].end());
   }
@@ -390,7 +411,10 @@ void GradientBuffers::all_reduce_on_host(comm::Group& group, int64_t bucket_byte
 void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes,
                                  const SummedFn& on_summed) {
   TORCH_CHECK(bucket_bytes >= 1, "GradientBuffers::all_reduce: bucket_bytes must be >= 1");
-  TORCH_CHECK(!on_summed || on_host_, "GradientBuffers::all_reduce: on_summed needs on_host");
+  TORCH_CHECK(!on_summed || on_host_ ||
+                  std::all_of(flats_.begin(), flats_.end(),
+                              [](const at::Tensor& flat) { return flat.is_cpu(); }),
+              "GradientBuffers::all_reduce: on_summed needs on_host or host buffers");
   settle();
   if (group.size() == 1) return;
   profile::ScopedPhase phase("grad_sync");
@@ -404,13 +428,17 @@ void GradientBuffers::all_reduce(comm::Group& group, int64_t bucket_bytes,
     const int64_t bucket_numel = bucket_numel_of(flats_[f], bucket_bytes);
     int64_t next = 0;
     for (const auto& [begin, end] : started_[f]) {
-      start_buckets(group, flats_[f], next, begin, bucket_numel, in_flight_);
+      start_buckets(group, f, next, begin, bucket_numel);
       next = end;
     }
-    start_buckets(group, flats_[f], next, flats_[f].numel(), bucket_numel, in_flight_);
+    start_buckets(group, f, next, flats_[f].numel(), bucket_numel);
     started_[f].clear();
   }
-  wait_in_flight();
+  if (on_summed) {
+    wait_in_flight_in_order(on_summed);
+  } else {
+    wait_in_flight();
+  }
 }
 
 void GradientBuffers::copy_to_param_grads() {

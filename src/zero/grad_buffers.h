@@ -93,10 +93,12 @@ class GradientBuffers {
   // the host buffers hold the sums (one sync with the group's device). So no more than two
   // buckets of the fp32 gradient ever occupy device memory here. With the group on the host's
   // device (Gloo on CPU) the buckets are summed in place, two at a time as well.
-  // on_summed (on_host only; may be empty): called as the sums land, on this thread, with
-  // (flat f, end) once flats()[f]'s elements [0, end) hold their sums over the group, readable on
-  // the host (so, with the group on a device, after a wait for that bucket's copy back). Flats
-  // complete in order, each from its start.
+  // on_summed (may be empty; REQUIRES on_host or every flat on the CPU): called as the sums land,
+  // on this thread, with (flat f, end) once flats()[f]'s elements [0, end) hold their sums over
+  // the group, readable on the host (so, with the group on a device, after a wait for that
+  // bucket's copy back). Flats complete in order, each from its start: without on_host the
+  // buckets (all_reduce_start's included) are waited for in that order, whatever order they were
+  // issued in.
   using SummedFn = std::function<void(size_t flat, int64_t end)>;
   void all_reduce(comm::Group& group, int64_t bucket_bytes = kDefaultGradBucketBytes,
                   const SummedFn& on_summed = {});
@@ -161,9 +163,18 @@ class GradientBuffers {
   // all_reduce_start: the sums in flight, and per flat the element ranges [begin, end) started
   // this step (kept sorted), which all_reduce leaves out.
   std::vector<comm::Group::Pending> in_flight_;
+  struct BucketRange {
+    size_t flat;
+    int64_t begin, end;
+  };
+  std::vector<BucketRange> in_flight_ranges_;  // in_flight_[k]'s elements
   std::vector<std::vector<std::pair<int64_t, int64_t>>> started_;
   int64_t ranges_started_ = 0;
   void wait_in_flight();
+  // Waits for in_flight_ in flat order, calling on_summed as each flat's summed prefix grows.
+  void wait_in_flight_in_order(const SummedFn& on_summed);
+  void start_buckets(comm::Group& group, size_t f, int64_t begin, int64_t end,
+                     int64_t bucket_numel);
   void all_reduce_on_host(comm::Group& group, int64_t bucket_bytes, const SummedFn& on_summed);
   int64_t host_buckets_in_flight_max_ = 0;
   int64_t host_bytes_in_flight_max_ = 0;

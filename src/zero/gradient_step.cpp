@@ -86,6 +86,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
     // The layers' sums start during the last micro-batch's backward, once each layer is done.
     if (layer_all_reduce != nullptr) layer_all_reduce->arm(&b == &micro_batches.back());
     if (options.host_update != nullptr) options.host_update->arm(&b == &micro_batches.back());
+    if (options.shard_update != nullptr) options.shard_update->arm(&b == &micro_batches.back());
     if (partition != nullptr) {
       add_loss(sharded_micro_batch(model, b, *partition, options.loss_tiles, inv_count));
       continue;
@@ -119,6 +120,7 @@ StepLoss compute_gradients(model::LlamaForCausalLM& model,
 
   if (layer_all_reduce != nullptr) layer_all_reduce->arm(false);
   if (options.host_update != nullptr) options.host_update->arm(false);
+  if (options.shard_update != nullptr) options.shard_update->arm(false);
   if (buffers != nullptr) buffers->settle();  // optimizer offload: every sum is on the host
   TORCH_CHECK(options.reduce || options.buffers != nullptr || partition != nullptr,
               "compute_gradients: reduce = false needs options.buffers");

@@ -16,6 +16,7 @@
 #include "zero/grad_buffers.h"
 #include "zero/layer_all_reduce.h"
 #include "zero/overlapped_host_update.h"
+#include "zero/overlapped_shard_update.h"
 #include "zero/zero_partition.h"
 
 namespace ulysses::train {
@@ -47,6 +48,10 @@ struct GradientOptions {
   // last micro-batch (its layer hooks hand each finished layer's gradients to the host update),
   // and told what buffers->all_reduce has summed. REQUIRES: reduce, no partition.
   OverlappedHostUpdate* host_update = nullptr;
+  // ZeRO stages 1-3 with the optimizer and gradient shards on the host (not owned; may be null):
+  // armed for the last micro-batch, whose reductions make the shards final (stages 2 and 3; stage
+  // 1's are summed by ZeroOptimizer::reduce_gradients afterwards).
+  OverlappedShardUpdate* shard_update = nullptr;
 };
 
 struct StepLoss {

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/pinned_host.h"
+#include "optim/cpu_adam.h"
 #include "profile/phase_timer.h"
 #include "zero/zero_partition.h"
 
@@ -51,6 +52,7 @@ ZeroOptimizer::ZeroOptimizer(GradientBuffers& buffers, comm::Group& world,
   }
   copy_parameters_to_masters();
   make_adamw(std::move(named), options, placement, staging);
+  find_host_shards(placement);
 }
 
 ZeroOptimizer::ZeroOptimizer(ZeroPartition& partition, const config::OptimOptions& options,
@@ -84,6 +86,7 @@ ZeroOptimizer::ZeroOptimizer(ZeroPartition& partition, const config::OptimOption
   }
   copy_parameters_to_masters();
   make_adamw(std::move(named), options, placement, staging);
+  find_host_shards(placement);
 }
 
 void ZeroOptimizer::make_adamw(NamedTensors named, const config::OptimOptions& options,
@@ -97,6 +100,20 @@ void ZeroOptimizer::make_adamw(NamedTensors named, const config::OptimOptions& o
     }
   } else {
     adamw_ = std::make_unique<AdamW>(std::move(named), options, placement);
+  }
+}
+
+void ZeroOptimizer::find_host_shards(OptimizerPlacement placement) {
+  const std::vector<at::Tensor> grads = shard_grads();
+  host_shards_ = placement == OptimizerPlacement::kHost &&
+                 std::all_of(grads.begin(), grads.end(),
+                             [](const at::Tensor& g) { return g.is_cpu() && g.is_contiguous(); });
+  overlap_applies_ = host_shards_;
+  for (size_t f = 0; f < targets_.size(); ++f) {
+    // A target in the gradients' memory (stage 2 under staging) is written over by the update.
+    const bool in_gradients = partition_ != nullptr ? stage_ == 2 && !targets_[f].is_same(masters_[f])
+                                                    : !targets_[f].is_same(masters_[f]);
+    if (in_gradients) overlap_applies_ = false;
   }
 }
 
@@ -169,29 +186,50 @@ std::vector<at::Tensor> ZeroOptimizer::shard_grads() const {
   return out;
 }
 
-void ZeroOptimizer::reduce_gradients() {
+void ZeroOptimizer::reduce_gradients(const GradientBuffers::SummedFn& on_summed) {
   if (world_.size() == 1 || partition_ != nullptr) return;  // the partition reduced per unit
+  TORCH_CHECK(!on_summed || host_shards_, "ZeroOptimizer::reduce_gradients: on_summed needs host shards");
   profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
   // Stage 1: the buffers' all-reduce as at stage 0 (the layers' ranges may have started during
   // backward); only the own shard is read.
-  buffers_->all_reduce(world_, bucket_bytes_);
+  buffers_->all_reduce(world_, bucket_bytes_, on_summed);
+}
+
+double ZeroOptimizer::norm_of_square_sums(const std::vector<std::vector<double>>& sums) {
+  TORCH_CHECK(sums.size() == masters_.size(), "ZeroOptimizer: one chunk sum list per shard");
+  double local = 0.0;
+  for (const std::vector<double>& chunks : sums) {
+    for (double chunk : chunks) local += chunk;  // shards in order, then chunks
+  }
+  at::Tensor sum_sq = at::tensor({local}, at::kDouble);  // [1]
+  world_.all_reduce(sum_sq, comm::ReduceOp::kSum);     // [1] the world's sum of squares
+  return std::sqrt(sum_sq.item<double>());
 }
 
 double ZeroOptimizer::clip(double max_norm) {
   profile::ScopedPhase phase("optimizer_norm", profile::Category::kOptimizer);
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads = shard_grads();
-  // Each shard's norm stays where the shard is; one stacked sum of squares and one copy to the
-  // host per step (not one synchronising copy per shard).
-  std::vector<at::Tensor> norms;  // each [] fp64
-  for (const at::Tensor& g : grads) {
-    const at::ScalarType accumulate = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    norms.push_back(at::norm(g, 2, accumulate).to(grads.front().device(), at::kDouble));
+  double total_norm = 0.0;
+  if (host_shards_) {  // the host update's chunked fp64 norm
+    std::vector<std::vector<double>> sums;
+    for (const at::Tensor& g : grads) {
+      sums.push_back(host_gradient_square_sums(g, adamw_->options().host_threads));
+    }
+    total_norm = norm_of_square_sums(sums);
+  } else {
+    // Each shard's norm stays where the shard is; one stacked sum of squares and one copy to the
+    // host per step (not one synchronising copy per shard).
+    std::vector<at::Tensor> norms;  // each [] fp64
+    for (const at::Tensor& g : grads) {
+      const at::ScalarType accumulate = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      norms.push_back(at::norm(g, 2, accumulate).to(grads.front().device(), at::kDouble));
+    }
+    at::Tensor sum_sq = norms.empty() ? at::zeros({1}, at::kDouble)
+                                      : at::stack(norms).square().sum().reshape({1}).to(at::kCPU);
+    world_.all_reduce(sum_sq, comm::ReduceOp::kSum);  // [1] the world's sum of squares
+    total_norm = std::sqrt(sum_sq.item<double>());
   }
-  at::Tensor sum_sq = norms.empty() ? at::zeros({1}, at::kDouble)
-                                    : at::stack(norms).square().sum().reshape({1}).to(at::kCPU);
-  world_.all_reduce(sum_sq, comm::ReduceOp::kSum);  // [1] the world's sum of squares
-  const double total_norm = std::sqrt(sum_sq.item<double>());
   if (max_norm <= 0.0 || !std::isfinite(total_norm)) return total_norm;
   const double coef = max_norm / (total_norm + 1e-6);
   if (coef < 1.0) {
@@ -210,6 +248,10 @@ void ZeroOptimizer::step(double lr) {
     profile::ScopedPhase phase("optimizer");
     adamw_->step(lr, grads);
   }
+  publish_step();
+}
+
+void ZeroOptimizer::publish_step() {
   uploads_ = adamw_->last_step_uploads();
   at::NoGradGuard no_grad;
   if (partition_ != nullptr) {  // stage 3: into the weight shards; stage 2: all-gathered

@@ -68,15 +68,39 @@ class ZeroOptimizer {
 
   // Reduces the unreduced per-rank sums in the buffers (compute_gradients with reduce = false)
   // over the world; afterwards shard_grads() hold the global sums of this rank's shard.
-  void reduce_gradients();
+  // on_summed (flat layout, host_shards() only; may be empty): GradientBuffers::all_reduce's, told
+  // as each flat's summed prefix grows (this rank's shard f is final once it reaches
+  // (rank + 1) * S_f). Nothing is called in the parameter layout, whose shards were reduced
+  // during backward.
+  void reduce_gradients(const GradientBuffers::SummedFn& on_summed = {});
 
   // Global L2 norm over all shards (sum of squares of each shard, all-reduced), then, when
   // max_norm > 0, the norm is finite and max_norm / (norm + 1e-6) < 1, scales this rank's shards
   // by that coefficient: clip_gradients' semantics (grad_clip.h). The same value on every rank.
+  // host_shards(): each shard's sum of squares is its 64K-element chunks' fp64 sums
+  // (host_gradient_square_sums), as the host update's own norm takes it (norm_of_square_sums).
   double clip(double max_norm);
 
   // AdamW at lr on this rank's shards, then all-gathers every shard into the parameters.
   void step(double lr);
+
+  // The optimizer offloaded (kHost) with every gradient shard in host memory (a CPU run), so
+  // that a host thread can read them: where the overlapped update applies
+  // (overlapped_shard_update.h) and clip() takes the chunked host norm.
+  bool host_shards() const { return host_shards_; }
+  // host_shards() and AdamW writing the masters themselves (not a staging target that shares the
+  // gradients' memory): an update made ahead can be undone and made again.
+  bool overlap_applies() const { return overlap_applies_; }
+  // The AdamW over this rank's shards: entry f updates shard f (shard_grads()[f]).
+  AdamW& shard_optimizer() { return *adamw_; }
+  // Collective: the global norm from this rank's shards' chunk sums of squares (sums[f]:
+  // host_gradient_square_sums of shard_grads()[f]), added shard by shard and chunk by chunk in
+  // fp64 and all-reduced over the world; what clip() computes under host_shards().
+  double norm_of_square_sums(const std::vector<std::vector<double>>& sums);
+  // Collective, the second half of step() once the shard optimizer has updated the shards: the
+  // updated shards into the parameters (stage 1: all-gathered; 2: set_weights' all-gather; 3:
+  // the weight shards), and last_step_uploads() from the shard optimizer's.
+  void publish_step();
 
   // The last step()'s copies of updated weights from the host masters to the weights' device
   // (kHost; zeros for kDevice): AdamW's (through its staging buffers or from the masters) plus any
@@ -154,6 +178,10 @@ class ZeroOptimizer {
   // keeps it safe.
   std::vector<at::Tensor> targets_;
   std::unique_ptr<AdamW> adamw_;       // over ("zero.flat<f>", targets_[f]) with masters_
+  bool host_shards_ = false;           // see host_shards()
+  bool overlap_applies_ = false;       // see overlap_applies()
+  // Sets host_shards_ and overlap_applies_ (after targets_ are made).
+  void find_host_shards(OptimizerPlacement placement);
   UploadStats uploads_;
 };
 

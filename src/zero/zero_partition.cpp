@@ -358,8 +358,21 @@ void ZeroPartition::finish_reductions() {
   if (reductions_.empty()) return;
   at::NoGradGuard no_grad;
   profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
-  for (Reduction& r : reductions_) grad_shards_[r.i].narrow(0, r.o, r.n).add_(r.work.wait());
+  std::vector<size_t> reduced;
+  for (Reduction& r : reductions_) {
+    grad_shards_[r.i].narrow(0, r.o, r.n).add_(r.work.wait());
+    if (reduced.empty() || reduced.back() != r.i) reduced.push_back(r.i);  // parts in a row
+  }
   reductions_.clear();
+  if (on_reduced_) on_reduced_(reduced);
+}
+
+int64_t ZeroPartition::reductions_per_micro_batch(size_t i) const {
+  int64_t units = 0;
+  for (const auto& unit : layer_units_) units += std::count(unit.begin(), unit.end(), i);
+  units += std::count(embedding_unit_.begin(), embedding_unit_.end(), i);
+  units += std::count(head_unit_.begin(), head_unit_.end(), i);
+  return units;
 }
 
 void ZeroPartition::reduce_pending() {

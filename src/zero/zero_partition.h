@@ -125,6 +125,14 @@ class ZeroPartition : public memory::LayerParameterHooks {
   void reduce_unit(int64_t unit);
   // Reduces the embedding's gradient and waits for every reduction: the shards are then complete.
   void reduce_pending();
+  // Called as reductions complete (in reduce_unit, for the unit reduced before, and in
+  // reduce_pending), on the thread that runs them, with the parameters whose shards just received
+  // a unit's sum (each once, in unit order). A parameter of two units (a tied embedding: the
+  // embedding's and the head's) is reported once per unit: its shard is final for the
+  // micro-batch after reductions_per_micro_batch(i) reports. Empty: none.
+  using ReducedFn = std::function<void(const std::vector<size_t>& params)>;
+  void set_on_reduced(ReducedFn on_reduced) { on_reduced_ = std::move(on_reduced); }
+  int64_t reductions_per_micro_batch(size_t i) const;
   // reduce_unit calls that found the previous unit's reductions still in flight, i.e. overlapped
   // with a backward (tests; a sequence above gives L + 1 per micro-batch).
   int64_t overlapped_reductions() const { return overlapped_reductions_; }
@@ -244,6 +252,7 @@ class ZeroPartition : public memory::LayerParameterHooks {
   // Waits for the reductions in flight and adds their results into the shards.
   void finish_reductions();
   std::vector<Reduction> reductions_;    // the last reduced unit's, until finish_reductions
+  ReducedFn on_reduced_;
   int64_t overlapped_reductions_ = 0;
   std::optional<UnitGather> in_flight_;  // stage 3: the prefetched unit, at most one
   int64_t last_gathered_ = kNoUnit;      // the unit gather_unit was last called for

@@ -34,7 +34,11 @@
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "zero/gradient_step.h"
+#include "zero/layer_all_reduce.h"
 #include "zero/overlapped_host_update.h"
+#include "zero/overlapped_shard_update.h"
+#include "zero/zero_optimizer.h"
+#include "zero/zero_partition.h"
 #include "train/run_outputs.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
@@ -848,16 +852,191 @@ TEST(OffloadedTrainingRun, OverlappedHostUpdateEqualsTheUpdateAfterBackwardOnDp2
   }
 }
 
-// The trainer's wiring of optim.overlap_host_update (its layer hooks on one rank; several ranks'
-// hand-off after the sums is OverlappedHostUpdateEqualsTheUpdateAfterBackwardOnDp2AndSp2's): 3
-// steps that clip, with 2 micro-batches, tiles and activation offload, equal the update after
-// backward bit for bit (losses, norms, weights), and summary.json says what ran ahead.
+// The same at ZeRO stages 1-3 (ZeroOptimizer with the optimizer offloaded, its gradient shards on
+// the host): each rank's shard updated ahead as soon as its reduction has landed (stage 1: the
+// flat buffer's buckets up to the shard's end, after backward; 2 and 3: each parameter's shard
+// after its unit's reduce-scatter of the last micro-batch, during backward), then committed,
+// redone or undone, against ZeroOptimizer::clip and step as the trainer runs them: the same norm
+// on every step, every parameter, weight shard, master and AdamW state torch::equal after 5
+// steps, clipping on every, no and some steps; a poisoned step changes nothing in both.
+struct ShardUpdateRun {
+  std::vector<double> norms;        // per step
+  std::vector<at::Tensor> tensors;  // after the steps: the parameters, then the optimizer state
+  std::vector<std::string> names;   // of the optimizer state's entries
+  std::vector<int64_t> ahead;       // per step: shards updated ahead
+  int64_t shards = 0;               // this rank's AdamW entries
+  bool skip_left_state_alone = false;
+};
+
+ShardUpdateRun train_shard_update(const config::RunConfig& c, comm::DeviceMesh& mesh, int stage,
+                                  bool overlapped, int64_t steps, int64_t poison_step = 0) {
+  constexpr int64_t kBucketBytes = 1 << 20;  // one part per parameter, a bucket per layer range
+  model::LlamaForCausalLM model = train::build_model(c, mesh, at::Device(at::kCPU));
+  std::vector<at::Tensor> params = model->parameters();
+  comm::Group& world = mesh.world();
+  std::shared_ptr<train::ZeroPartition> partition;
+  std::shared_ptr<train::LayerAllReduce> layer_all_reduce;
+  train::GradientBuffers buffers(stage >= 2 ? std::vector<at::Tensor>{} : params, world.size());
+  std::unique_ptr<train::ZeroOptimizer> zero;
+  if (stage >= 2) {
+    partition = std::make_shared<train::ZeroPartition>(model, world, stage, kBucketBytes);
+    memory::enable_layer_hooks(model, c.memory.offload_activations, /*recompute=*/true, partition);
+    zero = std::make_unique<train::ZeroOptimizer>(*partition, c.optim,
+                                                  train::OptimizerPlacement::kHost);
+    partition->release_all();
+  } else {  // the trainer's stage 1: each layer's all-reduce starts during backward
+    layer_all_reduce = std::make_shared<train::LayerAllReduce>(model, buffers, world, kBucketBytes);
+    memory::enable_layer_hooks(model, c.memory.offload_activations, /*recompute=*/true,
+                               layer_all_reduce);
+    zero = std::make_unique<train::ZeroOptimizer>(buffers, world, c.optim,
+                                                  train::OptimizerPlacement::kHost, kBucketBytes);
+  }
+  EXPECT_TRUE(zero->overlap_applies()) << "stage " << stage;
+  std::unique_ptr<train::OverlappedShardUpdate> shard_update;
+  if (overlapped) {
+    shard_update = std::make_unique<train::OverlappedShardUpdate>(*zero, c.optim.host_threads);
+  }
+  data::DataLoader loader(c.data, c.sequence, c.model.vocab_size, mesh.dp_size(), mesh.dp_rank(),
+                          mesh.sp_size(), mesh.sp_rank());
+  const auto snapshot = [&] {
+    std::vector<at::Tensor> all;
+    for (const at::Tensor& p : params) all.push_back(p.detach().clone());
+    for (const auto& [name, t] : zero->state_tensors()) all.push_back(t.clone());
+    return all;
+  };
+  ShardUpdateRun run;
+  for (int64_t step = 1; step <= steps; ++step) {
+    std::vector<at::Tensor> before;
+    if (step == poison_step) {  // the final norm's first weight, on every rank once gathered
+      at::NoGradGuard no_grad;
+      if (stage == 3) {
+        const auto& names = partition->names();
+        const size_t norm = static_cast<size_t>(
+            std::find(names.begin(), names.end(), "model.norm.weight") - names.begin());
+        if (mesh.rank() == 0) partition->weight_values(norm)[0] = NAN;  // rank 0's shard
+      } else {
+        model->named_parameters()["model.norm.weight"].view({-1})[0] = NAN;
+      }
+      before = snapshot();
+    }
+    std::vector<data::Batch> batches;
+    for (int64_t m = 0; m < c.sequence.grad_accum; ++m) {
+      batches.push_back(loader.micro_batch(step, m));
+    }
+    const double lr = train::lr_at(c.optim, step, steps);
+    train::GradientOptions options{c.memory.tiled_loss, &buffers, kBucketBytes};
+    options.reduce = false;
+    options.partition = partition.get();
+    options.layer_all_reduce = layer_all_reduce.get();
+    options.shard_update = shard_update.get();
+    if (shard_update) shard_update->begin_step(lr);
+    train::compute_gradients(model, batches, mesh, options);
+    double norm = 0.0;
+    if (shard_update) {
+      zero->reduce_gradients(shard_update->on_summed());
+      norm = shard_update->finish_step(c.optim.grad_clip, lr).grad_norm;
+      run.ahead.push_back(shard_update->last_step_updated_ahead());
+    } else {  // the trainer's update after backward
+      zero->reduce_gradients();
+      norm = zero->clip(c.optim.grad_clip);
+      if (std::isfinite(norm)) zero->step(lr);
+    }
+    run.norms.push_back(norm);
+    if (step == poison_step) {
+      const std::vector<at::Tensor> after = snapshot();
+      run.skip_left_state_alone = !std::isfinite(norm) && after.size() == before.size();
+      const auto bits = [](const at::Tensor& t) {  // so that a NaN compares equal to itself
+        if (t.scalar_type() == at::kFloat) return t.view(at::kInt);
+        return t.scalar_type() == at::kDouble ? t.view(at::kLong) : t;
+      };
+      for (size_t i = 0; i < after.size() && run.skip_left_state_alone; ++i) {
+        run.skip_left_state_alone = bits(after[i]).equal(bits(before[i]));
+      }
+    }
+  }
+  run.tensors = snapshot();
+  for (const auto& [name, t] : zero->state_tensors()) run.names.push_back(name);
+  run.shards = static_cast<int64_t>(zero->shard_optimizer().parameters().size());
+  return run;
+}
+
+// Both paths at `stage` on `mesh` for grad_clip huge, tiny and between the steps' norms, and a
+// poisoned step.
+void expect_overlapped_shard_update_equals_plain(comm::DeviceMesh& mesh, int64_t dp, int64_t sp,
+                                                 int stage) {
+  constexpr int64_t kSteps = 5;
+  const std::string what = "stage " + std::to_string(stage) + " dp " + std::to_string(dp) +
+                           " x sp " + std::to_string(sp) + " rank " + std::to_string(mesh.rank());
+  config::RunConfig c = testing::tiny_run_config(4, 2, dp, sp);
+  c.sequence.grad_accum = 2;
+  c.memory.offload_optimizer = true;
+  c.memory.offload_activations = true;  // and so checkpointing
+  c.memory.tiled_mlp.value = c.memory.tiled_loss.value = 2;
+  c.optim.lr = 1e-2;
+  c.optim.weight_decay = 0.1;
+  c.optim.host_threads = 1;
+  const auto compare = [&](const std::string& mode, double clip) -> std::vector<double> {
+    c.optim.grad_clip = clip;
+    const ShardUpdateRun plain = train_shard_update(c, mesh, stage, false, kSteps);
+    const ShardUpdateRun overlapped = train_shard_update(c, mesh, stage, true, kSteps);
+    const std::string at = what + " grad_clip " + mode;
+    EXPECT_EQ(overlapped.norms, plain.norms) << at;
+    EXPECT_EQ(overlapped.names, plain.names) << at;
+    EXPECT_EQ(overlapped.tensors.size(), plain.tensors.size()) << at;
+    for (size_t i = 0; i < std::min(plain.tensors.size(), overlapped.tensors.size()); ++i) {
+      EXPECT_TRUE(overlapped.tensors[i].equal(plain.tensors[i])) << at << " tensor " << i;
+    }
+    // Every shard of this rank was updated ahead: its sum landed before finish_step.
+    for (int64_t ahead : overlapped.ahead) EXPECT_EQ(ahead, overlapped.shards) << at;
+    return plain.norms;
+  };
+  const std::vector<double> free_norms = compare("1e9", 1e9);  // clips on no step
+  const std::vector<double> tiny_norms = compare("1e-4", 1e-4);
+  for (double norm : tiny_norms) EXPECT_GT(norm, 1e-4) << what << ": every step must clip";
+  const auto [low, high] = std::minmax_element(free_norms.begin(), free_norms.end());
+  const double between = std::sqrt(*low * *high);
+  const std::vector<double> some_norms = compare("between", between);
+  const auto clipped = std::count_if(some_norms.begin(), some_norms.end(),
+                                     [&](double n) { return n > between; });
+  EXPECT_GT(clipped, 0) << what << " grad_clip " << between;
+  EXPECT_LT(clipped, kSteps) << what << " grad_clip " << between;
+  c.optim.grad_clip = between;
+  for (bool overlapped : {false, true}) {
+    const ShardUpdateRun run = train_shard_update(c, mesh, stage, overlapped, 2, /*poison_step=*/2);
+    EXPECT_TRUE(run.skip_left_state_alone) << what << (overlapped ? " overlapped" : " plain");
+    if (overlapped) {
+      EXPECT_EQ(run.ahead.back(), run.shards) << what;
+    }
+  }
+}
+
+TEST(OffloadedTrainingRun, OverlappedShardUpdateEqualsTheUpdateAfterBackwardAtZeroStages1To3) {
+  for (const auto& [dp, sp] : {std::pair<int64_t, int64_t>{2, 1}, {1, 2}}) {
+    testing::run_ranks(2, [&, dp = dp, sp = sp](const testing::RankContext& ctx) {
+      at::set_num_threads(1);  // two ranks on the machine's cores, as the launcher shares them
+      auto mesh = comm::DeviceMesh::create_for_test(ctx.rank, ctx.world, ctx.store_path, dp, sp);
+      for (int stage : {1, 2, 3}) expect_overlapped_shard_update_equals_plain(mesh, dp, sp, stage);
+    });
+  }
+}
+
+// The trainer's wiring of optim.overlap_host_update (its layer hooks on one rank at zero.stage 0;
+// several ranks' hand-off after the sums is OverlappedHostUpdateEqualsTheUpdateAfterBackwardOnDp2AndSp2's;
+// ZeroOptimizer's shards at stages 1 and 3 on sp 2): 3 steps that clip, with 2 micro-batches,
+// tiles and activation offload, equal the update after backward bit for bit (losses, norms,
+// weights), and summary.json says what ran ahead.
 TEST(OffloadedTrainingRun, OverlappedHostUpdateInTheTrainerEqualsTheUpdateAfterIt) {
   const fs::path dir = testing::shared_dir("offload-test", "overlap");
-  for (int64_t sp : {1}) {
+  struct Case {
+    int64_t sp, stage;
+    std::string tag() const { return "-sp" + std::to_string(sp) + "-z" + std::to_string(stage); }
+  };
+  const std::vector<Case> cases = {{1, 0}, {2, 1}, {2, 3}};
+  for (const Case& k : cases) {
     for (const char* overlap : {"false", "true"}) {
-      train_sp2(dir, std::string(overlap) + "-sp" + std::to_string(sp), [&](config::RunConfig& c) {
-        c.mesh.sp = sp;
+      train_sp2(dir, overlap + k.tag(), [&](config::RunConfig& c) {
+        c.mesh.sp = k.sp;
+        c.zero.stage = k.stage;
         c.model.init_std = 0.05;
         c.sequence.grad_accum = 2;
         c.optim.grad_clip = 0.05;
@@ -869,8 +1048,8 @@ TEST(OffloadedTrainingRun, OverlappedHostUpdateInTheTrainerEqualsTheUpdateAfterI
     }
   }
   if (testing::in_rank_child()) return;
-  for (int64_t sp : {1}) {
-    const std::string tag = "-sp" + std::to_string(sp);
+  for (const Case& k : cases) {
+    const std::string tag = k.tag();
     const RunResult plain = read_run(dir, "false" + tag), overlapped = read_run(dir, "true" + tag);
     ASSERT_EQ(plain.steps.size(), 3u);
     ASSERT_EQ(overlapped.steps.size(), 3u);
@@ -888,8 +1067,13 @@ TEST(OffloadedTrainingRun, OverlappedHostUpdateInTheTrainerEqualsTheUpdateAfterI
     const auto overlap = nlohmann::json::parse(summary)["optimizer_overlap"];
     EXPECT_TRUE(overlap["overlapped"].get<bool>()) << tag;
     const int64_t parameters = overlap["parameters"].get<int64_t>();
-    // One rank: the 2 decoder layers' 9 tensors each; two: every tensor, after its sum.
-    EXPECT_EQ(overlap["last_step_updated_ahead"].get<int64_t>(), sp == 1 ? 18 : parameters) << tag;
+    // Stage 0 on one rank: the 2 decoder layers' 9 tensors each. Stage 1: rank 0's shard of the
+    // one flat buffer; stage 3: its shard of every parameter.
+    const int64_t expected = k.stage == 0 ? 18 : k.stage == 1 ? 1 : parameters;
+    EXPECT_EQ(overlap["last_step_updated_ahead"].get<int64_t>(), expected) << tag;
+    if (k.stage > 0) {
+      EXPECT_EQ(overlap["shards"].get<int64_t>(), k.stage == 1 ? 1 : parameters) << tag;
+    }
     std::ifstream plain_summary(dir / ("false" + tag) / "summary.json");
     EXPECT_FALSE(nlohmann::json::parse(plain_summary)["optimizer_overlap"]["overlapped"].get<bool>());
   }
@@ -943,6 +1127,36 @@ TEST(MemoryLimit, TooSmallALimitEndsInOutOfMemoryAndEnoughTrains) {
   Process enough = run_trainer("--config " + dir + "/run.yaml --set memory.limit_gib=1", dir);
   EXPECT_EQ(enough.status, 0) << enough.stdout_text << enough.stderr_text;
   EXPECT_NE(enough.stdout_text.find("step 1/1"), std::string::npos) << enough.stdout_text;
+  ulysses::remove_tree(dir);
+}
+
+// optim.overlap_host_update true where the overlap cannot run is refused in one line naming the
+// field, before anything is written: without optimizer offload, and at zero.stage 0 without
+// gradient offload (the gradient shards on a GPU at stages 1-3 are the trainer's check).
+TEST(OffloadedTrainingRun, OverlapHostUpdateTrueWhereItCannotRunIsAnError) {
+  const std::string dir = fresh_temp_dir("overlap-refused");
+  {
+    std::ofstream cfg(dir + "/run.yaml");
+    cfg << "model: {hidden_size: 16, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
+           "        intermediate_size: 32, vocab_size: 64}\n"
+           "sequence: {length: 16}\n"
+           "train: {steps: 1, device: cpu}\n"
+           "optim: {overlap_host_update: true}\n"
+           "output: {dir: "
+        << dir << "/out}\n";
+  }
+  for (const auto& [set, why] : std::vector<std::pair<std::string, std::string>>{
+           {"", "true needs memory.offload_optimizer"},
+           {" --set memory.offload_optimizer=true --set memory.offload_gradients=false",
+            "true needs memory.offload_gradients at zero.stage 0"}}) {
+    const Process p = run_trainer("--config " + dir + "/run.yaml" + set, dir);
+    EXPECT_EQ(p.status, kExitUsage) << p.stdout_text << p.stderr_text;
+    EXPECT_NE(p.stderr_text.find("optim.overlap_host_update: " + why), std::string::npos)
+        << p.stderr_text;
+    EXPECT_EQ(p.stderr_text.find('\n'), p.stderr_text.size() - 1)
+        << "more than one line: " << p.stderr_text;
+    EXPECT_FALSE(fs::exists(dir + "/out")) << set;
+  }
   ulysses::remove_tree(dir);
 }
 

@@ -277,7 +277,8 @@ TEST(CostModel, DeviceOptimizerStepTransient) {
 
 // The overlapped host update (optim.overlap_host_update true, or auto on a GPU) keeps each parameter's
 // weights and moments aside while it updates during backward: 12 B per parameter of host memory,
-// at stage 0 with the gradients on the host only.
+// at stage 0 with the gradients on the host only; at stages 1-3 (true, on a CPU run, where the
+// gradient shards are on the host) 12 B per parameter of the rank's shard.
 TEST(CostModel, OverlappedHostUpdateKeepsTwelveBytesPerParameterOnTheHost) {
   config::RunConfig c = tiny();
   c.train.device = "cuda";
@@ -304,6 +305,21 @@ TEST(CostModel, OverlappedHostUpdateKeepsTwelveBytesPerParameterOnTheHost) {
   c.memory.offload_gradients = true;  // the default, false: after backward, nothing kept
   c.optim = config::OptimOptions{};
   EXPECT_EQ(by_name(predict_memory(c, k_test())).count("overlapped update's kept state"), 0u);
+  cpu.optim.overlap_host_update = "true";  // a CPU run at stage 0: the whole model's state
+  EXPECT_EQ(by_name(predict_memory(cpu, k_test())).at("overlapped update's kept state"), 12 * p);
+  for (int64_t stage : {1, 2, 3}) {  // a world of 4: this rank's shard, a quarter of P
+    config::RunConfig zero = tiny_zero(stage);
+    zero.memory.offload_optimizer = true;
+    zero.optim.overlap_host_update = "true";
+    EXPECT_EQ(by_name(predict_memory(zero, k_test())).at("overlapped update's kept state"),
+              12 * p / 4)
+        << "stage " << stage;
+    zero.optim.overlap_host_update = "auto";  // auto overlaps on a GPU only
+    EXPECT_EQ(by_name(predict_memory(zero, k_test())).count("overlapped update's kept state"), 0u);
+    zero.train.device = "cuda";  // the gradient shards stay on the GPU: no overlap there
+    zero.optim.overlap_host_update = "true";
+    EXPECT_EQ(by_name(predict_memory(zero, k_test())).count("overlapped update's kept state"), 0u);
+  }
 }
 
 // The step runs after backward freed the activations: the peak is static + the larger of

@@ -303,15 +303,22 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
     add("fp32 master weights", 4.0 * ps, "P x 4 B" + per(z.optimizer), Lifetime::kStatic,
         opt_loc);
   }
-  // optim.overlap_host_update (stage 0, gradients on the host; auto: on a GPU): each parameter's
-  // master weights and moments are copied aside before its update made during backward, to put
-  // back on a step that clips (zero/overlapped_host_update.h).
-  const bool overlapped = grads_on_host && (c.optim.overlap_host_update == "true" ||
-                                            (c.optim.overlap_host_update == "auto" && !on_cpu));
+  // optim.overlap_host_update, where the trainer runs it: the optimizer offloaded and, at stage
+  // 0, the gradients on the host (true, or auto on a GPU); at stages 1-3 the gradient shards on
+  // the host, i.e. a CPU run (true only: auto overlaps on a GPU). Each shard's master weights and
+  // moments are copied aside before its update made during backward, to put back on a step that
+  // clips (zero/overlapped_host_update.h, zero/overlapped_shard_update.h): 12 B per parameter of
+  // the rank's optimizer shard, where the optimizer state lives.
+  const std::string& overlap = c.optim.overlap_host_update;
+  const bool overlapped =
+      c.memory.offload_optimizer &&
+      (z.stage == 0 ? c.memory.offload_gradients &&
+                          (overlap == "true" || (overlap == "auto" && !on_cpu))
+                    : on_cpu && overlap == "true");
   if (overlapped) {
-    add("overlapped update's kept state", 12.0 * p,
-        "P x (4 B weights + 2 x 4 B moments) (optim.overlap_host_update)", Lifetime::kStatic,
-        Location::kHost);
+    add("overlapped update's kept state", 12.0 * ps,
+        "P x (4 B weights + 2 x 4 B moments)" + per(z.optimizer) + " (optim.overlap_host_update)",
+        Lifetime::kStatic, opt_loc);
   }
   if (opt_loc == Location::kHost) {
     // 64 MiB each: two download buffers when the gradients are on the device, two for the
