@@ -10,6 +10,10 @@
 # sends SIGTERM to <pid> (the sweep) and every rank waits to be stopped: the signal arrives
 # during a trial after exactly n - 1 finished ones (trials are counted as directories in <dir>,
 # made by whichever rank comes first: a rank may be stopped before it gets here).
+# FAKE_HANG_AT may list several lengths (1024,2048); FAKE_HANG_ON=<host> hangs every trial that
+# runs on that host (a node of the local test cluster). FAKE_LOG=<file>: rank 0 appends
+# "start|end <output dir> <hostname> <epoch s>" when it starts and when it ends (where trials ran,
+# and when). The rank is $RANK, else $SLURM_PROCID (a step of runner srun), else 0.
 [ "$1" = --version ] && { echo "fake trainer"; exit 0; }
 cfg=$2
 # The six keys in one pass (a sweep test starts this script thousands of times): the value of
@@ -31,8 +35,15 @@ if [ -n "$FAKE_TERM_AT" ]; then
     exec sleep 300
   fi
 fi
+rank=${RANK:-${SLURM_PROCID:-0}}
+log_event() {
+  [ -n "$FAKE_LOG" ] && [ "$rank" = 0 ] && echo "$1 $out $(hostname) $(date +%s.%N)" >> "$FAKE_LOG"
+  return 0
+}
+log_event start
 [ -n "$FAKE_SLEEP" ] && sleep "$FAKE_SLEEP"
-[ "$FAKE_HANG_AT" = "$len" ] && exec sleep 300
+case ",$FAKE_HANG_AT," in *",$len,"*) [ -n "$len" ] && exec sleep 300 ;; esac
+[ -n "$FAKE_HANG_ON" ] && [ "$(hostname)" = "$FAKE_HANG_ON" ] && exec sleep 300
 eval "$(awk -v len="$len" -v sp="$sp" -v tl="$tl" -v off="$off" -v limit="$limit" 'BEGIN {
   mem = 100 + len / sp / 4 * (tl == "1" ? 1 : 0.5) * (off == "true" ? 0.6 : 1)
   tps = 10000 / (1 + 0.1 * (sp - 1)) * (tl == "1" ? 1 : 0.95) * (off == "true" ? 0.8 : 1)
@@ -46,9 +57,10 @@ if [ "$FAKE_BACKEND" = deepspeed ]; then
 fi
 if [ "$oom" = 1 ]; then
   echo "out of memory: fake trainer needs $mem MiB at length $len" >&2
+  log_event end
   exit 12
 fi
-if [ "${RANK:-0}" = 0 ]; then
+if [ "$rank" = 0 ]; then
   mkdir -p "$out"
   bytes=$((mem * 1048576))
   : > "$out/metrics.jsonl"
@@ -63,4 +75,5 @@ if [ "${RANK:-0}" = 0 ]; then
  "optimizer_ms_median": 5.0$extra}
 JSON
 fi
+log_event end
 exit 0
