@@ -172,6 +172,22 @@ def id_count(tokenizer):
     return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=0) + 1)
 
 
+def text_size(payload):
+    """The characters (or bytes) of text a record's payload carries, however nested."""
+    size, pending = 0, [payload]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, (bytes, str)):
+            size += len(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+        else:
+            size += 8
+    return size
+
+
 def chunked(sources, fields, hf_split):
     """Yields ([(source path, record number)], [(kind, payload)]) chunks over all sources."""
     metas, payloads, size = [], [], 0
@@ -180,7 +196,7 @@ def chunked(sources, fields, hf_split):
             for number, kind, payload in record_sources.iter_records(source, fields, hf_split):
                 metas.append((source.path, number))
                 payloads.append((kind, payload))
-                size += len(payload) if isinstance(payload, (bytes, str)) else 64
+                size += text_size(payload)
                 if len(payloads) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
                     yield metas, payloads
                     metas, payloads, size = [], [], 0

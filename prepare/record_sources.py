@@ -10,9 +10,10 @@ JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet",)
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 KNOWN_SUFFIXES = JSON_LINES_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES
-ROW_BATCH = 1024  # rows per Parquet / datasets read
-PARQUET_READ_BUFFER = 1 << 20  # a Parquet column chunk is read through a buffer of this size
-# instead of whole (a row group's column can be gigabytes)
+ROW_BATCH = 64  # rows per Parquet / datasets read (held at once, as Python objects)
+PARQUET_READ_BUFFER = 1 << 20  # a Parquet column chunk is read through a buffer of this size,
+# not whole and not all of a row group's ahead (pre_buffer): a row group's column can be gigabytes
+JSON_READ = 256 << 10  # characters of a JSON list read at a time (more for a longer element)
 JSON_CUT_MARGIN = 16  # a JSON error this close to the end of what has been read may be the cut
 
 
@@ -135,7 +136,7 @@ def _iter_json_list(path):
         def fill():
             nonlocal buffer, at, eof
             try:
-                chunk = json_file.read(max(1 << 20, len(buffer) - at))
+                chunk = json_file.read(max(JSON_READ, len(buffer) - at))
             except UnicodeDecodeError:
                 raise BrokenSource(number + 1, "not valid UTF-8 text") from None
             eof = not chunk
@@ -190,7 +191,8 @@ def _may_be_cut(error, read):
 def _iter_parquet(path, fields):
     import pyarrow.parquet as parquet
     try:
-        parquet_file = parquet.ParquetFile(path, buffer_size=PARQUET_READ_BUFFER)
+        parquet_file = parquet.ParquetFile(path, buffer_size=PARQUET_READ_BUFFER,
+                                           pre_buffer=False)
     except Exception as error:  # pyarrow raises several types for a file it cannot read
         raise InputError(f"{path}: not a readable Parquet file: {error}") from None
     present = [name for name in fields if name in parquet_file.schema_arrow.names]

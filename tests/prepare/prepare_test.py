@@ -14,7 +14,8 @@ with a chat template that has {% generation %} markers (and a copy without them)
   skip-bad     the same records skipped and counted by reason
   out dir      a user's directory is refused and left untouched; a previous output needs --force
   cli          the script as users run it: --help, exit status 2 without a traceback
-  memory       peak RSS of a corpus 4x larger grows by less than a small margin
+  memory       in each input format, peak RSS of a corpus 4x larger grows by less than a small
+               margin; a broken JSON list element stops the read; a .idx written in blocks
   int32        a tokenizer with more than 65536 ids writes int32
   trainer      with --bin (the build's bin folder holding ulysses-train): one training step reads
                the pretrain and SFT token datasets as data.source / eval.source (skipped without)
@@ -509,39 +510,137 @@ class Suite:
         assert not os.path.exists(out)
 
     def start_memory_run(self):
-        """Starts, beside the other cases, one process that prepares N then 4N records (about 0.8
-        and 3.2 MB of text) and prints its peak RSS after each."""
-        rng = random.Random(3)
-        paragraphs = [sentence(rng, 200, 400) for _ in range(32)]
-        self.memory_corpora = [os.path.join(self.work, "small.jsonl"),
-                               os.path.join(self.work, "large.jsonl")]
-        for path, count in zip(self.memory_corpora, (400, 1600)):
-            write_jsonl(path, ({"text": paragraphs[i % 32]} for i in range(count)))
+        """Starts, beside the other cases, one process that prepares a corpus of N and of 4N
+        documents in each input format (JSON lines, a JSON list, a one-row-group Parquet file,
+        a directory of text files; 3 and 12 MB of text) with --workers 2 and prints the peak RSS
+        of each run. Each run is a child forked from that process after its imports, so the
+        runs start alike and differ only in the corpus; their chunks hold 64 KB of text, so
+        what is in flight (a few chunks, however the workers keep pace) stays under 1 MB. The
+        text is long made-up words through a WordLevel tokenizer: few tokens per byte, so the
+        runs take little time."""
+        import pyarrow as pa
+        import pyarrow.parquet as parquet
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+        rng = random.Random(5)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        words = ["".join(rng.choices(letters, k=rng.randint(16, 24))) for _ in range(64)]
+        vocabulary = {word: index for index, word in enumerate(["<unk>", "</s>"] + words)}
+        word_level = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+        word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        memory = os.path.join(self.work, "memory")
+        PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>",
+                                eos_token="</s>").save_pretrained(os.path.join(memory, "words"))
+        documents = [" ".join(rng.choices(words, k=800)) for _ in range(192)]  # ~16 KB each
+        self.memory_corpus_bytes = {}
+        runs = []
+        for size, copies in (("small", 1), ("large", 4)):
+            texts = documents * copies
+            corpora = {"jsonl": write_jsonl(os.path.join(memory, f"{size}.jsonl"),
+                                            ({"text": text} for text in texts)),
+                       "json": os.path.join(memory, f"{size}.json"),
+                       "parquet": os.path.join(memory, f"{size}.parquet"),
+                       "text": os.path.join(memory, f"{size}_text")}
+            with open(corpora["json"], "w", encoding="utf-8") as json_file:
+                json.dump([{"text": text} for text in texts], json_file)
+            parquet.write_table(pa.table({"text": texts}), corpora["parquet"],
+                                row_group_size=len(texts), compression="none")
+            os.makedirs(corpora["text"])
+            for number, text in enumerate(texts):
+                with open(os.path.join(corpora["text"], f"{number:04d}.txt"), "w") as text_file:
+                    text_file.write(text)
+            for kind, corpus in corpora.items():
+                runs.append([kind, size, corpus, os.path.join(memory, f"out_{kind}_{size}")])
+            self.memory_corpus_bytes[size] = sum(len(text) for text in texts)
         driver = (
-            "import resource, sys; sys.path.insert(0, sys.argv[1]); import prepare_data\n"
-            "peaks = []\n"
-            "for corpus, out in ((sys.argv[2], sys.argv[4]), (sys.argv[3], sys.argv[5])):\n"
-            "    assert prepare_data.main([corpus, '--tokenizer', sys.argv[6], '--out', out,\n"
-            "                              '--workers', '1']) == 0\n"
-            "    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-            "print('peaks', *peaks)\n")
+            "import json, os, resource, sys; sys.path.insert(0, sys.argv[1]); import prepare_data\n"
+            "prepare_data.CHUNK_BYTES = 64 << 10\n"
+            "prepare_data.record_encoder.load_tokenizer(sys.argv[2])  # the imports, once\n"
+            "peaks = {}\n"
+            "for kind, size, corpus, out in json.loads(sys.argv[3]):\n"
+            "    read_end, write_end = os.pipe()\n"
+            "    if os.fork() == 0:\n"
+            "        null = os.open(os.devnull, os.O_WRONLY); os.dup2(null, 1); os.dup2(null, 2)\n"
+            "        status = prepare_data.main([corpus, '--tokenizer', sys.argv[2], '--out', out,\n"
+            "                                    '--workers', '2'])\n"
+            "        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "        os.write(write_end, f'{status} {peak}'.encode()); os._exit(0)\n"
+            "    os.close(write_end)\n"
+            "    status, peak = map(int, os.read(read_end, 100).split()); os.wait()\n"
+            "    assert status == 0, (kind, size, status)\n"
+            "    peaks.setdefault(kind, {})[size] = peak\n"
+            "print('peaks', json.dumps(peaks))\n")
         self.memory_run = subprocess.Popen(
-            [sys.executable, "-c", driver, os.path.dirname(SCRIPT), *self.memory_corpora,
-             os.path.join(self.work, "memory", "small"), os.path.join(self.work, "memory", "large"),
-             self.marked],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [sys.executable, "-c", driver, os.path.dirname(SCRIPT), os.path.join(memory, "words"),
+             json.dumps(runs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def case_memory(self):
-        """The peak RSS with 4N records may exceed N's by 3 MB at most (holding the corpus as
-        text, or its ids as lists, would add more than 10 MB)."""
+        """In every input format, the peak RSS of the main process with 4N documents may exceed
+        N's by 3 MB at most: what it keeps per document is 4 bytes (and per text file a few
+        hundred), under 0.3 MB here, while a reader holding the corpus (or a Parquet row group),
+        or chunks that do not count a record's text, would add about the 9 MB the text grows by
+        or more. The runs are alike processes forked after the imports and differ only in the
+        corpus and in what is in flight (under 1 MB), so the margin stays above their difference
+        without a growth (up to about 1.2 MB)."""
         stdout, stderr = self.memory_run.communicate()
         assert self.memory_run.returncode == 0, stderr
-        small_kb, large_kb = map(int, stdout.split("peaks")[-1].split())
-        grown_mb = (large_kb - small_kb) / 1024
-        small_mb, large_mb = (os.path.getsize(path) / 2 ** 20 for path in self.memory_corpora)
-        print(f"  memory: peak RSS {small_kb / 1024:.0f} MB for {small_mb:.1f} MB of text, "
-              f"{large_kb / 1024:.0f} MB for {large_mb:.1f} MB")
-        assert grown_mb < 3, f"peak RSS grew by {grown_mb:.1f} MB"
+        peaks = json.loads(stdout.split("peaks", 1)[1])
+        small_mb, large_mb = (self.memory_corpus_bytes[size] / 2 ** 20
+                              for size in ("small", "large"))
+        assert large_mb - small_mb > 8.5, (small_mb, large_mb)
+        assert sorted(peaks) == ["json", "jsonl", "parquet", "text"], sorted(peaks)
+        grown = []
+        for kind, peak in peaks.items():
+            grown_mb = (peak["large"] - peak["small"]) / 1024
+            print(f"  memory, {kind}: peak RSS {peak['small'] / 1024:.1f} MB for "
+                  f"{small_mb:.0f} MB of text, {peak['large'] / 1024:.1f} MB for {large_mb:.0f} MB")
+            if grown_mb >= 3:
+                grown.append(f"{kind}: peak RSS grew by {grown_mb:.1f} MB")
+        assert not grown, "; ".join(grown)
+
+    def case_streaming_reads(self):
+        """A broken element early in a JSON list stops the read there: the reader's peak Python
+        memory stays near its 256 KB read, not the 16 MB that follow. And a .idx written a block
+        of documents at a time (blocks of 3 here) reads back as the documents written."""
+        import tracemalloc
+        import indexed_dataset
+        import record_sources
+        path = os.path.join(self.work, "broken_early.json")
+        with open(path, "w", encoding="utf-8") as json_file:
+            json_file.write('[{"text": "fine"}, {"text": "broken" "here"}')
+            filler = json.dumps({"text": "word " * 200})
+            for _ in range(16 * 2 ** 20 // len(filler)):
+                json_file.write(", " + filler)
+            json_file.write("]")
+        tracemalloc.start()
+        try:
+            read = []
+            try:
+                for number, value in record_sources._iter_json_list(path):
+                    read.append(number)
+            except record_sources.BrokenSource as error:
+                assert (error.record_number, error.message) == (
+                    2, "invalid JSON: Expecting ',' delimiter"), (error.record_number, error.message)
+            else:
+                raise AssertionError("the broken element was not reported")
+            peak_mb = tracemalloc.get_traced_memory()[1] / 2 ** 20
+        finally:
+            tracemalloc.stop()
+        assert read == [1], read
+        assert peak_mb < 3, f"reading up to the broken element took {peak_mb:.1f} MB"
+
+        saved = indexed_dataset.IDX_BLOCK
+        indexed_dataset.IDX_BLOCK = 3
+        try:
+            documents = [[index] * (1 + index % 4) for index in range(10)]
+            prefix = os.path.join(self.work, "blocks")
+            writer = indexed_dataset.IndexedDatasetWriter(prefix, "uint16")
+            for batch in (documents[:4], documents[4:]):
+                writer.add(np.concatenate(batch), np.array([len(d) for d in batch], np.int32))
+            writer.finish()
+        finally:
+            indexed_dataset.IDX_BLOCK = saved
+        assert read_indexed(prefix) == (8, documents)
 
 
 def main():
