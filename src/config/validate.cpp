@@ -257,7 +257,8 @@ void validate_run(const RunConfig& c) {
   // stages 1-3) the trainer checks.
   require(c.optim.overlap_host_update != "true" || c.memory.offload_optimizer,
           "optim.overlap_host_update",
-          "true needs memory.offload_optimizer (it overlaps the offloaded optimizer's host update)");
+          "true needs memory.offload_optimizer (it overlaps the offloaded optimizer's host "
+          "update)");
   require(c.optim.overlap_host_update != "true" || c.zero.stage != 0 ||
               c.memory.offload_gradients,
           "optim.overlap_host_update",

@@ -110,10 +110,10 @@ void ZeroOptimizer::find_host_shards(OptimizerPlacement placement) {
                              [](const at::Tensor& g) { return g.is_cpu() && g.is_contiguous(); });
   overlap_applies_ = host_shards_;
   for (size_t f = 0; f < targets_.size(); ++f) {
-    // A target in the gradients' memory (stage 2 under staging) is written over by the update.
-    const bool in_gradients = partition_ != nullptr ? stage_ == 2 && !targets_[f].is_same(masters_[f])
-                                                    : !targets_[f].is_same(masters_[f]);
-    if (in_gradients) overlap_applies_ = false;
+    // A target that is not the master lies in the gradients' memory (stages 1 and 2 under
+    // staging), which the update writes over; stage 3's is the weight shard.
+    const bool separate = !targets_[f].is_same(masters_[f]);
+    if (separate && (partition_ == nullptr || stage_ == 2)) overlap_applies_ = false;
   }
 }
 
@@ -188,7 +188,8 @@ std::vector<at::Tensor> ZeroOptimizer::shard_grads() const {
 
 void ZeroOptimizer::reduce_gradients(const GradientBuffers::SummedFn& on_summed) {
   if (world_.size() == 1 || partition_ != nullptr) return;  // the partition reduced per unit
-  TORCH_CHECK(!on_summed || host_shards_, "ZeroOptimizer::reduce_gradients: on_summed needs host shards");
+  TORCH_CHECK(!on_summed || host_shards_,
+              "ZeroOptimizer::reduce_gradients: on_summed needs host shards");
   profile::ScopedPhase phase("zero_reduce", profile::Category::kComm);
   // Stage 1: the buffers' all-reduce as at stage 0 (the layers' ranges may have started during
   // backward); only the own shard is read.

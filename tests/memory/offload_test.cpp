@@ -1020,9 +1020,9 @@ TEST(OffloadedTrainingRun, OverlappedShardUpdateEqualsTheUpdateAfterBackwardAtZe
   }
 }
 
-// The trainer's wiring of optim.overlap_host_update (its layer hooks on one rank at zero.stage 0;
-// several ranks' hand-off after the sums is OverlappedHostUpdateEqualsTheUpdateAfterBackwardOnDp2AndSp2's;
-// ZeroOptimizer's shards at stages 1 and 3 on sp 2): 3 steps that clip, with 2 micro-batches,
+// The trainer's wiring of optim.overlap_host_update (its layer hooks on one rank at zero.stage 0,
+// several ranks' hand-off after the sums being tested without the trainer above; ZeroOptimizer's
+// shards at stages 1 and 3 on sp 2): 3 steps that clip, with 2 micro-batches,
 // tiles and activation offload, equal the update after backward bit for bit (losses, norms,
 // weights), and summary.json says what ran ahead.
 TEST(OffloadedTrainingRun, OverlappedHostUpdateInTheTrainerEqualsTheUpdateAfterIt) {
