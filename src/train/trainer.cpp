@@ -285,7 +285,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
       unable = "needs memory.offload_optimizer (it overlaps the offloaded optimizer's host update)";
     } else if (zero_stage == 0 && !host_gradients) {
       unable = "needs memory.offload_gradients at zero.stage 0 (the host update reads the "
-               "gradients where they were summed, in host memory)";
+               "gradients where they were summed, in host memory)" +
+               std::string(config.zero.stage != 0 ? "; a world of 1 runs every stage as 0" : "");
     } else if (zero && !zero->overlap_applies()) {
       unable = "needs the gradient shards in host memory, and at zero.stage " +
                std::to_string(zero_stage) + " on " + device.str() + " they stay on the device";
