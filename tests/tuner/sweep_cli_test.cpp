@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -637,6 +639,245 @@ TEST_F(SweepCliTest, ATrialWhoseFilesCannotBeWrittenFailsAndTheSweepFinishes) {
   store::Store store = store::Store::open(db_);
   store::SweepStore sweeps(store.db());
   EXPECT_EQ(sweeps.find_sweep("fake")->status, "finished");
+}
+
+// One rank per trial, so that two slots fit a 2-core machine: tiled loss and the activation
+// offload (each in the memory order) for two data seeds (no memory order: each seed's points are
+// decided side by side with the other's), at two lengths. Under 0.9 x 0.5 GiB only the offload
+// fits at 4096 (the target) and everything but neither saving at 2048.
+constexpr const char* kSlotsExperiment = R"(name: slots
+hardware: cpu-local
+world_size: 1
+memory_limit_gib: 0.5
+headroom: 0.1
+base:
+  model: {hidden_size: 32, num_layers: 1, num_heads: 4, num_kv_heads: 2, intermediate_size: 64,
+          vocab_size: 128}
+  train: {device: cpu, steps: 5}
+space:
+  memory.tiled_loss: [1, 8]
+  memory.offload: [none, activations]
+  data.seed: [0, 1]
+  sequence.length: [2048, 4096]
+objective: throughput
+budget: {trial_timeout_s: 30}
+trial: {warmup_steps: 1, steps: 2}
+slots: 2
+)";
+
+// A trial's run as the fake trainer logged it (FAKE_LOG): when rank 0 started and ended.
+struct Span {
+  double start = 0, end = 0;
+};
+
+// FAKE_LOG's lines by trial id (the run directory's name); an `end` missing: end 0.
+std::map<int64_t, Span> fake_spans(const fs::path& log) {
+  std::map<int64_t, Span> spans;
+  std::istringstream lines(read_text(log));
+  std::string event, out, host;
+  double at = 0;
+  while (lines >> event >> out >> host >> at) {
+    const int64_t id = std::stoll(fs::path(out).parent_path().filename().string());
+    (event == "start" ? spans[id].start : spans[id].end) = at;
+  }
+  return spans;
+}
+
+bool overlap(const Span& a, const Span& b) { return a.start < b.end && b.start < a.end; }
+
+// Two slots find what one finds (every row's status, each point's longest fit), on both slots at
+// once: each trial's slot is stored, trials whose runs overlapped are each other's neighbours,
+// an offloading trial ran with no neighbour (isolation offload_alone); with isolation shared the
+// best configuration, measured beside another trial, is measured again alone (remeasure_of) and
+// recommend ranks it by that.
+TEST_F(SweepCliTest, TwoSlotsFindWhatOneFindsSideBySide) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two cores";
+  std::ofstream(experiment_) << kSlotsExperiment;
+  const fs::path log = dir_ / "fake.log";
+  const std::string env = "FAKE_SLEEP=0.1 FAKE_LOG='" + log.string() + "'";
+  const Result one = tune(sweep_args("--name one --slots 1"), env);
+  ASSERT_EQ(one.status, 0) << one.out << one.err;
+  fs::remove(log);
+  const Result two = tune(sweep_args("--name two"), env);
+  ASSERT_EQ(two.status, 0) << two.out << two.err;
+  EXPECT_NE(two.out.find("2 slots (cores "), std::string::npos) << two.out;
+
+  auto outcomes = [](const std::vector<store::TrialRecord>& trials) {
+    std::map<std::string, std::string> status;  // key -> status
+    std::map<std::string, int64_t> longest;     // point -> longest ok real length
+    for (const auto& t : trials) {
+      if (t.remeasure_of) continue;
+      status[t.key] = t.status;
+      if (t.status == "ok" && !t.probe) longest[t.point] = std::max(longest[t.point], t.seqlen);
+    }
+    return std::make_pair(status, longest);
+  };
+  const auto one_trials = trials("one"), two_trials = trials("two");
+  EXPECT_EQ(outcomes(two_trials), outcomes(one_trials));
+  EXPECT_EQ(outcomes(one_trials).second.size(), 6u);  // every point but the two without savings
+
+  store::Store store = store::Store::open(db_);
+  store::SweepStore sweeps(store.db());
+  EXPECT_TRUE(sweeps.trial_neighbours(sweeps.find_sweep("one")->id).empty());
+  std::set<std::pair<int64_t, int64_t>> neighbours;
+  for (const auto& n : sweeps.trial_neighbours(sweeps.find_sweep("two")->id)) {
+    neighbours.insert({n.trial_id, n.neighbour_id});
+  }
+  const std::map<int64_t, Span> spans = fake_spans(log);
+  std::set<std::string> slots_used;
+  int64_t ran = 0;
+  for (const auto& t : one_trials) EXPECT_EQ(t.slot, "") << t.key;
+  for (const auto& a : two_trials) {
+    if (!a.ran()) {
+      EXPECT_EQ(a.slot, "") << a.key;
+      continue;
+    }
+    ++ran;
+    EXPECT_EQ(a.slot.rfind("cores ", 0), 0u) << a.key << ": " << a.slot;
+    slots_used.insert(a.slot);
+    ASSERT_TRUE(spans.count(a.id)) << a.key;
+    const bool offloads = a.point.find("\"memory.offload\":\"activations\"") != std::string::npos;
+    for (const auto& b : two_trials) {
+      if (b.id == a.id || !b.ran()) continue;
+      // The runs' own times lie inside what the sweep saw: overlapping runs are neighbours.
+      if (overlap(spans.at(a.id), spans.at(b.id))) {
+        EXPECT_TRUE(neighbours.count({a.id, b.id})) << a.key << " / " << b.key;
+        EXPECT_NE(a.slot, b.slot) << a.key << " / " << b.key;
+      }
+      if (neighbours.count({a.id, b.id})) {
+        EXPECT_TRUE(neighbours.count({b.id, a.id}));
+      }
+      if (offloads) {
+        EXPECT_FALSE(neighbours.count({a.id, b.id})) << a.key << " had a neighbour";
+      }
+    }
+  }
+  EXPECT_EQ(slots_used.size(), 2u);
+  EXPECT_FALSE(neighbours.empty());
+  // The best (an offload at the target length) ran alone: nothing to re-measure.
+  for (const auto& t : two_trials) EXPECT_FALSE(t.remeasure_of.has_value()) << t.key;
+
+  // isolation shared: offloading trials have neighbours too; the best is then re-measured alone.
+  std::string shared = kSlotsExperiment;
+  shared += "isolation: shared\n";
+  std::ofstream(experiment_) << shared;
+  const Result three = tune(sweep_args("--name shared"), "FAKE_SLEEP=0.1");
+  ASSERT_EQ(three.status, 0) << three.out << three.err;
+  const auto shared_trials = trials("shared");
+  EXPECT_EQ(outcomes(shared_trials), outcomes(one_trials));
+  // The two seeds' offloads tie at the target: the first is re-measured, then the other, which
+  // now ranks first, then the first re-measure stands first.
+  std::vector<const store::TrialRecord*> again;
+  for (const auto& t : shared_trials) {
+    if (t.remeasure_of) again.push_back(&t);
+  }
+  ASSERT_FALSE(again.empty()) << three.out;
+  EXPECT_LE(again.size(), 3u);
+  const int64_t shared_id = sweeps.find_sweep("shared")->id;
+  const auto pairs = sweeps.trial_neighbours(shared_id);
+  for (const store::TrialRecord* r : again) {
+    const auto original = sweeps.trial(*r->remeasure_of);
+    ASSERT_TRUE(original.has_value());
+    EXPECT_EQ(r->key, original->key + " remeasure");
+    EXPECT_EQ(r->seqlen, original->seqlen);
+    EXPECT_EQ(r->status, "ok");
+    bool original_had_neighbours = false;
+    for (const auto& n : pairs) {
+      EXPECT_NE(n.trial_id, r->id) << "the re-measure had a neighbour";
+      original_had_neighbours = original_had_neighbours || n.trial_id == original->id;
+    }
+    EXPECT_TRUE(original_had_neighbours) << original->key;
+  }
+  const Result rec = tune("recommend --db '" + db_ + "' --sweep shared --no-check --out '" +
+                          (dir_ / "rec").string() + "'");
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  const std::string why = read_text(dir_ / "rec" / "WHY.md");
+  EXPECT_NE(why.find("Winner: trial #" + std::to_string(again.front()->id) + " "),
+            std::string::npos)
+      << why;
+}
+
+// A sweep of two slots stopped while two trials run: SIGTERM stops both (each stays `running`,
+// the sweep `interrupted`, exit 130); SIGKILL leaves both `running` too; --resume runs again
+// exactly those two of the trials stored before and keeps every finished one.
+TEST_F(SweepCliTest, AStoppedTwoSlotSweepResumesOnlyTheTwoTrialsThatRan) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two cores";
+  std::string text = kSlotsExperiment;  // four independent points at two lengths
+  auto set = [&](const std::string& from, const std::string& to) {
+    text.replace(text.find(from), from.size(), to);
+  };
+  set("  memory.tiled_loss: [1, 8]\n  memory.offload: [none, activations]\n", "");
+  set("data.seed: [0, 1]", "data.seed: [0, 1, 2, 3]");
+  set("[2048, 4096]", "[1024, 2048]");
+  std::ofstream(experiment_) << text;
+  for (const int signal : {SIGTERM, SIGKILL}) {
+    const std::string name = signal == SIGTERM ? "term" : "kill";
+    const fs::path log = dir_ / (name + ".log");
+    const std::string out = (dir_ / (name + ".out")).string();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("FAKE_SLEEP", "1", 1);
+      setenv("FAKE_LOG", log.c_str(), 1);
+      freopen(out.c_str(), "w", stdout);
+      freopen(out.c_str(), "a", stderr);
+      execl(tune_.c_str(), tune_.c_str(), "sweep", experiment_.c_str(), "--db", db_.c_str(),
+            "--name", name.c_str(), "--trainer", fake_.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Once a trial has finished and two are running.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::vector<int64_t> in_flight;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      in_flight.clear();
+      int64_t ended = 0;
+      for (const auto& [id, span] : fake_spans(log)) {
+        if (span.end == 0) in_flight.push_back(id);
+        ended += span.end > 0;
+      }
+      if (ended >= 1 && in_flight.size() == 2) break;
+    }
+    ASSERT_EQ(in_flight.size(), 2u) << read_text(out);
+    kill(pid, signal);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (signal == SIGTERM) {
+      ASSERT_TRUE(WIFEXITED(status)) << read_text(out);
+      EXPECT_EQ(WEXITSTATUS(status), kExitInterrupted) << read_text(out);
+    }
+    std::map<int64_t, std::string> finished;  // id -> finished_at
+    std::vector<int64_t> running;
+    int64_t last_id = 0;  // of the rows stored before the resume
+    for (const auto& t : trials(name)) {
+      last_id = std::max(last_id, t.id);
+      if (t.status == "running") running.push_back(t.id);
+      if (t.ran() && t.status != "running") finished[t.id] = t.finished_at;
+    }
+    std::sort(in_flight.begin(), in_flight.end());
+    EXPECT_EQ(running, in_flight) << read_text(out);
+    EXPECT_GE(finished.size(), 1u);
+    {
+      store::Store store = store::Store::open(db_);
+      store::SweepStore sweeps(store.db());
+      EXPECT_EQ(sweeps.find_sweep(name)->status, signal == SIGTERM ? "interrupted" : "running");
+    }
+
+    fs::remove(log);
+    const Result resumed = tune(sweep_args("--name " + name + " --resume"),
+                                "FAKE_SLEEP=0.1 FAKE_LOG='" + log.string() + "'");
+    ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+    std::vector<int64_t> rerun;  // trials stored before that ran again
+    for (const auto& [id, span] : fake_spans(log)) {
+      if (id <= last_id) rerun.push_back(id);
+    }
+    EXPECT_EQ(rerun, in_flight);
+    for (const auto& t : trials(name)) {
+      EXPECT_NE(t.status, "running") << t.key;
+      if (finished.count(t.id)) {
+        EXPECT_EQ(t.finished_at, finished[t.id]) << t.key;
+      }
+    }
+  }
 }
 
 }  // namespace

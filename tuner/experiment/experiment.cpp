@@ -351,17 +351,10 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
   if (root["slots"].IsDefined()) {
     std::string slots;
     r.read(root["slots"], "slots", slots);
-    if (slots == "auto") {
-      e.slots = 0;
-    } else {
-      try {
-        size_t used = 0;
-        e.slots = std::stoll(slots, &used);
-        if (used != slots.size()) throw std::invalid_argument(slots);
-      } catch (const std::exception&) {
-        r.fail("slots", "expected a whole number >= 1 or auto, got '" + slots + "'");
-      }
-      if (e.slots < 1) r.fail("slots", "expected a whole number >= 1 or auto, got '" + slots + "'");
+    try {
+      e.slots = parse_slots("slots", slots);
+    } catch (const UserError& error) {
+      throw UserError(r.source + ": " + error.what());
     }
   }
   if (root["isolation"].IsDefined()) r.read(root["isolation"], "isolation", e.isolation);
@@ -370,6 +363,22 @@ Experiment parse_experiment(const std::string& text, const std::string& source,
            "expected offload_alone, shared or all_alone, got '" + e.isolation + "'");
   }
   return e;
+}
+
+int64_t parse_slots(const std::string& field, const std::string& text) {
+  if (text == "auto") return 0;
+  int64_t slots = 0;
+  try {
+    size_t used = 0;
+    slots = std::stoll(text, &used);
+    if (used != text.size()) slots = 0;
+  } catch (const std::exception&) {
+    slots = 0;
+  }
+  if (slots < 1) {
+    throw UserError(field + ": expected a whole number >= 1 or auto, got '" + text + "'");
+  }
+  return slots;
 }
 
 std::string default_profiles_dir() {

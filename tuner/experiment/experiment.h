@@ -138,6 +138,10 @@ Experiment load_experiment(const std::string& path, const std::string& profiles_
 Experiment parse_experiment(const std::string& text, const std::string& source,
                             const std::string& profiles_dir);
 
+// The slots key's value (experiment `slots:`, `sweep --slots`): a whole number >= 1, or auto
+// (returned as 0). Throws UserError "<field>: expected a whole number >= 1 or auto, got '...'".
+int64_t parse_slots(const std::string& field, const std::string& text);
+
 // Sweep names (an experiment's `name`, `sweep --name`) become paths (runs/<name>) and go into
 // generated scripts, so they are one or more of A-Z a-z 0-9 . _ - and neither "." nor "..".
 // Throws UserError "<field>: ..." otherwise (one line: the value is shown with its control

@@ -196,7 +196,9 @@ int run_recommend(const RecommendOptions& options) {
       sweep.experiment_yaml, sweep.experiment_path, experiment::default_profiles_dir());
   Objective o = report::sweep_objective(sweep);  // the one every "best" follows
   if (!options.objective.empty()) o.kind = options.objective;
-  std::vector<store::TrialRecord> trials = sweeps.trials(sweep.id);
+  // A configuration measured again alone (a sweep of several slots) is ranked by that.
+  std::vector<store::TrialRecord> trials =
+      store::alone_measurements_preferred(sweeps.trials(sweep.id));
   if (!options.backend.empty()) {
     std::erase_if(trials, [&](const store::TrialRecord& t) {
       return report::trial_backend(t) != options.backend;

@@ -5,12 +5,22 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "common/error.h"
 #include "tuner/store/sweep_rows.h"
 
 namespace ulysses::store {
+
+std::vector<TrialRecord> alone_measurements_preferred(std::vector<TrialRecord> trials) {
+  std::set<int64_t> remeasured;
+  for (const TrialRecord& t : trials) {
+    if (t.remeasure_of) remeasured.insert(*t.remeasure_of);
+  }
+  std::erase_if(trials, [&](const TrialRecord& t) { return remeasured.count(t.id) > 0; });
+  return trials;
+}
 
 int64_t SweepStore::create_sweep(const SweepRecord& sweep) {
   int64_t id = 0;

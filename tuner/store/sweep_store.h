@@ -15,6 +15,11 @@
 
 namespace ulysses::store {
 
+// The trials that stand for their configurations: each trial that was re-measured alone
+// (another trial's remeasure_of names it) is left out, its re-measure standing for it whatever
+// the re-measure's status; the rest keep their order. Pure.
+std::vector<TrialRecord> alone_measurements_preferred(std::vector<TrialRecord> trials);
+
 // Borrows a Database whose schema is at least version 2 (Store::open migrates it).
 class SweepStore {
  public:

@@ -3,6 +3,9 @@
 #include "tuner/sweep/sweep_command.h"
 
 #include <CLI/CLI.hpp>
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstdio>
@@ -30,6 +33,7 @@
 #include "tuner/sweep/environment.h"
 #include "tuner/sweep/sweep_host.h"
 #include "tuner/trial/runner.h"
+#include "tuner/trial/slots.h"
 
 namespace ulysses::sweep {
 namespace {
@@ -214,6 +218,52 @@ std::string deepspeed_python(const SweepOptions& options, const experiment::Expe
   return python;
 }
 
+// At the end of a sweep of several slots, the most configurations re-measured alone.
+constexpr int kMaxRemeasures = 3;
+
+// The sweep's slots (trial/slots.h): the experiment's count (0 = auto) split over what this
+// process has: its cores, this node's GPUs, or the allocation's nodes.
+std::vector<trial::Slot> sweep_slots(const experiment::Experiment& e) {
+  trial::SlotNeeds needs;
+  needs.runner = e.runner;
+  needs.device = e.device;
+  needs.world_size = e.world_size;
+  needs.nodes = e.nodes;
+  if (e.slots == 1) return {trial::Slot{}};
+  trial::SlotResources have;
+  have.cores = trial::affinity_cores();
+  if (e.runner == "srun") {
+    have.nodes = trial::allocation_nodes();
+  } else if (e.device == "cuda") {
+    have.cuda_devices = trial::local_cuda_devices();
+  }
+  return trial::split_slots(trial::resolve_slot_count(e.slots, needs, have), needs, have);
+}
+
+// Blocks SIGINT, SIGTERM and SIGCHLD in the calling thread (and the threads it creates) for its
+// lifetime when `block`; restores the mask.
+class SignalsBlocked {
+ public:
+  explicit SignalsBlocked(bool block) : block_(block) {
+    if (!block_) return;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGCHLD);
+    pthread_sigmask(SIG_BLOCK, &set, &previous_);
+  }
+  ~SignalsBlocked() {
+    if (block_) pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  SignalsBlocked(const SignalsBlocked&) = delete;
+  SignalsBlocked& operator=(const SignalsBlocked&) = delete;
+
+ private:
+  bool block_;
+  sigset_t previous_{};
+};
+
 // --submit: this sweep as one sbatch job of the experiment's size (see sweep_command.h).
 int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
                  const std::string& name, const std::string& trainer, bool resume) {
@@ -236,6 +286,7 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
   if (options.wall_clock_s >= 0) {
     words.insert(words.end(), {"--wall-clock-s", std::to_string(options.wall_clock_s)});
   }
+  if (!options.slots.empty()) words.insert(words.end(), {"--slots", options.slots});
   if (resume) words.push_back("--resume");
   if (!options.python.empty()) words.insert(words.end(), {"--python", options.python});
   std::string command = "exec";
@@ -300,6 +351,9 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options) {
                   "local (ranks as local processes) or srun (each trial one SLURM job step; "
                   "inside salloc / sbatch); default: the experiment's")
       ->check(CLI::IsMember({"local", "srun"}));
+  cmd->add_option("--slots", options->slots,
+                  "Trials run side by side, each on its own cores, devices or nodes (a number, "
+                  "or auto); default: the experiment's slots (1)");
   cmd->add_option("--python", options->python,
                   "Python with torch, transformers and deepspeed for trials of the deepspeed "
                   "backend (default: $ULYSSES_PYTHON, else python3)");
@@ -317,6 +371,7 @@ int run_sweep(const SweepOptions& options) {
   if (options.max_trials >= 0) e.budget.max_trials = options.max_trials;
   if (options.wall_clock_s >= 0) e.budget.wall_clock_s = options.wall_clock_s;
   if (!options.runner.empty()) e.runner = options.runner;
+  if (!options.slots.empty()) e.slots = experiment::parse_slots("--slots", options.slots);
   if (e.runner == "local" && e.nodes > 1) {
     throw UserError("--runner: local cannot run trials of " + std::to_string(e.nodes) + " nodes");
   }
@@ -340,6 +395,9 @@ int run_sweep(const SweepOptions& options) {
   if (options.submit && find_on_path("sbatch").empty()) {
     throw UserError("--submit: sbatch is not on PATH (run on a SLURM login node)");
   }
+  // A slot that cannot hold a trial is refused before anything is written.
+  const std::vector<trial::Slot> slots =
+      options.submit ? std::vector<trial::Slot>{trial::Slot{}} : sweep_slots(e);
   claim_runs_dir(options, name, /*claim=*/false);  // before the database is created
 
   store::Store db = store::Store::open(options.db_path);
@@ -372,6 +430,8 @@ int run_sweep(const SweepOptions& options) {
   sweeps.update_sweep(sweep);
 
   HostSettings settings;
+  settings.slots = slots;
+  settings.isolation = e.isolation;
   settings.runs_dir = runs_dir_of(options, name);
   settings.trainer = trainer;
   settings.python = python;
@@ -380,11 +440,15 @@ int run_sweep(const SweepOptions& options) {
   settings.expected_runs = expected_runs(space, e, points);
   std::printf(
       "sweep %s: %lld points x %zu lengths, %lld ranks per trial, objective %s, search %s, "
-      "runner %s%s\n",
+      "runner %s%s%s\n",
       name.c_str(), static_cast<long long>(points), space.lengths.size(),
       static_cast<long long>(e.world_size), e.objective.c_str(), e.method.c_str(),
       e.runner == "srun" ? ("srun (" + std::to_string(e.nodes) + " nodes per trial)").c_str()
                          : "local",
+      slots.size() > 1 ? (", " + std::to_string(slots.size()) + " slots (" +
+                          slots.front().label + ", ...), isolation " + e.isolation)
+                             .c_str()
+                       : "",
       existing ? " (resumed)" : "");
   std::fflush(stdout);
 
@@ -393,6 +457,10 @@ int run_sweep(const SweepOptions& options) {
   engine_options.method = e.method;
   engine_options.probe = e.probe;
   engine_options.prune = e.prune;
+  engine_options.workers = static_cast<int>(slots.size());
+  // Several slots: trials are supervised on one thread per slot, so SIGINT, SIGTERM and SIGCHLD
+  // are blocked in every thread and taken by the supervisions or by SweepHost::idle.
+  const SignalsBlocked blocked(slots.size() > 1);
   search::Summary summary;
   int status = kExitOk;
   // The engine's summary goes with an exception: then what the host counted up to it.
@@ -420,6 +488,9 @@ int run_sweep(const SweepOptions& options) {
   try {
     summary = search::run_search(space, engine_options, host);
     host.settle_unvisited();
+    if (const int64_t again = host.remeasure_best(kMaxRemeasures); again > 0) {
+      summary.runs += again;
+    }
     sweep.status = "finished";
   } catch (const Interrupted& stop) {
     sweep.status = "interrupted";

@@ -1,8 +1,9 @@
 // `ulysses-tune sweep EXPERIMENT.yaml [--db F] [--resume] [--dry-run] [--search grid|smart]
-// [--runner local|srun] [--submit]`: validates the experiment, explores its space with the search
-// engine on real ulysses-train trials (local processes, or SLURM job steps with runner srun),
-// stores every trial (SQLite) and prints progress and a summary; --submit hands the same sweep
-// to sbatch instead.
+// [--runner local|srun] [--slots N|auto] [--submit]`: validates the experiment, explores its space
+// with the search engine on real ulysses-train trials (local processes, or SLURM job steps with
+// runner srun), several at once on disjoint slots when the experiment (or --slots) asks, stores
+// every trial (SQLite) and prints progress and a summary; --submit hands the same sweep to sbatch
+// instead.
 #pragma once
 #include <string>
 
@@ -25,6 +26,7 @@ struct SweepOptions {
   bool resume = false;              // --resume
   bool dry_run = false;             // --dry-run
   std::string runner;               // --runner local|srun; "" = the experiment's
+  std::string slots;                // --slots N|auto; "" = the experiment's slots
   bool submit = false;              // --submit: write <runs dir>/sweep.sbatch and sbatch it
   std::string python;               // --python: the deepspeed backend's ranks; "" =
                                     // $ULYSSES_PYTHON, else python3
@@ -42,6 +44,10 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options);
 // (experiment/result_inputs.h: the error names the first key that differs; the budget's
 // max_trials and wall_clock_s may change), or a database that is not one.
 // --dry-run prints the space (each point valid or why not) and writes nothing.
+// Slots (experiment key slots, --slots): a slot that cannot hold a trial is a UserError
+// "slots: ..." before anything is written. With more than one, the best configuration is
+// re-measured alone at the end (SweepHost::remeasure_best), counted among the runs; a sweep whose
+// every slot failed (node failures) ends `failed` with a UserError.
 // Runner srun needs a SLURM allocation (UserError before anything is written otherwise).
 // --submit (runner srun only; needs no allocation: it runs on a login node) checks the experiment,
 // then writes <runs dir>/sweep.sbatch (an allocation

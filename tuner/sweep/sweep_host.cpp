@@ -1,6 +1,9 @@
 // Running, replaying, pruning and recording trials for the engine (see sweep_host.h).
 #include "tuner/sweep/sweep_host.h"
 
+#include <c10/util/Exception.h>
+#include <signal.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +20,7 @@
 #include "tuner/results/calibrated_model.h"
 #include "tuner/results/format.h"
 #include "tuner/results/memory_basis.h"
+#include "tuner/results/objective.h"
 #include "tuner/sweep/environment.h"
 #include "tuner/trial/trial_runner.h"
 
@@ -57,6 +61,9 @@ SweepHost::SweepHost(const experiment::Experiment& e, const search::Space& space
   model_ = plan::load_model(store_.db(), e.device);
   hardware_ = calibrate::load_hardware_profile(e.hardware_path);
   for (store::TrialRecord& r : store_.trials(sweep_id)) previous_[r.key] = std::move(r);
+  TORCH_CHECK(!settings_.slots.empty(), "SweepHost: no slot");
+  slot_busy_.assign(settings_.slots.size(), 0);
+  slot_retired_.assign(settings_.slots.size(), 0);
 }
 
 int64_t SweepHost::trial_limit_bytes() const {
@@ -91,10 +98,12 @@ std::optional<std::string> invalid_point_reason(const experiment::Experiment& e,
 }
 
 std::optional<std::string> SweepHost::invalid_reason(const search::Point& p) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   return invalid_point_reason(e_, space_, p, space_.lengths.front());
 }
 
 std::optional<std::string> SweepHost::prune_reason(const search::Point& p, int64_t length) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   if (e_.memory_limit_gib <= 0) return std::nullopt;
   // The memory model's lower bound is ulysses-train's, not a bound for another stack.
   if (experiment::point_backend(space_, p) != backends::kNativeBackend) return std::nullopt;
@@ -139,6 +148,9 @@ search::RunOutcome SweepHost::outcome_of(const store::TrialRecord& r) {
 }
 
 void SweepHost::note_best(const store::TrialRecord& r, const search::RunOutcome& o) {
+  if (r.remeasure_of && *r.remeasure_of == best_id_) {  // the best measured alone stands for it
+    best_id_ = 0, best_length_ = 0, best_value_ = 0.0;
+  }
   if (o.result != search::Result::kFits || r.probe) return;
   const bool better = e_.objective == "max-seqlen"
                           ? (r.seqlen > best_length_ ||
@@ -153,7 +165,15 @@ void SweepHost::note_best(const store::TrialRecord& r, const search::RunOutcome&
 }
 
 search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool probe) {
-  const std::string key = trial_key(space_, p, length, probe);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (reserved_ > 0) --reserved_;  // budget_left() allowed this run
+  if (stop_signal_ != 0) throw Interrupted(stop_signal_);
+  return run_point(lock, p, length, probe, trial_key(space_, p, length, probe), std::nullopt);
+}
+
+search::RunOutcome SweepHost::run_point(std::unique_lock<std::mutex>& lock, const search::Point& p,
+                                        int64_t length, bool probe, const std::string& key,
+                                        std::optional<int64_t> remeasure_of) {
   if (auto it = previous_.find(key); it != previous_.end() && finished(it->second.status)) {
     ++replayed_;
     const search::RunOutcome o = outcome_of(it->second);
@@ -163,6 +183,8 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
     return o;
   }
   store::TrialRecord r = base_record(p, length, probe);
+  r.key = key;
+  r.remeasure_of = remeasure_of;
   written_.insert(key);
   // A rule that only this length breaks (the point itself passed invalid_reason): not run.
   if (std::optional<std::string> why = invalid_point_reason(e_, space_, p, length)) {
@@ -185,7 +207,6 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   r.run_dir = run_dir;
   const bool native = experiment::point_backend(space_, p) == backends::kNativeBackend;
   if (native) predict(plan.config, &r);
-  r.started_at = utc_now();
 
   trial::TrialSpec spec;
   spec.run_dir = run_dir;
@@ -199,8 +220,6 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   store::TrialLoad load;  // how loaded the machine was while the trial ran
   load.trial_id = r.id;
   load.cores = calibrate::online_cores();
-  load.start_load_1m = load_average_1m();
-  trial::TrialOutcome outcome;
   try {
     if (!native) {
       const backends::DeepSpeedTrial ds =
@@ -209,16 +228,195 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
       spec.trainer_args = ds.arguments;
       spec.config_yaml = ds.config_yaml;
     }
-    outcome = settings_.runner->run(spec);
   } catch (const UserError& err) {  // its files could not be written: the trial failed
     return not_started(r, key, err.what());
   }
-  if (outcome.status == "running") throw Interrupted(outcome.interrupt_signal);
+  return run_on_slot(lock, r, key, spec, remeasure_of.has_value() || must_run_alone(plan.config),
+                     load);
+}
+
+int64_t SweepHost::remeasure_best(int max_runs) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (settings_.slots.size() <= 1) return 0;
+  report::Objective o;  // as recommend ranks (results/objective.h)
+  o.kind = e_.objective;
+  o.target_length = e_.target_length;
+  o.headroom = e_.headroom;
+  o.check_peak = on_cuda_;
+  int64_t runs = 0;
+  for (int attempt = 0; attempt < max_runs; ++attempt) {
+    const std::vector<store::TrialRecord> trials =
+        store::alone_measurements_preferred(store_.trials(sweep_id_));
+    const std::vector<const store::TrialRecord*> ranked = report::rank_trials(trials, o);
+    if (ranked.empty()) break;
+    const store::TrialRecord& best = *ranked.front();
+    if (best.remeasure_of) break;  // its configuration was measured alone
+    bool had_neighbours = false;
+    for (const store::TrialNeighbour& n : store_.trial_neighbours(sweep_id_)) {
+      had_neighbours = had_neighbours || n.trial_id == best.id;
+    }
+    if (!had_neighbours) break;
+    if (e_.budget.max_trials > 0 && started_ + replayed_ >= e_.budget.max_trials) break;
+    if (e_.budget.wall_clock_s > 0 && progress_.elapsed_s() >= e_.budget.wall_clock_s) break;
+    std::optional<search::Point> point;
+    for (const search::Point& p : search::all_points(space_)) {
+      if (trial_key(space_, p, best.seqlen, false) == best.key) point = p;
+    }
+    TORCH_CHECK(point.has_value(), "remeasure_best: no point of the space has key ", best.key);
+    const search::RunOutcome out =
+        run_point(lock, *point, best.seqlen, false, best.key + " remeasure", best.id);
+    ++runs;
+    if (!out.ran) break;
+  }
+  return runs;
+}
+
+bool SweepHost::must_run_alone(const config::RunConfig& c) const {
+  if (settings_.slots.size() <= 1 || settings_.runner->kind() == "srun") return false;
+  if (settings_.isolation == "all_alone") return true;
+  if (settings_.isolation == "shared") return false;
+  return c.memory.offload_optimizer || c.memory.offload_activations;
+}
+
+size_t SweepHost::acquire_slot(std::unique_lock<std::mutex>& lock, bool alone) {
+  if (alone) ++alone_waiting_;
+  size_t chosen = settings_.slots.size();
+  slot_freed_.wait(lock, [&] {
+    if (stop_signal_ != 0) return true;
+    bool any_live = false;
+    for (size_t i = 0; i < settings_.slots.size(); ++i) any_live = any_live || !slot_retired_[i];
+    if (!any_live) return true;
+    if (alone_running_ || (alone ? busy_ > 0 : alone_waiting_ > 0)) return false;
+    for (size_t i = 0; i < settings_.slots.size(); ++i) {
+      if (!slot_busy_[i] && !slot_retired_[i]) {
+        chosen = i;
+        return true;
+      }
+    }
+    return false;
+  });
+  if (alone) --alone_waiting_;
+  slot_freed_.notify_all();  // a trial waiting behind this one may go now
+  if (stop_signal_ != 0) throw Interrupted(stop_signal_);
+  if (chosen == settings_.slots.size()) {
+    throw UserError("slots: every slot was taken out of use after a node failure; the sweep "
+                    "cannot go on (see the lines above)");
+  }
+  slot_busy_[chosen] = 1;
+  ++busy_;
+  if (alone) alone_running_ = true;
+  return chosen;
+}
+
+void SweepHost::stop_all(int signal) {
+  if (stop_signal_ == 0) stop_signal_ = signal;
+  for (const auto& [id, thread] : running_threads_) {
+    if (!pthread_equal(thread, pthread_self())) pthread_kill(thread, signal);
+  }
+  slot_freed_.notify_all();
+}
+
+void SweepHost::idle() {
+  if (settings_.slots.size() <= 1) return;
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  const timespec now{0, 0};
+  const int signal = sigtimedwait(&signals, nullptr, &now);
+  if (signal != SIGINT && signal != SIGTERM) return;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  stop_all(signal);
+  throw Interrupted(signal);
+}
+
+search::RunOutcome SweepHost::run_on_slot(std::unique_lock<std::mutex>& lock,
+                                          store::TrialRecord& r, const std::string& key,
+                                          trial::TrialSpec spec, bool alone,
+                                          store::TrialLoad load) {
+  const std::vector<std::string> base_env = spec.extra_env;
+  trial::TrialOutcome outcome;
+  std::string failures;  // node failures this trial ran into, for its reason
+  for (;;) {
+    const size_t index = acquire_slot(lock, alone);
+    const trial::Slot& slot = settings_.slots[index];
+    r.slot = slot.label;
+    spec.extra_env = base_env;
+    spec.cpus.clear();
+    spec.nodelist.clear();
+    if (settings_.runner->kind() == "srun") {
+      spec.nodelist = slot.nodes;
+    } else {
+      spec.cpus = slot.cores;
+      if (!slot.cuda_devices.empty()) {
+        spec.extra_env.push_back("CUDA_VISIBLE_DEVICES=" + slot.cuda_devices);
+      }
+    }
+    if (slot.threads_per_rank > 0) {
+      spec.extra_env.push_back("OMP_NUM_THREADS=" + std::to_string(slot.threads_per_rank));
+    }
+    // Its neighbours: every trial running now, and every trial that starts before it ends.
+    std::set<int64_t>& neighbours = running_[r.id];
+    neighbours.clear();
+    for (auto& [other, others] : running_) {
+      if (other == r.id) continue;
+      neighbours.insert(other);
+      others.insert(r.id);
+    }
+    running_threads_[r.id] = pthread_self();
+    load.start_load_1m = load_average_1m();
+    r.started_at = utc_now();
+    auto free_slot = [&] {
+      running_threads_.erase(r.id);
+      slot_busy_[index] = 0;
+      --busy_;
+      if (alone) alone_running_ = false;
+      slot_freed_.notify_all();
+    };
+    lock.unlock();
+    try {
+      outcome = settings_.runner->run(spec);
+    } catch (const UserError& err) {  // its run directory could not be written: it failed
+      lock.lock();
+      free_slot();
+      running_.erase(r.id);
+      return not_started(r, key, err.what());
+    } catch (...) {
+      lock.lock();
+      free_slot();
+      running_.erase(r.id);
+      throw;
+    }
+    lock.lock();
+    free_slot();
+    if (outcome.status == "running") {  // a signal: every other trial stops too
+      running_.erase(r.id);
+      stop_all(outcome.interrupt_signal != 0 ? outcome.interrupt_signal : SIGTERM);
+      throw Interrupted(outcome.interrupt_signal);
+    }
+    if (outcome.node_failure.empty()) break;
+    slot_retired_[index] = 1;
+    running_.erase(r.id);
+    std::fprintf(stderr, "slot %s taken out of use: trial #%lld ended by a node failure (%s)\n",
+                 slot.label.c_str(), static_cast<long long>(r.id),
+                 outcome.node_failure.c_str());
+    std::fflush(stderr);
+    failures += (failures.empty() ? "" : "; ") + ("node failure on " + slot.label + ": " +
+                                                  outcome.node_failure);
+    slot_freed_.notify_all();  // no slot left: the waiters learn it
+  }
+  if (!failures.empty()) r.reason = "run again after a " + failures;
   load.end_load_1m = load_average_1m();
   trial::apply_outcome(outcome, &r);
   r.finished_at = utc_now();
   store_.finish_trial(r, outcome.steps, outcome.phases);
   store_.record_trial_load(load);
+  if (const auto it = running_.find(r.id); it != running_.end()) {
+    if (!it->second.empty()) {
+      store_.record_neighbours(r.id, std::vector<int64_t>(it->second.begin(), it->second.end()));
+    }
+    running_.erase(it);
+  }
   const search::RunOutcome o = outcome_of(r);
   note_best(r, o);
 
@@ -237,8 +435,9 @@ search::RunOutcome SweepHost::run(const search::Point& p, int64_t length, bool p
   } else {
     detail = "(" + r.error.substr(0, 100) + ")";
   }
-  progress_.finished("#" + std::to_string(r.id) + " " + key, r.status, detail);
-  ++(probe ? counted_.probes : counted_.runs);
+  progress_.finished("#" + std::to_string(r.id) + " " + key, r.status,
+                     r.slot.empty() ? detail : detail + " [" + r.slot + "]");
+  ++(r.probe ? counted_.probes : counted_.runs);
   return o;
 }
 
@@ -261,6 +460,7 @@ search::RunOutcome SweepHost::not_started(store::TrialRecord& r, const std::stri
 
 void SweepHost::record(const search::Point& p, int64_t length, const std::string& status,
                        const std::string& reason) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   store::TrialRecord r = base_record(p, length, false);
   if (length == 0) r.key = search::describe(space_, p) + " all lengths";
   r.status = status;
@@ -295,6 +495,7 @@ void SweepHost::record(const search::Point& p, int64_t length, const std::string
 }
 
 void SweepHost::settle_unvisited() {
+  const std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [key, previous] : previous_) {
     if (previous.status != "running" || written_.count(key)) continue;
     previous.status = "skipped";
@@ -312,6 +513,7 @@ void SweepHost::predict(const config::RunConfig& c, store::TrialRecord* r) const
 }
 
 std::optional<double> SweepHost::predicted_value(const search::Point& p, int64_t length) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   try {
     const experiment::TrialPlan plan =
         experiment::plan_trial(e_, space_, p, length, false, "unused");
@@ -327,8 +529,13 @@ std::optional<double> SweepHost::predicted_value(const search::Point& p, int64_t
 }
 
 bool SweepHost::budget_left() {
-  if (e_.budget.max_trials > 0 && started_ + replayed_ >= e_.budget.max_trials) return false;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  // A run allowed here counts until run() begins it (runs on other slots may ask meanwhile).
+  if (e_.budget.max_trials > 0 && started_ + replayed_ + reserved_ >= e_.budget.max_trials) {
+    return false;
+  }
   if (e_.budget.wall_clock_s > 0 && progress_.elapsed_s() >= e_.budget.wall_clock_s) return false;
+  ++reserved_;
   return true;
 }
 

@@ -6,9 +6,26 @@
 // ulysses-train's), stores every result in its own transaction with the machine's load average
 // at the trial's start and end (store::TrialLoad), replays finished trials on
 // --resume, enforces the budget and prints progress.
+//
+// Slots: with more than one (HostSettings::slots), the engine calls run() from one thread per
+// slot. Each trial takes a free slot (its ranks pinned to the slot's cores with OMP_NUM_THREADS
+// = cores / ranks, its devices, or its nodes), stores the slot's label, and the trials whose runs
+// overlapped in time are stored as neighbours. Isolation: a trial that must run alone (an
+// offloading trial under offload_alone, every trial under all_alone; runner local only: node
+// slots share nothing) waits until no other slot is busy, and no trial starts beside it. Store
+// calls, progress and every member are serialised by one mutex (the database connection is used
+// by one thread at a time). SIGINT/SIGTERM caught by any trial's supervision, or by idle() on the
+// thread that waits, stops every running trial (each stays `running`, re-run by --resume) and
+// run() throws Interrupted. A trial that ends by a node failure (trial::TrialOutcome::node_failure)
+// takes its slot out of use with one line on stderr and runs again on another slot; the note is
+// kept in the trial's reason; when no slot is left, run() throws UserError "slots: ...".
 #pragma once
+#include <pthread.h>
+
+#include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -21,6 +38,7 @@
 #include "tuner/store/sweep_store.h"
 #include "tuner/sweep/progress.h"
 #include "tuner/trial/runner.h"
+#include "tuner/trial/slots.h"
 
 namespace ulysses::sweep {
 
@@ -37,6 +55,8 @@ struct HostSettings {
   std::string python;    // the deepspeed backend's Python (backends/deepspeed/); "" = none
   trial::TrialRunner* runner = nullptr;  // runs each trial (local | srun); not owned, non-null
   int64_t expected_runs = 0;
+  std::vector<trial::Slot> slots = {trial::Slot{}};  // trial/slots.h; one empty slot = as before
+  std::string isolation = "offload_alone";           // offload_alone | shared | all_alone
 };
 
 // Invariants: sweep_id names an existing sweep; every trial it writes belongs to it.
@@ -67,7 +87,17 @@ class SweepHost : public search::Host {
   bool budget_left() override;
   // Predicted tokens/s per rank (the objective's metric) from the cost model, for ordering.
   std::optional<double> predicted_value(const search::Point& p, int64_t length) override;
+  // Several slots: takes a pending SIGINT/SIGTERM (they are blocked in every thread, see
+  // sweep_command.cpp), stops every running trial and throws Interrupted.
+  void idle() override;
 
+  // Called once the search has finished, when the sweep ran more than one slot: while the best
+  // configuration by the objective (trials ranked as recommend ranks them, a re-measure standing
+  // for the trial it re-measured) was measured with neighbours, runs it again with no other
+  // trial running, stored as a new trial with remeasure_of set and key "<key> remeasure"; at
+  // most `max_runs` times, and only while the budget has room. Returns the re-measures run (or
+  // replayed on --resume).
+  int64_t remeasure_best(int max_runs);
   // Trials replayed from the store instead of run (--resume).
   int64_t replayed() const { return replayed_; }
   // What the search did so far, counted as the engine counts it (search::Summary: runs and probes
@@ -80,6 +110,22 @@ class SweepHost : public search::Host {
   int64_t best_trial() const { return best_id_; }
 
  private:
+  // run() for a key of the caller's (a re-measure's "<key> remeasure" with remeasure_of set:
+  // it runs alone). REQUIRES: `lock` holds mutex_.
+  search::RunOutcome run_point(std::unique_lock<std::mutex>& lock, const search::Point& p,
+                               int64_t length, bool probe, const std::string& key,
+                               std::optional<int64_t> remeasure_of);
+  // Runs begun trial `r` (its plan, spec and load filled) on a slot until it ends other than by
+  // a node failure, then stores it. REQUIRES: `lock` holds mutex_.
+  search::RunOutcome run_on_slot(std::unique_lock<std::mutex>& lock, store::TrialRecord& r,
+                                 const std::string& key, trial::TrialSpec spec, bool alone,
+                                 store::TrialLoad load);
+  // Waits for a free slot (alone: and no other busy) and returns its index. Throws Interrupted
+  // once a signal stopped the sweep, UserError when no slot is left.
+  size_t acquire_slot(std::unique_lock<std::mutex>& lock, bool alone);
+  // Sends `signal` to every thread running a trial, and makes every later run() throw.
+  void stop_all(int signal);
+  bool must_run_alone(const config::RunConfig& c) const;
   store::TrialRecord base_record(const search::Point& p, int64_t length, bool probe);
   // The point's plan at `length` (output dir "unused"), or nullopt when it breaks a rule.
   std::optional<experiment::TrialPlan> try_plan(const search::Point& p, int64_t length);
@@ -110,6 +156,18 @@ class SweepHost : public search::Host {
   search::Summary counted_;
   int64_t best_id_ = 0, best_length_ = 0;
   double best_value_ = 0.0;
+
+  // Slots and the runs on them; all guarded by mutex_.
+  std::mutex mutex_;
+  std::condition_variable slot_freed_;
+  std::vector<char> slot_busy_, slot_retired_;
+  int busy_ = 0;                // slots running a trial
+  int alone_waiting_ = 0;       // trials waiting to run alone: no other trial starts meanwhile
+  bool alone_running_ = false;
+  int64_t reserved_ = 0;        // runs budget_left() allowed that run() has not begun yet
+  int stop_signal_ = 0;         // set once a signal stopped the sweep
+  std::map<int64_t, std::set<int64_t>> running_;  // trial id -> the trials that overlapped it
+  std::map<int64_t, pthread_t> running_threads_;  // trial id -> the thread that runs it
 };
 
 // Why point `p` cannot run at `length`, as one line, or nullopt when it can: its run config breaks
