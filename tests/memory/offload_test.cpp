@@ -961,13 +961,15 @@ ShardUpdateRun train_shard_update(const config::RunConfig& c, comm::DeviceMesh& 
 }
 
 // Both paths at `stage` on `mesh` for grad_clip huge, tiny and between the steps' norms, and a
-// poisoned step.
+// poisoned step. Stage 3 ties the embeddings: that weight's shard is final only after its second
+// reduction of the last micro-batch (the head's, then the embedding's).
 void expect_overlapped_shard_update_equals_plain(comm::DeviceMesh& mesh, int64_t dp, int64_t sp,
                                                  int stage) {
   constexpr int64_t kSteps = 5;
   const std::string what = "stage " + std::to_string(stage) + " dp " + std::to_string(dp) +
                            " x sp " + std::to_string(sp) + " rank " + std::to_string(mesh.rank());
   config::RunConfig c = testing::tiny_run_config(4, 2, dp, sp);
+  c.model.tie_embeddings = stage == 3;
   c.sequence.grad_accum = 2;
   c.memory.offload_optimizer = true;
   c.memory.offload_activations = true;  // and so checkpointing
