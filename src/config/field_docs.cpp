@@ -154,7 +154,14 @@ const std::map<std::string, std::string>& meanings() {
        "memory (copied out during backward; 16 B per parameter on the host, none on the device), "
        "false on the device (4 B per parameter there; the host update streams them in pieces: 12 "
        "B per parameter on the host). Same results either way. No effect otherwise."},
-      {"memory.precision", "fp32 or bf16 (bf16 needs train.device cuda)."},
+      {"memory.precision",
+       "fp32, bf16 or bf16-states (both bf16 modes need train.device cuda). bf16: bf16 weights "
+       "and activations, gradients summed in fp32, fp32 master weights and AdamW moments (16 B "
+       "per parameter beyond the weights). bf16-states: transformers' numerics with a bf16 model "
+       "and torch.optim.AdamW(fused=True): gradients summed and all-reduced in bf16, bf16 AdamW "
+       "moments, no master weights (6 B per parameter beyond the weights); zero.stage 0 without "
+       "memory.offload_optimizer only (ZeRO stages 1-3 and the offloaded optimizer keep fp32 "
+       "masters)."},
       {"memory.limit_gib",
        "Per-rank memory cap in GiB (on CPU: the process address space); exceeding it exits 12. "
        "0 = none."},

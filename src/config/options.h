@@ -103,7 +103,7 @@ struct MemoryOptions {
   // With offload_optimizer at zero.stage 0: the fp32 gradient sums in host memory (true) or on
   // the device (false: the host update streams them in pieces).
   bool offload_gradients = true;
-  std::string precision = "fp32";  // fp32 | bf16
+  std::string precision = "fp32";  // fp32 | bf16 | bf16-states
   double limit_gib = 0.0;          // per-rank cap; 0 = none
 };
 

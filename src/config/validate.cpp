@@ -227,9 +227,17 @@ void validate_run(const RunConfig& c) {
 
   require(c.memory.tiled_mlp.value >= 0, "memory.tiled_mlp", "must be >= 1 or auto");
   require(c.memory.tiled_loss.value >= 0, "memory.tiled_loss", "must be >= 1 or auto");
-  one_of("memory.precision", c.memory.precision, {"fp32", "bf16"});
-  require(!(cpu && c.memory.precision == "bf16"), "memory.precision",
-          "bf16 needs train.device cuda (bf16 is a CUDA feature here)");
+  one_of("memory.precision", c.memory.precision, {"fp32", "bf16", "bf16-states"});
+  require(!(cpu && c.memory.precision != "fp32"), "memory.precision",
+          c.memory.precision + " needs train.device cuda (bf16 is a CUDA feature here)");
+  // bf16-states keeps no fp32 masters: the offloaded and ZeRO-sharded optimizers update fp32
+  // masters, so the mode runs where AdamW updates the bf16 parameters themselves.
+  require(!(c.memory.precision == "bf16-states" && c.memory.offload_optimizer),
+          "memory.precision",
+          "bf16-states needs memory.offload_optimizer false (the offloaded optimizer keeps fp32 "
+          "master weights; use bf16)");
+  require(!(c.memory.precision == "bf16-states" && c.zero.stage != 0), "memory.precision",
+          "bf16-states needs zero.stage 0 (ZeRO stages 1-3 keep fp32 master shards; use bf16)");
   non_negative("memory.limit_gib", c.memory.limit_gib);
 
   one_of("attention.backend", c.attention.backend, {"auto", "math", "flash", "efficient", "cudnn"});

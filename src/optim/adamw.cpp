@@ -95,9 +95,12 @@ UploadStats& UploadStats::operator+=(const UploadStats& other) {
 }
 
 AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, OptimizerPlacement placement,
-             std::vector<at::Tensor> masters)
-    : options_(options), placement_(placement) {
+             std::vector<at::Tensor> masters, AdamWStates states)
+    : options_(options), placement_(placement), states_(states) {
   check_options(options_);
+  const bool in_param_dtype = states_ == AdamWStates::kParameterDtype;
+  TORCH_CHECK(!in_param_dtype || (placement_ == OptimizerPlacement::kDevice && masters.empty()),
+              "AdamW: states in the parameters' dtype need kDevice and no masters");
   TORCH_CHECK(masters.empty() || (placement_ == OptimizerPlacement::kHost &&
                                   masters.size() == params.size()),
               "AdamW: the caller's masters need kHost and one master per parameter");
@@ -133,6 +136,9 @@ AdamW::AdamW(NamedTensors params, const config::OptimOptions& options, Optimizer
         slot.master = host_buffer(param, master_dtype, /*pinned=*/param.is_cuda());
         slot.master.copy_(param);
       }
+    } else if (in_param_dtype) {
+      TORCH_CHECK(param.is_contiguous(), "AdamW: parameter '", name,
+                  "' is not contiguous (the fused update of states in its dtype needs it)");
     } else if (is_reduced(dtype)) {
       slot.master =
           param.detach().to(master_dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
@@ -156,6 +162,16 @@ void AdamW::step(double lr) {
 void AdamW::check_grad(const Slot& slot, const at::Tensor& grad) const {
   TORCH_CHECK(grad.layout() == at::kStrided, "AdamW: sparse gradient for '", slot.name, "'");
   const at::ScalarType param_dtype = slot.param.scalar_type();
+  if (states_ == AdamWStates::kParameterDtype) {
+    TORCH_CHECK(fused_adamw_applies(slot.param, grad, slot.exp_avg, slot.exp_avg_sq),
+                "AdamW: gradient of '", slot.name, "' has shape ", grad.sizes(), " dtype ",
+                grad.scalar_type(), " device ", grad.device(), " contiguous ",
+                grad.is_contiguous(), ", needs the parameter's ", slot.param.sizes(), " ",
+                param_dtype, " ", slot.param.device(), ", contiguous");
+    TORCH_CHECK(grad.sizes() == slot.param.sizes(), "AdamW: gradient of '", slot.name,
+                "' has shape ", grad.sizes(), ", the parameter ", slot.param.sizes());
+    return;
+  }
   const bool dtype_ok = grad.scalar_type() == param_dtype ||
                         (is_reduced(param_dtype) && grad.scalar_type() == at::kFloat);
   // kHost also takes host gradients of device parameters (GradientBuffers with on_host) and device
@@ -175,6 +191,10 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
               "AdamW::step: grad_scale must be finite and > 0, got ", grad_scale);
   TORCH_CHECK(grads.size() == slots_.size(), "AdamW::step: ", grads.size(),
               " gradients for ", slots_.size(), " parameters");
+  const bool in_param_dtype = states_ == AdamWStates::kParameterDtype;
+  TORCH_CHECK(!in_param_dtype || grad_scale == 1.0,
+              "AdamW::step: states in the parameters' dtype take grad_scale 1 (clip first), got ",
+              grad_scale);
   for (size_t i = 0; i < slots_.size(); ++i) {  // all checks before any update
     if (grads[i].defined()) check_grad(slots_[i], grads[i]);
   }
@@ -194,7 +214,8 @@ void AdamW::step(double lr, const std::vector<at::Tensor>& grads, double grad_sc
       continue;
     }
     at::Tensor& weights = slot.master.defined() ? slot.master : slot.param;
-    if (grad_scale == 1.0 && weights.is_cuda() &&
+    // kParameterDtype: every parameter, on any device (check_grad made sure the kernel applies).
+    if (grad_scale == 1.0 && (weights.is_cuda() || in_param_dtype) &&
         fused_adamw_applies(weights, grad, slot.exp_avg, slot.exp_avg_sq)) {
       slot.step += 1;
       fused.push_back({weights, grad, slot.exp_avg, slot.exp_avg_sq, slot.step});
@@ -597,7 +618,7 @@ NamedTensors AdamW::state_tensors() const {
     state.emplace_back(slot.name + kExpAvg, slot.exp_avg);
     state.emplace_back(slot.name + kExpAvgSq, slot.exp_avg_sq);
     state.emplace_back(slot.name + kStep, at::scalar_tensor(slot.step, at::kLong));
-    if (is_reduced(slot.param.scalar_type()) && slot.own_master) {
+    if (is_reduced(slot.param.scalar_type()) && slot.own_master && slot.master.defined()) {
       state.emplace_back(slot.name + kMaster, slot.master);
     }
   }
@@ -641,7 +662,8 @@ void AdamW::load_state(const NamedTensors& state, int64_t step_count, const std:
     check_moment(source, slot.name + kExpAvgSq, *exp_avg_sq, slot.exp_avg_sq);
     const at::Tensor* master = nullptr;
     auto master_entry = unused.find(slot.name + kMaster);
-    if (is_reduced(slot.param.scalar_type()) && slot.own_master && master_entry != unused.end()) {
+    if (is_reduced(slot.param.scalar_type()) && slot.own_master && slot.master.defined() &&
+        master_entry != unused.end()) {
       master = master_entry->second;
       check_moment(source, slot.name + kMaster, *master, slot.master);
       unused.erase(master_entry);

@@ -34,6 +34,11 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // CUDA, every parameter whose gradient has its master's dtype is updated by one multi-tensor
 // fused call per dtype (adamw_fused_update_many, torch.optim.AdamW(fused=True)'s kernel); the
 // others, and every CPU parameter, by the ATen ops.
+// AdamWStates::kParameterDtype (memory.precision bf16-states) keeps no masters: the moments are
+// in the parameter's dtype and every update, on any device, is ATen's fused kernel on the
+// parameter itself, exactly as torch.optim.AdamW(fused=True) runs it (its step counts are float
+// tensors on the parameter's device, one per parameter, incremented before the update; here
+// integers converted to float for the call, the same values below 2^24 steps).
 // kHost (optimizer offload) keeps master weights (fp32; fp64 for fp64 parameters) and moments in
 // host memory for every parameter and updates them with one fused, multi-threaded CPU pass
 // (optim/cpu_adam.h: kDevice's op order with a correctly rounded sqrt; the moments equal kDevice's
@@ -57,6 +62,14 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 //
 // Not thread-safe. The optimizer holds references to the parameter tensors (shared storage): the
 // caller's module sees every update.
+// What AdamW keeps beside a bf16/fp16 parameter (fp32/fp64 parameters are updated in place either
+// way).
+enum class AdamWStates {
+  kFp32Masters,     // fp32 master weights and fp32 moments (memory.precision bf16)
+  kParameterDtype,  // moments in the parameter's dtype, no masters: torch.optim.AdamW(fused=True)
+                    // on a bf16 model (memory.precision bf16-states); kDevice only
+};
+
 // Where AdamW keeps master weights and moments.
 enum class OptimizerPlacement {
   kDevice,  // with the parameters (memory.offload_optimizer: false)
@@ -94,9 +107,10 @@ class AdamW {
   // itself. The caller owns them: state_tensors() lists no "<param>.master" for them, and
   // load_state and reload_parameters leave them alone. (ZeRO: host master shards whose updated
   // weights go to device shards through the staging path below.)
+  // states: kParameterDtype REQUIRES kDevice, no masters and contiguous parameters (TORCH_CHECK).
   AdamW(NamedTensors params, const config::OptimOptions& options,
         OptimizerPlacement placement = OptimizerPlacement::kDevice,
-        std::vector<at::Tensor> masters = {});
+        std::vector<at::Tensor> masters = {}, AdamWStates states = AdamWStates::kFp32Masters);
 
   // One optimizer step at learning rate lr (from lr_at()), using each parameter's .grad().
   // Parameters with an undefined grad are skipped. Gradients are read, never modified.
@@ -118,6 +132,8 @@ class AdamW {
   // defined grads[i] is dense, on the parameter's device (kHost: or on the host for a device
   // parameter, or on a device for a host parameter), with its shape ([param shape]) and its dtype
   // or fp32 as above (violations trip a TORCH_CHECK naming the parameter).
+  // kParameterDtype: each defined grads[i] contiguous, of the parameter's dtype and device, and
+  // grad_scale == 1 (clip the gradients first, as torch does: clip_gradients_as_torch).
   void step(double lr, const std::vector<at::Tensor>& grads, double grad_scale = 1.0);
 
   // The overlapped host update (kHost; optim.overlap_host_update): a step whose parts run ahead,
@@ -157,7 +173,8 @@ class AdamW {
   //   "<param>.exp_avg"     first moment,  [param shape], master dtype, master device
   //   "<param>.exp_avg_sq"  second moment, [param shape], master dtype, master device
   //   "<param>.step"        [] int64 on CPU, this parameter's own update count
-  // plus, for bf16/fp16 parameters only, "<param>.master" (fp32 master weights). The master
+  // plus, for bf16/fp16 parameters under kFp32Masters only, "<param>.master" (fp32 master
+  // weights); under kParameterDtype the moments are in the parameter's dtype and device. The master
   // dtype/device is the parameter's for fp32/fp64 on kDevice, else fp32 (fp64) on the host (kHost)
   // or on the parameter's device (kDevice).
   // The moment tensors alias the live state (no copy): write them out before the next step().
@@ -180,6 +197,7 @@ class AdamW {
 
   const config::OptimOptions& options() const { return options_; }
   OptimizerPlacement placement() const { return placement_; }
+  AdamWStates states() const { return states_; }
 
   // kHost: bytes of each of the two staging buffers the converted weights pass through (above);
   // 64 MiB unless set. Smaller values cut the model into more pieces. stage_host_parameters: send
@@ -240,6 +258,7 @@ class AdamW {
   std::vector<Slot> slots_;
   config::OptimOptions options_;
   OptimizerPlacement placement_;
+  AdamWStates states_;
   int64_t step_count_ = 0;
   SideStreams copy_streams_;  // kHost: device gradients are copied to the host on these
   int64_t staging_bytes_ = int64_t{64} << 20;

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <optional>
 
 namespace ulysses::train {
 
@@ -53,6 +54,29 @@ double clip_gradients(const std::vector<at::Tensor>& gradients, double max_norm)
     at::_foreach_mul_(defined, coef);  // grad.mul_(coef) for each, in a few launches on CUDA
   }
   return total_norm;
+}
+
+double clip_gradients_as_torch(const std::vector<at::Tensor>& gradients, double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> defined;
+  for (const at::Tensor& grad : gradients) {
+    if (!grad.defined()) continue;
+    TORCH_CHECK(grad.layout() == at::kStrided, "clip_grad_norm: sparse gradients unsupported");
+    TORCH_CHECK(defined.empty() || (grad.scalar_type() == defined[0].scalar_type() &&
+                                    grad.device() == defined[0].device()),
+                "clip_gradients_as_torch: gradients of one dtype on one device, got ",
+                grad.scalar_type(), " on ", grad.device(), " beside ", defined[0].scalar_type(),
+                " on ", defined[0].device());
+    defined.push_back(grad);
+  }
+  if (defined.empty()) return 0.0;
+  const at::Tensor total = at::linalg_vector_norm(at::stack(at::_foreach_norm(defined, 2)), 2);
+  const double norm = total.item<double>();
+  if (max_norm > 0.0 && std::isfinite(norm)) {
+    const at::Tensor coef = at::clamp((total + 1e-6).reciprocal() * max_norm, std::nullopt, 1.0);
+    at::_foreach_mul_(defined, coef);
+  }
+  return norm;
 }
 
 }  // namespace ulysses::train

@@ -33,4 +33,17 @@ double clip_gradients(const std::vector<at::Tensor>& grads, double max_norm);
 double gradient_norm(const std::vector<at::Tensor>& grads);
 double clip_coefficient(double norm, double max_norm);
 
+// clip_gradients with torch.nn.utils.clip_grad_norm_'s own numerics (its foreach path, which
+// torch takes on CPU and CUDA), for gradients kept in a reduced dtype (memory.precision
+// bf16-states), where clip_gradients' fp32/fp64 arithmetic would round differently:
+//   norms = _foreach_norm(grads, 2)              one per gradient, in the gradients' dtype
+//   total = linalg_vector_norm(stack(norms), 2)  in that dtype
+//   coef  = clamp(reciprocal(total + 1e-6) * max_norm, max = 1)   in that dtype
+//   _foreach_mul_(grads, coef)                   every gradient, in place
+// (Python's `max_norm / t` is `t.reciprocal() * max_norm`.) Returns total as a double. As
+// clip_gradients: max_norm <= 0 never clips, and a non-finite total is returned without touching
+// a grad (torch would scale every grad by it). Undefined entries are skipped; none left: 0.
+// REQUIRES: the defined grads dense, of one floating dtype, on one device (TORCH_CHECK).
+double clip_gradients_as_torch(const std::vector<at::Tensor>& grads, double max_norm);
+
 }  // namespace ulysses::train

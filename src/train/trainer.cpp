@@ -238,7 +238,15 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     memory::enable_layer_hooks(model, config.memory.offload_activations, recompute, partition);
   }
   std::vector<at::Tensor> params = model->parameters();
-  // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there),
+  // memory.precision bf16-states: bf16 gradient sums and AdamW states, no masters (validation
+  // refuses it elsewhere; runs that skip validation hear it here).
+  const bool states_in_param_dtype = memory::states_in_parameter_dtype(config.memory.precision);
+  if (states_in_param_dtype && (config.zero.stage != 0 || placement == OptimizerPlacement::kHost)) {
+    throw UserError("memory.precision: bf16-states needs zero.stage 0 and memory.offload_optimizer "
+                    "false (ZeRO stages 1-3 and the offloaded optimizer keep fp32 masters)");
+  }
+  // fp32 accumulation buffers for the whole run (bf16 parameters' gradients are summed there;
+  // bf16-states: bf16 buffers, each parameter's .grad() itself),
   // padded to a multiple of the world for ZeRO's shards; none under stage 2/3 (the partition
   // holds shard-sized gradients).
   // Under optimizer offload (stage 0) they live on the host, where the update reads them: no
@@ -247,7 +255,8 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
   const bool host_gradients = zero_stage == 0 && placement == OptimizerPlacement::kHost &&
                               config.memory.offload_gradients;
   GradientBuffers gradients(zero_stage >= 2 ? std::vector<at::Tensor>{} : params,
-                            zero_stage > 0 ? mesh.world().size() : 1, host_gradients);
+                            zero_stage > 0 ? mesh.world().size() : 1, host_gradients,
+                            states_in_param_dtype);
   // Stages 0 and 1 over several ranks with the gradients on the device: each layer's sum over
   // the world starts as soon as its backward of the step's last micro-batch is done, while the
   // layers below compute (the layer hooks take over build_model's checkpointing runner, recompute
@@ -268,7 +277,9 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
     zero = std::make_unique<ZeroOptimizer>(gradients, mesh.world(), optim, placement,
                                            bucket_bytes);
   } else {
-    adamw = std::make_unique<AdamW>(model->named_parameters().pairs(), optim, placement);
+    adamw = std::make_unique<AdamW>(
+        model->named_parameters().pairs(), optim, placement, std::vector<at::Tensor>{},
+        states_in_param_dtype ? AdamWStates::kParameterDtype : AdamWStates::kFp32Masters);
   }
   // optim.overlap_host_update (the optimizer and the gradients it reads on the host; auto: on a
   // GPU): each parameter's (ZeRO: each shard's) host update runs beside backward once its
@@ -504,7 +515,10 @@ int run_training(const config::RunConfig& config, comm::DeviceMesh& mesh,
       } else {
         {
           profile::ScopedPhase part("optimizer_norm", profile::Category::kOptimizer);
-          grad_norm = clip_gradients(gradients.grads(), config.optim.grad_clip);
+          // bf16-states: clip_grad_norm_'s own bf16 arithmetic, as the transformers run it matches.
+          grad_norm = states_in_param_dtype
+                          ? clip_gradients_as_torch(gradients.grads(), config.optim.grad_clip)
+                          : clip_gradients(gradients.grads(), config.optim.grad_clip);
         }
         skipped = !std::isfinite(grad_norm);
         if (!skipped) adamw->step(lr, gradients.grads());

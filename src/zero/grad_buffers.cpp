@@ -20,7 +20,8 @@
 namespace ulysses::train {
 namespace {
 
-at::ScalarType accumulation_dtype(at::ScalarType param_dtype) {
+at::ScalarType accumulation_dtype(at::ScalarType param_dtype, bool in_parameter_dtype) {
+  if (in_parameter_dtype) return param_dtype;
   return param_dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
@@ -53,12 +54,16 @@ struct AccumulateOnHost : public torch::autograd::PostAccumulateGradHook {
   size_t index;
 };
 
-FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shards) {
+FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shards,
+                            bool sum_in_parameter_dtype) {
+  const auto dtype_of = [sum_in_parameter_dtype](const at::Tensor& p) {
+    return accumulation_dtype(p.scalar_type(), sum_in_parameter_dtype);
+  };
   TORCH_CHECK(shards >= 1, "GradientBuffers: shards must be >= 1, got ", shards);
   using Key = std::pair<std::string, at::ScalarType>;
   std::map<Key, int64_t> numel_of;
   for (const auto& p : params) {
-    if (p.requires_grad()) numel_of[{p.device().str(), accumulation_dtype(p.scalar_type())}] += p.numel();
+    if (p.requires_grad()) numel_of[{p.device().str(), dtype_of(p)}] += p.numel();
   }
   FlatLayout layout;
   std::map<Key, std::pair<int, int64_t>> cursor;  // flat index, next offset
@@ -70,7 +75,7 @@ FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shard
   layout.flat_offset.assign(params.size(), 0);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].requires_grad()) continue;
-    auto& [index, offset] = cursor[{params[i].device().str(), accumulation_dtype(params[i].scalar_type())}];
+    auto& [index, offset] = cursor[{params[i].device().str(), dtype_of(params[i])}];
     layout.flat_index[i] = index;
     layout.flat_offset[i] = offset;
     offset += params[i].numel();
@@ -78,14 +83,17 @@ FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shard
   return layout;
 }
 
-GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards, bool on_host)
+GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards, bool on_host,
+                                 bool sum_in_parameter_dtype)
     : params_(std::move(params)),
       grads_(params_.size()),
       hooked_(params_.size(), false),
       on_host_(on_host),
       staged_(params_.size()),
       host_has_sum_(params_.size(), false) {
-  const FlatLayout layout = plan_flat_layout(params_, shards);
+  TORCH_CHECK(!(on_host && sum_in_parameter_dtype),
+              "GradientBuffers: host buffers sum in fp32; sum_in_parameter_dtype needs on_host false");
+  const FlatLayout layout = plan_flat_layout(params_, shards, sum_in_parameter_dtype);
   flat_index_ = layout.flat_index;
   flat_offset_ = layout.flat_offset;
   for (size_t f = 0; f < layout.flat_numel.size(); ++f) flats_.push_back(at::Tensor());
@@ -96,7 +104,7 @@ GradientBuffers::GradientBuffers(std::vector<at::Tensor> params, int64_t shards,
     at::Tensor& flat = flats_[flat_index_[i]];
     if (!flat.defined()) {
       const int64_t numel = layout.flat_numel[flat_index_[i]];
-      const at::ScalarType dtype = accumulation_dtype(p.scalar_type());
+      const at::ScalarType dtype = accumulation_dtype(p.scalar_type(), sum_in_parameter_dtype);
       flat = on_host ? zeros_on_host({numel}, dtype, /*pinned=*/p.is_cuda())  // [padded]
                      : at::zeros({numel}, at::TensorOptions().device(p.device()).dtype(dtype));
     }

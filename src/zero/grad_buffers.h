@@ -1,6 +1,7 @@
-// Gradient accumulation in fp32 (Megatron / DeepSpeed call it `main_grad`): every
-// parameter's gradient is summed over tiles, recomputes and micro-batches into an fp32 view of one
-// flat buffer, and reduced over ranks from there in buckets, without a gathered copy.
+// Gradient accumulation in fp32 (Megatron / DeepSpeed call it `main_grad`), or in the parameters'
+// dtype (memory.precision bf16-states): every parameter's gradient is summed over tiles, recomputes
+// and micro-batches into a view of one flat buffer, and reduced over ranks from there in buckets,
+// without a gathered copy.
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
@@ -22,17 +23,21 @@ inline constexpr int64_t kDefaultGradBucketBytes = int64_t{128} << 20;  // 128 M
 // Where GradientBuffers(params, shards) puts each parameter (pure: allocates nothing): flat f has
 // flat_numel[f] elements (padded to a multiple of shards); parameter i lies in flat flat_index[i]
 // (-1 when it does not require grad) from element flat_offset[i]. Flats are ordered by (device,
-// accumulation dtype), parameters within a flat in their order.
+// accumulation dtype), parameters within a flat in their order. sum_in_parameter_dtype: as the
+// GradientBuffers constructor's.
 struct FlatLayout {
   std::vector<int64_t> flat_numel;
   std::vector<int> flat_index;
   std::vector<int64_t> flat_offset;
 };
-FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shards);
+FlatLayout plan_flat_layout(const std::vector<at::Tensor>& params, int64_t shards,
+                            bool sum_in_parameter_dtype = false);
 
 // Owns one flat accumulation buffer per (device, accumulation dtype) and a view of it per
 // parameter, in the parameters' order. The accumulation dtype is fp32, or fp64 for fp64
-// parameters.
+// parameters; with sum_in_parameter_dtype it is each parameter's own dtype (bf16 sums of bf16
+// parameters, summed over ranks in bf16: what torch does with a bf16 model), so every parameter
+// is of the first kind below.
 //  - fp32 / fp64 parameters: param.grad() IS the view, so autograd's AccumulateGrad adds every
 //    contribution into it in place (backward runs with grad mode off).
 //  - bf16 / fp16 parameters, and every parameter with on_host: a post-accumulate-grad hook adds
@@ -62,8 +67,10 @@ class GradientBuffers {
   // for them (settle() does). Device memory: the fp32 sums of the parameters of one open window
   // plus those in flight. The sums are the same, bit for bit, as on the device: the
   // same fp32 additions in the same order.
+  // sum_in_parameter_dtype: accumulate in each parameter's dtype (above). REQUIRES: not
+  // with on_host.
   explicit GradientBuffers(std::vector<at::Tensor> params, int64_t shards = 1,
-                           bool on_host = false);
+                           bool on_host = false, bool sum_in_parameter_dtype = false);
   ~GradientBuffers();
   GradientBuffers(const GradientBuffers&) = delete;
   GradientBuffers& operator=(const GradientBuffers&) = delete;
@@ -79,7 +86,8 @@ class GradientBuffers {
   // someone replaced it) and releases any bf16/fp16 .grad() left behind.
   void zero();
 
-  // The accumulated gradients, aligned with the constructor's params: [param shape], fp32 (fp64).
+  // The accumulated gradients, aligned with the constructor's params: [param shape], the
+  // accumulation dtype (fp32, fp64, or the parameter's with sum_in_parameter_dtype).
   const std::vector<at::Tensor>& grads() const { return grads_; }
 
   // Sums every buffer over `group` in place, `bucket_bytes` at a time (contiguous slices of the

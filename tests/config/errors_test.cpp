@@ -101,7 +101,7 @@ TEST(ConfigErrors, OutOfRangeOrNotAllowed) {
       {"train: {steps: -1}\n", {}, "train.steps: must be >= 0, got -1"},
       {"optim: {host_threads: -2}\n", {}, "optim.host_threads: must be >= 0, got -2"},
       {"train: {device: tpu}\n", {}, "train.device: must be one of cpu|cuda, got 'tpu'"},
-      {"memory: {precision: fp16}\n", {}, "memory.precision: must be one of fp32|bf16, got 'fp16'"},
+      {"memory: {precision: fp16}\n", {}, "memory.precision: must be one of fp32|bf16|bf16-states, got 'fp16'"},
       {"memory: {limit_gib: -1}\n", {}, "memory.limit_gib: must be >= 0, got -1.0"},
       {"attention: {backend: sdpa}\n",
        {},
@@ -180,6 +180,27 @@ TEST(ConfigErrors, Bf16NeedsCuda) {
                   "memory.precision: bf16 needs train.device cuda (bf16 is a CUDA feature here)"}});
   const RunConfig c = parse_run_config_yaml("memory: {precision: bf16}\ntrain: {device: cuda}\n");
   EXPECT_EQ(c.memory.precision, "bf16");
+}
+
+// bf16-states (bf16 gradients and moments, no masters) runs where AdamW updates the bf16
+// parameters themselves: not on CPU, not offloaded, not at ZeRO stages 1-3.
+TEST(ConfigErrors, Bf16StatesNeedsCudaStageZeroAndNoOffload) {
+  expect_errors({
+      {"memory: {precision: bf16-states}\n",
+       {},
+       "memory.precision: bf16-states needs train.device cuda (bf16 is a CUDA feature here)"},
+      {"memory: {precision: bf16-states, offload_optimizer: true}\ntrain: {device: cuda}\n",
+       {},
+       "memory.precision: bf16-states needs memory.offload_optimizer false (the offloaded "
+       "optimizer keeps fp32 master weights; use bf16)"},
+      {"memory: {precision: bf16-states}\nzero: {stage: 2}\ntrain: {device: cuda}\n",
+       {},
+       "memory.precision: bf16-states needs zero.stage 0 (ZeRO stages 1-3 keep fp32 master "
+       "shards; use bf16)"},
+  });
+  const RunConfig c =
+      parse_run_config_yaml("memory: {precision: bf16-states}\ntrain: {device: cuda}\n");
+  EXPECT_EQ(c.memory.precision, "bf16-states");
 }
 
 TEST(ConfigErrors, MeshDoesNotMatchWorld) {

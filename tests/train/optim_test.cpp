@@ -9,6 +9,8 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -1035,6 +1037,189 @@ TEST(AdamW, GradScaleMustBeFiniteAndPositive) {
     EXPECT_THROW(adamw.step(1e-3, grads, bad), c10::Error) << bad;
   }
   EXPECT_EQ(adamw.step_count(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// memory.precision bf16-states: bf16 moments, no masters, torch's fused AdamW and clip_grad_norm_
+
+NamedTensors make_bf16_params() {
+  NamedTensors params;
+  for (const auto& [name, p] : make_params()) {
+    params.emplace_back(name, p.detach().to(at::kBFloat16).set_requires_grad(true));
+  }
+  return params;
+}
+
+// torch.nn.utils.clip_grad_norm_(params, max_norm) as torch 2.x runs it (foreach=None takes the
+// foreach path on CPU and CUDA), transcribed op for op from torch/nn/utils/clip_grad.py:
+//   norms = torch._foreach_norm(grads, 2)
+//   total_norm = torch.linalg.vector_norm(torch.stack(norms), 2)
+//   clip_coef = max_norm / (total_norm + 1e-6)       # Tensor.__rtruediv__: reciprocal() * max_norm
+//   torch._foreach_mul_(grads, torch.clamp(clip_coef, max=1.0))
+double torch_clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm) {
+  const at::Tensor total_norm = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
+  const at::Tensor clip_coef = (total_norm + 1e-6).reciprocal() * max_norm;
+  at::_foreach_mul_(grads, at::clamp(clip_coef, std::nullopt, 1.0));
+  return total_norm.item<double>();
+}
+
+// Five steps of clipping and AdamW on bf16 parameters with weight decay and a per-step lr, "b1"
+// without a gradient on even steps: ours (clip_gradients_as_torch, AdamW with kParameterDtype)
+// against torch.optim.AdamW(fused=True)'s step written out with ATen's kernel (one float step
+// tensor per parameter, incremented before the call; parameters without a gradient left out, so
+// their step does not advance) and the clip above. Bit for bit: weights, moments and norms.
+TEST(AdamW, Bf16StatesEqualTorchFusedAdamWAndClipGradNormBitForBit) {
+  const config::OptimOptions options = adamw_options();
+  const NamedTensors ours_named = make_bf16_params();
+  const std::vector<at::Tensor> ours = tensors_of(ours_named);
+  const std::vector<at::Tensor> theirs = tensors_of(make_bf16_params());
+  AdamW adamw(ours_named, options, OptimizerPlacement::kDevice, {}, AdamWStates::kParameterDtype);
+  std::vector<at::Tensor> exp_avgs, exp_avg_sqs, steps;
+  for (const at::Tensor& p : theirs) {
+    exp_avgs.push_back(at::zeros_like(p));
+    exp_avg_sqs.push_back(at::zeros_like(p));
+    steps.push_back(at::zeros({}, at::kFloat));
+  }
+  // Norms of these gradients grow from ~23 to ~31: max_norm 27 clips some steps and not others.
+  constexpr double kMaxNorm = 27.0;
+  int clipped = 0;
+  for (int64_t step = 1; step <= 5; ++step) {
+    std::vector<at::Tensor> our_grads, their_grads;
+    for (const at::Tensor& g : grads_of_step(ours, step)) {
+      const at::Tensor scaled = g.defined() ? (g * (1.0 + 0.1 * step)).to(at::kBFloat16) : g;
+      our_grads.push_back(scaled);
+      their_grads.push_back(g.defined() ? scaled.clone() : g);
+    }
+    const double our_norm = clip_gradients_as_torch(our_grads, kMaxNorm);
+    adamw.step(lr_of_step(step), our_grads);
+
+    std::vector<at::Tensor> p, g, m, v, t, defined_grads;
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      if (!their_grads[i].defined()) continue;
+      defined_grads.push_back(their_grads[i]);
+    }
+    const double their_norm = torch_clip_grad_norm(defined_grads, kMaxNorm);
+    clipped += their_norm > kMaxNorm;
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      if (!their_grads[i].defined()) continue;
+      p.push_back(theirs[i]);
+      g.push_back(their_grads[i]);
+      m.push_back(exp_avgs[i]);
+      v.push_back(exp_avg_sqs[i]);
+      t.push_back(steps[i]);
+    }
+    at::_foreach_add_(t, 1);
+    at::NoGradGuard no_grad;
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, t, lr_of_step(step), options.betas[0],
+                      options.betas[1], options.weight_decay, options.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+    EXPECT_EQ(our_norm, their_norm) << "step " << step;
+    for (size_t i = 0; i < ours.size(); ++i) {
+      EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << ours_named[i].first << " step " << step;
+    }
+  }
+  EXPECT_GT(clipped, 0);
+  EXPECT_LT(clipped, 5);
+  EXPECT_EQ(adamw.step_count(), 5);
+  const NamedTensors state = adamw.state_tensors();
+  ASSERT_EQ(state.size(), 3 * ours.size());  // no ".master" entries
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_EQ(state[3 * i].second.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(torch::equal(state[3 * i].second, exp_avgs[i])) << state[3 * i].first;
+    EXPECT_TRUE(torch::equal(state[3 * i + 1].second, exp_avg_sqs[i])) << state[3 * i + 1].first;
+    EXPECT_EQ(state[3 * i + 2].second.item<int64_t>(), steps[i].item<int64_t>());
+  }
+  // Sensitive: the fp32-master update of the same steps ends elsewhere in bf16.
+  const NamedTensors masters_named = make_bf16_params();
+  AdamW with_masters(masters_named, options);
+  for (int64_t step = 1; step <= 5; ++step) {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& g : grads_of_step(ours, step)) {
+      grads.push_back(g.defined() ? (g * (1.0 + 0.1 * step)).to(at::kBFloat16) : g);
+    }
+    clip_gradients_as_torch(grads, kMaxNorm);
+    with_masters.step(lr_of_step(step), grads);
+  }
+  EXPECT_FALSE(torch::equal(masters_named[0].second, ours[0]));
+}
+
+// torch's bf16 arithmetic differs from clip_gradients' fp32/fp64 one: the norm is rounded to bf16.
+TEST(ClipGradNorm, AsTorchRoundsTheNormToTheGradientsDtype) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& g : grads_of_step(tensors_of(make_params()), 1)) {
+    grads.push_back(g.to(at::kBFloat16));
+  }
+  const double fp32_norm = gradient_norm(grads);
+  const double torch_norm = clip_gradients_as_torch(grads, 0.0);  // 0: no clipping
+  EXPECT_EQ(torch_norm, static_cast<double>(static_cast<float>(c10::BFloat16(
+                            static_cast<float>(torch_norm)))));  // a bf16 value
+  EXPECT_NEAR(torch_norm, fp32_norm, 8e-3 * fp32_norm);  // within bf16's rounding of 2^-8
+  EXPECT_EQ(clip_gradients_as_torch({}, 1.0), 0.0);
+  grads[0].view(-1)[0] = std::numeric_limits<float>::infinity();
+  const at::Tensor before = grads[1].clone();
+  EXPECT_FALSE(std::isfinite(clip_gradients_as_torch(grads, 1.0)));
+  EXPECT_TRUE(torch::equal(grads[1], before));  // nothing scaled
+}
+
+TEST(AdamW, Bf16StatesSaveLoadContinuesBitForBitAndRefusesMasterStates) {
+  const config::OptimOptions options = adamw_options();
+  auto make = [&](const NamedTensors& named) {
+    return std::make_unique<AdamW>(named, options, OptimizerPlacement::kDevice,
+                                   std::vector<at::Tensor>{}, AdamWStates::kParameterDtype);
+  };
+  auto bf16_grads = [](const NamedTensors& named, int64_t step) {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& g : grads_of_step(tensors_of(named), step)) {
+      grads.push_back(g.defined() ? g.to(at::kBFloat16) : g);
+    }
+    return grads;
+  };
+  const NamedTensors run_a = make_bf16_params();
+  auto adamw_a = make(run_a);
+  for (int64_t step = 1; step <= 6; ++step) adamw_a->step(lr_of_step(step), bf16_grads(run_a, step));
+  const NamedTensors run_b = make_bf16_params();
+  auto adamw_b = make(run_b);
+  for (int64_t step = 1; step <= 3; ++step) adamw_b->step(lr_of_step(step), bf16_grads(run_b, step));
+  const NamedTensors saved = clone_state(adamw_b->state_tensors());
+  NamedTensors run_c;
+  for (const auto& [name, tensor] : run_b) {
+    run_c.emplace_back(name, tensor.detach().clone().set_requires_grad(true));
+  }
+  auto adamw_c = make(run_c);
+  adamw_c->load_state(saved, adamw_b->step_count());
+  for (int64_t step = 4; step <= 6; ++step) adamw_c->step(lr_of_step(step), bf16_grads(run_c, step));
+  for (size_t i = 0; i < run_a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(run_c[i].second, run_a[i].second)) << run_a[i].first;
+  }
+  // The fp32-master mode's state (fp32 moments, ".master") does not load here, and nothing moves.
+  const NamedTensors masters_named = make_bf16_params();
+  AdamW with_masters(masters_named, options);
+  const NamedTensors before = clone_state(adamw_c->state_tensors());
+  try {
+    adamw_c->load_state(with_masters.state_tensors(), 0, "ckpt/optimizer.safetensors");
+    ADD_FAILURE() << "fp32-master state loaded into bf16 states";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("dtype Float"), std::string::npos) << error.what();
+  }
+  const NamedTensors after = adamw_c->state_tensors();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after[i].second, before[i].second)) << before[i].first;
+  }
+}
+
+TEST(AdamW, Bf16StatesRejectFp32GradientsGradScaleAndOffload) {
+  const NamedTensors named = make_bf16_params();
+  AdamW adamw(named, adamw_options(), OptimizerPlacement::kDevice, {},
+              AdamWStates::kParameterDtype);
+  const std::vector<at::Tensor> fp32_grads = grads_of_step(tensors_of(named), 1);
+  EXPECT_THROW(adamw.step(1e-3, fp32_grads), c10::Error);
+  std::vector<at::Tensor> bf16_grads;
+  for (const at::Tensor& g : fp32_grads) bf16_grads.push_back(g.to(at::kBFloat16));
+  EXPECT_THROW(adamw.step(1e-3, bf16_grads, 0.5), c10::Error);
+  EXPECT_EQ(adamw.step_count(), 0);
+  EXPECT_THROW(AdamW(make_bf16_params(), adamw_options(), OptimizerPlacement::kHost, {},
+                     AdamWStates::kParameterDtype),
+               c10::Error);
 }
 
 }  // namespace

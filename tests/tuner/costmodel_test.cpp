@@ -176,6 +176,44 @@ TEST(CostModel, OptimizerAndCheckpointOffloadMoveToTheHostOnCuda) {
   EXPECT_EQ(gradients->location, Location::kDevice);
 }
 
+// memory.precision bf16-states keeps transformers' numerics: bf16 gradient buffers and moments,
+// no fp32 masters: 6 B per parameter beyond the bf16 weights where bf16 keeps 16.
+TEST(CostModel, Bf16StatesCountBf16GradientsAndMomentsAndNoMasters) {
+  config::RunConfig c = tiny();
+  c.train.device = "cuda";
+  c.memory.precision = "bf16";
+  MemoryCoefficients k;
+  k.allocator_fraction = 0;
+  const std::map<std::string, int64_t> masters = by_name(predict_memory(c, k));
+  EXPECT_EQ(masters.at("gradients"), 1704 * 4);
+  EXPECT_EQ(masters.at("adam moments"), 1704 * 8);
+  EXPECT_EQ(masters.at("fp32 master weights"), 1704 * 4);
+  c.memory.precision = "bf16-states";
+  const MemoryPrediction p = predict_memory(c, k);
+  const std::map<std::string, int64_t> states = by_name(p);
+  EXPECT_EQ(states.at("weights"), 1704 * 2);
+  EXPECT_EQ(states.at("gradients"), 1704 * 2);
+  EXPECT_EQ(states.at("adam moments"), 1704 * 4);
+  EXPECT_EQ(states.count("fp32 master weights"), 0u);
+  // sp 2: the sum over the ranks stages one bucket of the bf16 buffer (here all of it).
+  EXPECT_EQ(masters.at("gradient reduction buffer"), 1704 * 4);
+  EXPECT_EQ(states.at("gradient reduction buffer"), 1704 * 2);
+  // Activations are those of bf16: every other term is the same.
+  for (const auto& [name, bytes] : states) {
+    if (name == "gradients" || name == "adam moments" || name == "gradient reduction buffer") {
+      continue;
+    }
+    EXPECT_EQ(bytes, masters.at(name)) << name;
+  }
+  // The sweep's lower bound counts the same state.
+  std::map<std::string, int64_t> lb;
+  for (const MemoryTerm& t : lower_bound_peak(c).terms) lb[t.name] = t.bytes;
+  EXPECT_EQ(lb.at("gradients"), 1704 * 2);
+  EXPECT_EQ(lb.at("adam moments"), 1704 * 4);
+  EXPECT_EQ(lb.count("fp32 master weights"), 0u);
+  EXPECT_LE(lower_bound_peak(c).total_bytes(), p.peak_bytes);
+}
+
 TEST(CostModel, Bf16RmsNormSavesItsInputInBf16) {
   config::RunConfig c = tiny();
   c.train.device = "cuda";

@@ -134,7 +134,11 @@ MemoryCoefficients default_memory_coefficients(const std::string& device_type) {
   return k;
 }
 
-int64_t dtype_bytes(const config::RunConfig& c) { return c.memory.precision == "bf16" ? 2 : 4; }
+int64_t dtype_bytes(const config::RunConfig& c) { return c.memory.precision == "fp32" ? 4 : 2; }
+
+// memory.precision bf16-states: bf16 gradient buffers and AdamW moments, no fp32 masters
+// (memory/precision.h); bf16 keeps fp32 ones.
+bool bf16_states(const config::RunConfig& c) { return c.memory.precision == "bf16-states"; }
 
 int64_t ring_ranks(const config::RunConfig& c) {
   const int64_t ring = config::resolved_sp_ring(c.mesh, c.model.num_heads,
@@ -162,7 +166,8 @@ int64_t loss_tiles(const config::RunConfig& c) {
 
 MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
   const bool on_cpu = c.train.device == "cpu";
-  const bool bf16 = c.memory.precision == "bf16";
+  const bool bf16 = c.memory.precision != "fp32";  // bf16 weights (bf16 or bf16-states)
+  const bool states16 = bf16_states(c);
   const int64_t p = parameter_count(c.model);
   const int64_t weight_bytes = bf16 ? 2 : 4;
   const int64_t sp = c.mesh.sp, bs = c.sequence.micro_batch;
@@ -176,18 +181,20 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
   MemoryEstimate e;
   e.terms.push_back({"weights", p * weight_bytes / z.weights,
                      "P x " + n(weight_bytes) + " B" + per(z.weights)});
-  // Gradients accumulate in fp32 buffers whatever the weights' dtype (zero/grad_buffers.h); under
-  // optimizer offload at stage 0 those buffers are in host memory (GradientBuffers on_host).
+  // Gradients accumulate in fp32 buffers whatever the weights' dtype (zero/grad_buffers.h), in
+  // bf16 ones under bf16-states; under optimizer offload at stage 0 those buffers are in host
+  // memory (GradientBuffers on_host).
   if (!(c.memory.offload_optimizer && c.memory.offload_gradients && z.stage == 0 && !on_cpu)) {
-    e.terms.push_back({"gradients", 4 * p / z.gradients,
-                       "P x 4 B (fp32 accumulation)" + per(z.gradients)});
+    e.terms.push_back({"gradients", (states16 ? 2 : 4) * p / z.gradients,
+                       states16 ? "P x 2 B (bf16 accumulation)" + per(z.gradients)
+                                : "P x 4 B (fp32 accumulation)" + per(z.gradients)});
   }
   // AdamW moments (and fp32 masters for bf16 or ZeRO 1-2) live on this rank unless offloaded to
   // a host that is not this rank's memory (on CPU the host is the device).
   if (!c.memory.offload_optimizer || on_cpu) {
-    e.terms.push_back({"adam moments", 8 * p / z.optimizer,
-                       "P x 2 x 4 B" + per(z.optimizer)});
-    if (separate_masters(bf16, /*optimizer_off_device=*/false, z.stage)) {
+    e.terms.push_back({"adam moments", (states16 ? 4 : 8) * p / z.optimizer,
+                       (states16 ? "P x 2 x 2 B" : "P x 2 x 4 B") + per(z.optimizer)});
+    if (separate_masters(bf16 && !states16, /*optimizer_off_device=*/false, z.stage)) {
       e.terms.push_back({"fp32 master weights", 4 * p / z.optimizer,
                          "P x 4 B" + per(z.optimizer)});
     }
@@ -209,7 +216,8 @@ MemoryEstimate lower_bound_peak(const config::RunConfig& c) {
 MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoefficients& k) {
   const config::ModelOptions& m = c.model;
   const bool on_cpu = c.train.device == "cpu";
-  const bool bf16 = c.memory.precision == "bf16";
+  const bool bf16 = c.memory.precision != "fp32";  // bf16 weights (bf16 or bf16-states)
+  const bool states16 = bf16_states(c);
   const int64_t d = dtype_bytes(c), p = parameter_count(m);
   const int64_t sp = c.mesh.sp, world = c.mesh.dp * c.mesh.sp, bs = c.sequence.micro_batch;
   const int64_t sl = padded_length(c), t = sl / sp;
@@ -278,11 +286,16 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
   // on_host: each contribution is copied out during backward and summed on the CPU, where the
   // host AdamW reads it); the device then holds only autograd's one contribution at a time,
   // counted with the layer's backward.
+  // bf16-states: bf16 flat buffers (2 B, not a what-if).
   const bool grads_on_host =
       opt_loc == Location::kHost && z.stage == 0 && c.memory.offload_gradients;
-  add("gradients", static_cast<double>(k.gradient_bytes) * p / z.gradients,
-      "P x " + n(k.gradient_bytes) + " B" +
-          (k.gradient_bytes == 4 ? " (fp32 flat buffers)" : " (what-if)") + per(z.gradients) +
+  const int64_t gradient_bytes = states16 ? 2 : k.gradient_bytes;
+  add("gradients", static_cast<double>(gradient_bytes) * p / z.gradients,
+      "P x " + n(gradient_bytes) + " B" +
+          (states16                  ? " (bf16 flat buffers: memory.precision bf16-states)"
+           : gradient_bytes == 4     ? " (fp32 flat buffers)"
+                                     : " (what-if)") +
+          per(z.gradients) +
           (z.stage == 2 && !kZero2ShardsGradientBuffer
                ? " (ZeRO-2 as built: the full buffer during accumulation)"
                : "") +
@@ -290,16 +303,20 @@ MemoryPrediction predict_memory(const config::RunConfig& c, const MemoryCoeffici
       Lifetime::kStatic, grads_on_host ? Location::kHost : Location::kDevice);
   // Reduced in place bucket by bucket: the backend stages at most one bucket.
   if (world > 1) {
-    add("gradient reduction buffer", static_cast<double>(std::min(bucket_bytes(c), 4 * p)),
-        "min(zero.bucket_mb bucket, 4 P) when dp x sp > 1 (in-place reduction, one bucket staged)",
+    add("gradient reduction buffer",
+        static_cast<double>(std::min(bucket_bytes(c), gradient_bytes * p)),
+        "min(zero.bucket_mb bucket, " + n(gradient_bytes) +
+            " P) when dp x sp > 1 (in-place reduction, one bucket staged)",
         Lifetime::kStatic);
   }
   // AdamW: two fp32 moments; an fp32 master unless the parameter is its own (fp32 on the
   // optimizer's device at stage 0 or 3; ZeRO 1-2 keep a flat fp32 master shard). Offloaded
-  // (CUDA): on the host, with page-locked staging buffers (optim/adamw.h).
+  // (CUDA): on the host, with page-locked staging buffers (optim/adamw.h). bf16-states: two bf16
+  // moments and no master (stage 0 on the device only).
   const double ps = static_cast<double>(p) / z.optimizer;
-  add("adam moments", 8.0 * ps, "P x 2 x 4 B" + per(z.optimizer), Lifetime::kStatic, opt_loc);
-  if (separate_masters(bf16, opt_loc == Location::kHost, z.stage)) {
+  add("adam moments", (states16 ? 4.0 : 8.0) * ps,
+      (states16 ? "P x 2 x 2 B" : "P x 2 x 4 B") + per(z.optimizer), Lifetime::kStatic, opt_loc);
+  if (!states16 && separate_masters(bf16, opt_loc == Location::kHost, z.stage)) {
     add("fp32 master weights", 4.0 * ps, "P x 4 B" + per(z.optimizer), Lifetime::kStatic,
         opt_loc);
   }
