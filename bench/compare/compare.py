@@ -139,7 +139,7 @@ def run_child(cmd, env, log_path, timeout):
 
 
 def ours_config(args, length, steps, run_dir, limit_gib):
-    memory = [f"precision: {args.dtype}"]
+    memory = [f"precision: {args.ours_precision}"]
     if limit_gib:
         memory.append(f"limit_gib: {limit_gib}")
     profile = [f"warmup_steps: {min(args.warmup, steps - 1)}"]
@@ -237,6 +237,8 @@ def run_case(args, config, length, steps, tag, timeout, limit_gib=0.0):
     rec = {"kind": "run", "config": config, "side": "ours" if config in OURS else "theirs",
            "device": args.device, "dtype": args.dtype, "length": length, "steps": steps,
            "warmup_steps": min(args.warmup, steps - 1), "limit_gib": limit_gib, "tag": tag}
+    if config in OURS:
+        rec["precision"] = args.ours_precision
     if config in OURS:
         cmd = [os.path.join(args.bin, "ulysses-train"), "--config",
                ours_config(args, length, steps, run_dir, limit_gib)]
@@ -386,7 +388,9 @@ def table(records):
     env = [r for r in records if r.get("kind") == "env"]
     if env:
         e = env[-1]
-        lines += [f"Device {e['device']} ({e.get('device_name', '')}), {e['dtype']}, model "
+        ours_precision = e.get("ours_precision", e["dtype"])
+        lines += [f"Device {e['device']} ({e.get('device_name', '')}), {e['dtype']} "
+                  f"(ours: memory.precision {ours_precision}), model "
                   f"{e['model']} ({e['parameters'] / 1e6:.1f} M parameters), peak "
                   f"{e['peak_tflops'] or 'unknown'} TFLOP/s per device; torch {e.get('torch')}, "
                   f"transformers {e.get('transformers')}, DeepSpeed "
@@ -494,6 +498,13 @@ def cmd_run(args):
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.dtype == "bf16" and args.device != "cuda":
         sys.exit("error: --dtype bf16 needs --device cuda (ulysses-train runs bf16 only on CUDA)")
+    # Ours under --dtype bf16: memory.precision bf16 (fp32 gradient sums, masters and moments) or
+    # bf16-states (bf16 gradients and moments, no masters: transformers' numerics).
+    args.ours_precision = args.ours_precision or args.dtype
+    if args.dtype == "fp32" and args.ours_precision != "fp32":
+        sys.exit(f"error: --ours-precision {args.ours_precision} needs --dtype bf16")
+    if args.dtype == "bf16" and args.ours_precision == "fp32":
+        sys.exit("error: --ours-precision fp32 with --dtype bf16: give bf16 or bf16-states")
     args.lengths = [int(x) for x in (args.lengths or "4096,16384").split(",")]
     args.max_length = args.max_length or max(args.lengths) * 16
     if args.device == "cpu" and "maxlen" in args.parts and not args.limit_gib:
@@ -508,6 +519,10 @@ def cmd_run(args):
         if c not in OURS and c not in THEIRS:
             sys.exit(f"error: --configs: unknown configuration '{c}' "
                      f"(one of {', '.join(list(OURS) + list(THEIRS))})")
+        if (args.ours_precision == "bf16-states" and c in OURS
+                and "memory.offload_optimizer=true" in OURS[c]):
+            sys.exit(f"error: --ours-precision bf16-states: {c} offloads the optimizer, which keeps "
+                     f"fp32 master weights; use ours-tiled or ours-plain")
         if c == "ds-zero3" and not has_ds:
             sys.exit(f"error: --configs: ds-zero3 needs DeepSpeed, which {args.python} lacks")
     args.maxlen_configs = (args.maxlen_configs.split(",") if args.maxlen_configs
@@ -560,6 +575,7 @@ def cmd_run(args):
     parameters = int(flops_per_token(args.shape, 0) / 6 + (0 if tied else v * h) +
                      h * (2 * args.shape["num_hidden_layers"] + 1))
     env = {"kind": "env", "device": args.device, "dtype": args.dtype,
+           "ours_precision": args.ours_precision,
            "model": args.model if not args.model.lstrip().startswith("{") else "inline",
            "shape": args.shape, "parameters": parameters, "peak_tflops": args.peak,
            "configs": args.configs, "lengths": args.lengths, "reps": args.reps,
@@ -589,6 +605,11 @@ def main():
                    help="CPU, fp32, a tiny model and short lengths: checks the whole pipeline")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--dtype", choices=["fp32", "bf16"], help="default: bf16 on cuda, else fp32")
+    r.add_argument("--ours-precision", choices=["fp32", "bf16", "bf16-states"],
+                   help="ours' memory.precision (default: --dtype). With --dtype bf16: bf16 keeps "
+                        "fp32 gradient sums, master weights and AdamW moments; bf16-states keeps "
+                        "bf16 gradients and moments and no masters, as theirs does (peaks compare "
+                        "one to one; not with ours-alst, whose offloaded optimizer keeps masters)")
     r.add_argument("--model", default="llama-3.2-1b",
                    help="profiles/models preset, a profile path, or a JSON object of "
                         "LlamaConfig fields")

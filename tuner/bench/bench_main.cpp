@@ -137,7 +137,7 @@ void setup(const Flags& flags, const ulysses::comm::DistEnv& env, BenchContext* 
   if (ctx->device.is_cuda() && !at::hasCUDA()) {
     throw UserError("train.device: cuda requested but this build or machine has no CUDA");
   }
-  ctx->dtype = config.memory.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  ctx->dtype = config.memory.precision == "fp32" ? at::kFloat : at::kBFloat16;  // bf16, bf16-states
   ctx->mesh = std::make_unique<comm::DeviceMesh>(
       comm::DeviceMesh::create(env, config.mesh.dp, config.mesh.sp, config.comm, ctx->device));
 

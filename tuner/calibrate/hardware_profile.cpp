@@ -63,7 +63,8 @@ class Reader {
 }  // namespace
 
 double HardwareProfile::peak_tflops(const std::string& precision) const {
-  return precision == "bf16" ? peak_tflops_bf16 : peak_tflops_fp32;
+  // bf16 and bf16-states compute in bf16 alike.
+  return precision == "bf16" || precision == "bf16-states" ? peak_tflops_bf16 : peak_tflops_fp32;
 }
 
 double HardwareProfile::host_memory_bandwidth_gbps() const {

@@ -44,7 +44,8 @@ struct HardwareProfile {
   std::string launcher = "local";    // local | torchrun | srun
   std::string runner = "local";      // local | srun: sweeps' trial runner (trial/runner.h)
 
-  // Peak TFLOP/s per device for memory.precision `precision` ("bf16" | "fp32"); 0 = unknown.
+  // Peak TFLOP/s per device for memory.precision `precision` ("bf16" | "bf16-states" | "fp32");
+  // 0 = unknown.
   double peak_tflops(const std::string& precision) const;
   int64_t world_size() const { return nodes * devices_per_node; }
   // host_memory_gbps, or kDefaultHostMemoryGBps when the profile gives none.
