@@ -27,8 +27,8 @@ from staged_output import TOOL, OutputError, StagedOutput  # noqa: E402
 
 VERSION = "1.0"
 CHUNK_RECORDS = 256       # records per task handed to a worker
-CHUNK_BYTES = 1 << 20     # ... or fewer, when their text passes this size (a worker's tokenizer
-                          # holds about 30 bytes per byte of a chunk's text while it encodes it)
+CHUNK_BYTES = 512 << 10   # ... or fewer, when their text passes this size (a worker's tokenizer
+                          # holds 30-60 bytes per byte of a chunk's text while it encodes it)
 UINT16_IDS = 1 << 16      # ids below this fit uint16
 
 DESCRIPTION = """\
