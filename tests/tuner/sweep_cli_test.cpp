@@ -693,6 +693,15 @@ bool overlap(const Span& a, const Span& b) { return a.start < b.end && b.start <
 TEST_F(SweepCliTest, TwoSlotsFindWhatOneFindsSideBySide) {
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two cores";
   std::ofstream(experiment_) << kSlotsExperiment;
+  // Slots that cannot hold a trial, or no number: one line naming slots, nothing written.
+  Result bad = tune(sweep_args("--name bad --slots 4096"));
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_EQ(bad.err.rfind("error: slots: 4096 slots of the ", 0), 0u) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  bad = tune(sweep_args("--name bad --slots 0"));
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_EQ(bad.err, "error: --slots: expected a whole number >= 1 or auto, got '0'\n");
+  EXPECT_FALSE(fs::exists(db_));
   const fs::path log = dir_ / "fake.log";
   const std::string env = "FAKE_SLEEP=0.1 FAKE_LOG='" + log.string() + "'";
   const Result one = tune(sweep_args("--name one --slots 1"), env);
