@@ -62,6 +62,30 @@ TEST(GradientBuffers, Bf16ContributionsAccumulateInFp32) {
   EXPECT_TRUE(at::equal(buffers.grads()[0], at::full({4}, 2.0f)));
 }
 
+// memory.precision bf16-states: the buffer is bf16 and IS .grad(), so contributions add as
+// torch's own AccumulateGrad adds them into a bf16 .grad: 256 + 1 stays 256, as above.
+TEST(GradientBuffers, InParameterDtypeSumsAsTorchsBf16Grad) {
+  at::Tensor plain = at::zeros({4}, at::kBFloat16).requires_grad_(true);
+  at::Tensor w = at::zeros({4}, at::kBFloat16).requires_grad_(true);  // [4]
+  GradientBuffers buffers({w}, /*shards=*/1, /*on_host=*/false, /*sum_in_parameter_dtype=*/true);
+  const at::Tensor& g = buffers.grads()[0];
+  EXPECT_EQ(g.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(w.grad().is_same(g));
+  for (double scale : {256.0, 1.0, 1.0, 0.75, -3.0}) {
+    contribute(plain, scale);
+    contribute(w, scale);
+  }
+  EXPECT_TRUE(at::equal(g, plain.grad())) << g << plain.grad();
+  // 256 + 1, + 1 and + 0.75 each round back to 256 in bf16; - 3 gives 253 (an fp32 sum: 255.75).
+  EXPECT_TRUE(at::equal(g, at::full({4}, 253.0, at::kBFloat16))) << g;
+  EXPECT_EQ(buffers.bytes(), 4 * 2);
+  buffers.zero();
+  contribute(w, 2.0);
+  EXPECT_TRUE(at::equal(buffers.grads()[0], at::full({4}, 2.0, at::kBFloat16)));
+  EXPECT_THROW(GradientBuffers({plain}, 1, /*on_host=*/true, /*sum_in_parameter_dtype=*/true),
+               c10::Error);
+}
+
 TEST(GradientBuffers, Fp32GradIsTheBufferViewAndSurvivesReplacement) {
   at::Tensor a = at::zeros({2, 3}, at::kFloat).requires_grad_(true);  // [2, 3]
   at::Tensor b = at::zeros({5}, at::kFloat).requires_grad_(true);     // [5]
