@@ -294,7 +294,8 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
 
   launch::SbatchJob job;
   job.job_name = "ulysses-sweep-" + name;
-  job.nodes = static_cast<int>(e.nodes);
+  // Slots of an allocation are node sets: the job holds `nodes` for each (auto: one slot).
+  job.nodes = static_cast<int>(e.nodes * std::max<int64_t>(1, e.slots));
   job.ntasks_per_node = static_cast<int>(e.world_size / e.nodes);
   if (e.device == "cuda") job.gpus_per_node = job.ntasks_per_node;  // one GPU per rank
   if (e.budget.wall_clock_s > 0) {  // the budget, one more trial and a margin

@@ -51,7 +51,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions* options);
 // Runner srun needs a SLURM allocation (UserError before anything is written otherwise).
 // --submit (runner srun only; needs no allocation: it runs on a login node) checks the experiment,
 // then writes <runs dir>/sweep.sbatch (an allocation
-// of the experiment's nodes x ranks per node running this sweep, --resume included, with
+// of the experiment's nodes (times its slots, when a number) x ranks per node running this sweep, --resume included, with
 // absolute paths) and submits it; prints the job id, the database and the job's log. Throws
 // UserError when sbatch is missing or refuses it. Returns 0 once submitted.
 // REQUIRES: called from the main thread (trials are supervised child processes).
