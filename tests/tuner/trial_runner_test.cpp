@@ -5,6 +5,8 @@
 // No test depends on timing: waits poll for files or exits under generous deadlines (a deadline
 // only turns a hang into a failure); the fake trainer's hangs are 1000 s sleeps.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -402,6 +404,7 @@ TEST(SupervisorTimeout, StopsEveryProcessGroupAndSays124) {
 //     exits 12 a second later (tearing down takes that long).
 constexpr const char* kFakeTrainer = R"SH(#!/bin/sh
 env > "$FAKE_DIR/env.$RANK"
+grep Cpus_allowed_list /proc/self/status > "$FAKE_DIR/cpus.$RANK"
 echo "$*" > "$FAKE_DIR/args.$RANK"
 echo "fake rank $RANK of $WORLD_SIZE"
 case "$FAKE_MODE" in oom|comm|sigkill|sigsegv)
@@ -547,6 +550,28 @@ TEST_F(FakeTrialTest, OkReadsMeasurementsStepsAndPhases) {
   EXPECT_EQ(record.peak_host_bytes, 987654321);
   EXPECT_EQ(record.final_loss, 4.25);
   EXPECT_EQ(record.summary, outcome.summary_json);
+}
+
+// A slot's trial: every rank runs on the slot's CPUs only, and the calling thread gets its own
+// affinity back.
+TEST_F(FakeTrialTest, PinnedRanksRunOnTheirCpusOnly) {
+  cpu_set_t before;
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof before, &before), 0);
+  int last = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &before)) last = cpu;
+  }
+  ASSERT_GE(last, 0);
+  spec_.cpus = {last};
+  EXPECT_EQ(run("ok").status, "ok");
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(read_text(fake_dir_ / ("cpus." + std::to_string(rank))),
+              "Cpus_allowed_list:\t" + std::to_string(last) + "\n")
+        << rank;
+  }
+  cpu_set_t after;
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof after, &after), 0);
+  EXPECT_TRUE(CPU_EQUAL(&before, &after));
 }
 
 TEST_F(FakeTrialTest, OutOfMemoryOnOneRankStopsTheOthers) {
