@@ -40,10 +40,11 @@
 //                                  # the cores; srun, `nodes` nodes of the allocation. auto: as
 //                                  # many as fit (devices / world_size, allocation nodes /
 //                                  # nodes; 1 on CPU). Default 1; `sweep --slots N` overrides
-//   isolation: offload_alone       # offload_alone: a trial that offloads (optimizer,
-//                                  # activations, gradients, parameters) runs with no other
-//                                  # trial on its node; shared: no such rule; all_alone:
-//                                  # every trial runs alone on its node
+//   isolation: offload_alone       # offload_alone: a trial that offloads the optimizer or
+//                                  # activations to the host runs with no other trial on its
+//                                  # node (they share its host memory, PCIe and cores);
+//                                  # shared: no such rule; all_alone: every trial runs alone
+//                                  # on its node. Node slots (srun) share nothing anyway
 //   backend: native                # who trains each trial: native (ulysses-train), deepspeed
 //                                  # (transformers + DeepSpeed, backends/deepspeed/), or a list
 //                                  # of both: every configuration then runs on each (one
