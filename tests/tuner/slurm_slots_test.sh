@@ -116,10 +116,17 @@ PY
 
 # 2. SIGKILL while two trials run, then --resume.
 job=$(FAKE_HANG_AT=1024,2048 FAKE_LOG="$work/b.log" submit b)
+hanging_started() {  # the two running trials' ranks started (a trial's run dir is runs/b/<id>)
+  local out n=0
+  for out in $(count "$work/b.db" "SELECT '$work/runs/b/' || id || '/out' FROM trials
+                                   WHERE status = 'running'"); do
+    grep -q "^start $out " "$work/b.log" 2> /dev/null && n=$((n + 1))
+  done
+  [ "$n" = 2 ]
+}
 for _ in $(seq 240); do  # the three others done, the two hanging ones started
   done_trials=$(count "$work/b.db" "SELECT count(*) FROM trials WHERE status != 'running'")
-  started=$(grep -c '^start ' "$work/b.log" 2> /dev/null || true)
-  [ "${done_trials:-0}" -ge 3 ] && [ "${started:-0}" -ge 5 ] && break
+  [ "${done_trials:-0}" -ge 3 ] && hanging_started && break
   job_gone "$job" && fail "sweep b ended early: $(tail -3 "$(sweep_log b "$job")")"
   sleep 0.5
 done
