@@ -74,7 +74,7 @@ check() {
     for tool in ip nsenter unshare mount hostname; do
       command -v "$tool" > /dev/null || skip "$tool missing (iproute2, util-linux)"
     done
-    local probe="$net-probe$$"
+    local probe="$net-p$(($$ % 100000))"  # an interface name: at most 15 characters
     ip netns add "$probe" 2> /dev/null || skip "ip netns not permitted (a container without CAP_SYS_ADMIN / CAP_NET_ADMIN?)"
     local ok=1
     ip link add "$probe" type veth peer name eth0 netns "$probe" 2> /dev/null || ok=0
