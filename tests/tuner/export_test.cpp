@@ -30,6 +30,7 @@
 #include "common/error.h"
 #include "config/hf_config.h"
 #include "config/run_config.h"
+#include "tuner/backends/deepspeed/deepspeed_trial.h"
 #include "tuner/export/accelerate_config.h"
 #include "tuner/export/arctic_recipe.h"
 #include "tuner/export/deepspeed_config.h"
@@ -106,6 +107,7 @@ struct Case {
   int64_t sp = 1;
   Offload offload = Offload::kNone;
   bool bf16 = false;
+  bool bf16_states = false;  // with bf16: memory.precision bf16-states (zero.stage 0, no offload)
   int64_t zero_stage = 0;
   std::string tiled_mlp = "1";   // "1", "4" or "auto"
   std::string tiled_loss = "1";
@@ -126,7 +128,7 @@ struct Case {
   bool deepspeed_offloads() const { return offload_optimizer() && zero_stage >= 1; }
   std::string name() const {
     return "dp" + std::to_string(dp) + "_sp" + std::to_string(sp) + "_" + offload_name(offload) +
-           (bf16 ? "_bf16" : "_fp32") + (zero_stage ? "_zero" + std::to_string(zero_stage) : "") +
+           (bf16_states ? "_bf16states" : bf16 ? "_bf16" : "_fp32") + (zero_stage ? "_zero" + std::to_string(zero_stage) : "") +
            (schedule == "constant" && warmup_steps == 0
                                               ? ""
                                               : "_" + schedule + std::to_string(warmup_steps)) +
@@ -147,7 +149,7 @@ struct Case {
     text += "memory: {tiled_mlp: " + tiled_mlp + ", tiled_loss: " + tiled_loss +
             ", offload_activations: " + (offload_activations() ? "true" : "false") +
             ", offload_optimizer: " + (offload_optimizer() ? "true" : "false") +
-            ", precision: " + (bf16 ? "bf16" : "fp32") + "}\n";
+            ", precision: " + (bf16_states ? "bf16-states" : bf16 ? "bf16" : "fp32") + "}\n";
     text += std::string("train: {steps: ") + std::to_string(kSteps) +
             ", device: " + (bf16 ? "cuda" : "cpu") + "}\n";
     text += "optim: {schedule: " + schedule + ", warmup_steps: " + std::to_string(warmup_steps) +
@@ -204,7 +206,7 @@ std::vector<std::string> zero_keys(const Case& c) {
   std::vector<std::string> keys;
   if (c.zero_stage != 0) return keys;
   if (c.offload_optimizer()) keys.push_back("memory.offload_optimizer=true, zero.stage=0");
-  if (c.bf16) keys.push_back("memory.precision=bf16, zero.stage=0");
+  if (c.bf16 && !c.bf16_states) keys.push_back("memory.precision=bf16, zero.stage=0");
   return keys;
 }
 
@@ -213,6 +215,7 @@ std::vector<std::string> expected_deepspeed_keys(const Case& c) {
   if (torch_warning_applies(c)) keys.push_back("mesh");
   if (!alst_key(c).empty()) keys.push_back(alst_key(c));
   for (const std::string& key : zero_keys(c)) keys.push_back(key);
+  if (c.bf16_states) keys.push_back("memory.precision=bf16-states");
   return keys;
 }
 
@@ -656,6 +659,29 @@ TEST(Export, KeepsTheZeroStageAndFp32GradientAccumulation) {
 
 // A run over several nodes: Accelerate's num_machines is the node count; num_processes stays the
 // world; setting each machine's rank and the main address is the user's, and said.
+// bf16-states (transformers' numerics: bf16 gradients and AdamW moments, no masters) exports
+// as DeepSpeed's bf16 with its gradients all-reduced in bf16, and says what DeepSpeed keeps
+// beyond it; the deepspeed backend refuses to run it as a trial.
+TEST(Export, Bf16StatesExportsBf16AndSaysDeepSpeedKeepsMasters) {
+  Case c;
+  c.bf16 = c.bf16_states = true;
+  c.dp = 2;
+  const DeepSpeedExport exported = deepspeed_config(c.run());
+  EXPECT_EQ(exported.config["bf16"], json({{"enabled", true}}));
+  EXPECT_EQ(exported.config["zero_optimization"], json({{"stage", 0}}));
+  EXPECT_FALSE(exported.config.contains("data_types"));
+  EXPECT_EQ(exported.config["communication_data_type"], "bf16");
+  EXPECT_EQ(exported.config["seq_parallel_communication_data_type"], "bf16");
+  ASSERT_EQ(warning_keys(exported.warnings),
+            std::vector<std::string>{"memory.precision=bf16-states"});
+  EXPECT_NE(exported.warnings[0].find("fp32 master weights and fp32 AdamW moments"),
+            std::string::npos)
+      << exported.warnings[0];
+  const std::optional<std::string> refusal = backends::deepspeed_refusal(c.run());
+  ASSERT_TRUE(refusal.has_value());
+  EXPECT_EQ(refusal->rfind("memory.precision: bf16-states: ", 0), 0u) << *refusal;
+}
+
 TEST(Export, AccelerateNamesTheMachinesOfAMultiNodeRun) {
   Case c;
   c.dp = 4;
@@ -821,6 +847,15 @@ TEST(Export, EveryFileLoadsInItsRealConsumer) {
       c.bf16 = true, c.zero_stage = 1;
       c.model_load = write_model_dir(dir.path() / ("model-" + c.family), family);
     }
+    good.push_back(dir.path() / c.name());
+    write_case(c, good.back());
+  }
+  // bf16-states: DeepSpeed's bf16 with bf16 communication.
+  {
+    Case c;
+    c.dp = 2, c.sp = 2;
+    c.bf16 = c.bf16_states = true;
+    c.model_load = model_dir;
     good.push_back(dir.path() / c.name());
     write_case(c, good.back());
   }

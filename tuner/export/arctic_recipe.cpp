@@ -173,7 +173,9 @@ ArcticRecipeExport arctic_recipe(const config::RunConfig& run) {
         << YAML::Comment("model.load, of family " + run.model.family +
                          "; the tokenizer is read from here too");
   }
-  out << YAML::Key << "dtype" << YAML::Value << memory.precision;
+  // The weights' dtype: bf16-states is bf16 weights (what the optimizer keeps is DeepSpeed's).
+  out << YAML::Key << "dtype" << YAML::Value
+      << (memory.precision == "bf16-states" ? std::string("bf16") : memory.precision);
   out << YAML::Key << "attn_implementation" << YAML::Value << hf_attention_implementation(run);
   out << YAML::Key << "disable_activation_checkpoint" << YAML::Value
       << !(memory.checkpointing || memory.offload_activations);

@@ -69,13 +69,22 @@ json scheduler_block(const config::RunConfig& run, std::vector<std::string>& war
 
 DeepSpeedExport deepspeed_config(const config::RunConfig& run) {
   const MeshSizes mesh = mesh_sizes(run);
-  const bool bf16 = run.memory.precision == "bf16";
+  // bf16-states: bf16 weights, gradients and AdamW moments, no masters (zero.stage 0 only).
+  const bool bf16_states = run.memory.precision == "bf16-states";
+  const bool bf16 = run.memory.precision == "bf16" || bf16_states;
   DeepSpeedExport out;
 
   refuse_unsupported_mesh(run, "DeepSpeed");
   if (auto warning = ulysses_torch_version_warning(run)) out.warnings.push_back(*warning);
   if (auto warning = alst_switches_warning(run, "DeepSpeed JSON")) out.warnings.push_back(*warning);
   for (const std::string& warning : deepspeed_zero_warnings(run)) out.warnings.push_back(warning);
+  if (bf16_states) {
+    out.warnings.push_back(
+        "memory.precision=bf16-states: DeepSpeed's bf16 keeps fp32 master weights and fp32 AdamW"
+        " moments (its bf16 optimizer wrapper, at every ZeRO stage) where this run keeps bf16"
+        " moments and no masters: 10 bytes per parameter more; no DeepSpeed setting keeps"
+        " transformers' bf16 optimizer states");
+  }
 
   json zero = {{"stage", zero_stage(run)}};
   if (deepspeed_offloads_optimizer(run)) {
@@ -104,7 +113,9 @@ DeepSpeedExport deepspeed_config(const config::RunConfig& run) {
   config["data_parallel_size"] = mesh.dp;
   config["zero_optimization"] = zero;
   config["bf16"] = {{"enabled", bf16}};
-  if (bf16) {
+  if (bf16_states) {
+    config["communication_data_type"] = "bf16";  // the run all-reduces its bf16 gradients
+  } else if (bf16) {
     // ulysses-train accumulates and reduces gradients in fp32 whatever the weights' dtype.
     // DeepSpeed keeps bf16 gradients in bf16 unless told (engine.get_data_types); at stage 0 it
     // refuses fp32 accumulation of bf16 weights (deepspeed_zero_warnings).

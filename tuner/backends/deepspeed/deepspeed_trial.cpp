@@ -41,6 +41,11 @@ std::optional<std::string> deepspeed_refusal(const config::RunConfig& run) {
     return std::string("data.pack: the deepspeed backend trains unpacked samples; set data.pack: "
                        "false");
   }
+  if (run.memory.precision == "bf16-states") {
+    return std::string("memory.precision: bf16-states: DeepSpeed's bf16 keeps fp32 master weights "
+                       "and AdamW moments, so the deepspeed backend cannot run these numerics; "
+                       "set memory.precision: bf16");
+  }
   if (run.data.packing == "documents") {
     return std::string("data.packing: documents: the deepspeed backend trains windows of the "
                        "token stream; set data.packing: windows");
