@@ -550,7 +550,7 @@ TEST(SearchEngine, WorkersRunSideBySideAndDecideAsOne) {
     one.method = c.method;
     Concurrent serial(*c.space);
     serial.limit_mib = 5000;
-    serial.prune_above_mib = 7000;
+    serial.prune_above_mib = 5200;  // above the limit: prunes only what cannot fit
     serial.overlap = 1;
     const Summary a = run_search(*c.space, one, serial);
     Options six = one;
@@ -558,7 +558,7 @@ TEST(SearchEngine, WorkersRunSideBySideAndDecideAsOne) {
     Concurrent parallel(*c.space);
     parallel.overlap = six.workers;
     parallel.limit_mib = 5000;
-    parallel.prune_above_mib = 7000;
+    parallel.prune_above_mib = 5200;
     const Summary b = run_search(*c.space, six, parallel);
     SCOPED_TRACE(c.method + (c.space->search_max ? " max length" : " throughput"));
     EXPECT_EQ(serial.most_in_flight, 1);
@@ -573,6 +573,7 @@ TEST(SearchEngine, WorkersRunSideBySideAndDecideAsOne) {
     EXPECT_EQ(a.pruned, b.pruned);
     if (c.method == "smart") {
       EXPECT_GT(b.skipped, 0);  // dominance and implications still skip
+      EXPECT_GT(b.pruned, 0);   // and the memory model still prunes
     }
   }
 }
