@@ -2,15 +2,16 @@
 # Trial slots over a SLURM allocation of several nodes, on the local test cluster of three nodes
 # (scripts/slurm-local.sh, ULYSSES_SLURM_NODES=3), with the fake trainer (tests/tuner/fake_trainer.sh;
 # FAKE_LOG records where and when each trial ran):
-#   1. a grid sweep with `slots: auto` and `nodes: 1`, run in a batch job of 3 nodes (sbatch
-#      --nodes 3 --no-kill), runs its trials on three slots, one node each: trials on different
-#      nodes at the same time (the database's slot, started_at / finished_at and
-#      trial_neighbours; the fake trainer's hosts and times);
-#   2. the same sweep SIGKILLed while two trials run (they hang: FAKE_HANG_AT), then run again
-#      with --resume in a new job: only those two run again, and the statuses equal 1.'s;
-#   3. the same sweep with n2 taken down while a trial runs on it (FAKE_HANG_ON=n2 holds it there):
-#      the sweep says on stderr that the slot is out of use, runs nothing more on n2, and finishes
-#      on n1 and n3 with 1.'s statuses.
+#   1. a grid sweep of trials of `nodes: 1`, submitted with `--submit --slots 3`, is a job of 3
+#      nodes and runs its trials on three slots, one node each: trials on different nodes at the
+#      same time (the database's slot, started_at / finished_at and trial_neighbours; the fake
+#      trainer's hosts and times);
+#   2. the same sweep SIGKILLed while two trials run (they hang: FAKE_HANG_AT), then submitted
+#      again with --resume: only those two run again, and the statuses equal 1.'s;
+#   3. the same sweep with `slots: auto` in a batch job of 3 nodes (sbatch --nodes 3 --no-kill:
+#      auto is one slot per node), n2 taken down while a trial runs on it (FAKE_HANG_ON=n2 holds
+#      it there): the sweep says on stderr that the slot is out of use, runs the trial again on
+#      n1 or n3, nothing more on n2, and finishes with 1.'s statuses.
 # Usage: slurm_slots_test.sh BUILD_DIR. Exit 77 (ctest SKIP_RETURN_CODE) when the cluster cannot
 # run here (not root, slurm-wlm / munge missing, network namespaces not permitted).
 set -euo pipefail
@@ -47,16 +48,25 @@ for row in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
 PY
 }
 count() { query "$1" "$2" 2> /dev/null || echo 0; }
-# Sweep NAME (database NAME.db) as a job of 3 nodes; prints the job id. --no-kill: the job runs on
-# when a node fails (SLURM cancels it otherwise).
+# `sweep --submit` of sweep NAME (database NAME.db, log runs/NAME/sweep-<job>.log); prints the
+# job id.
 submit() {  # NAME [sweep options...]
   local name=$1
   shift
-  sbatch --parsable --no-kill --nodes=3 --ntasks-per-node=2 --job-name="ulysses-slots-$name" \
-    --output="$work/$name-%j.log" --wrap="exec $tune sweep $work/slots.yaml --name $name \
-      --db $work/$name.db --trainer $fake $*" || fail "sbatch of sweep $name"
+  "$tune" sweep "$work/slots.yaml" --name "$name" --db "$work/$name.db" --trainer "$fake" \
+    --submit "$@" > "$work/$name.submit" || fail "submit $name: $(cat "$work/$name.submit")"
+  local job
+  job=$(sed -n 's/^submitted job \([0-9]*\):.*/\1/p' "$work/$name.submit")
+  [ -n "$job" ] || fail "no job id: $(cat "$work/$name.submit")"
+  echo "$job"
 }
-sweep_log() { echo "$work/$1-$2.log"; }  # NAME JOB
+# Sweep NAME run by hand in a batch job of 3 nodes (log NAME-<job>.log); prints the job id.
+# --no-kill: the job runs on when a node fails (SLURM cancels the whole job otherwise).
+batch() {  # NAME
+  sbatch --parsable --no-kill --nodes=3 --ntasks-per-node=2 --job-name="ulysses-slots-$1" \
+    --output="$work/$1-%j.log" --wrap="exec $tune sweep $work/slots.yaml --name $1 \
+      --db $work/$1.db --trainer $fake" || fail "sbatch of sweep $1"
+}
 statuses="SELECT key, status, exit_code FROM trials WHERE remeasure_of IS NULL ORDER BY key"
 
 # Five trials of 2 ranks on one node each: 1024, 2048 and 4096 fit, 8192 and 16384 run out of the
@@ -80,9 +90,11 @@ slots: auto
 YAML
 
 # 1. Three slots, trials side by side.
-job=$(FAKE_SLEEP=2 FAKE_LOG="$work/a.log" submit a)
+job=$(FAKE_SLEEP=2 FAKE_LOG="$work/a.log" submit a --slots 3)
+grep -q "^#SBATCH --nodes=3$" "$work/runs/a/sweep.sbatch" ||
+  fail "sweep a's job does not hold 3 nodes: $(cat "$work/runs/a/sweep.sbatch")"
 wait_job "$job" 180
-log=$(sweep_log a "$job")
+log=$work/runs/a/sweep-$job.log
 grep -q "sweep a finished" "$log" || fail "sweep a: $(tail -5 "$log")"
 grep -q "3 slots" "$log" || fail "sweep a did not run 3 slots: $(head -3 "$log")"
 query "$work/a.db" "$statuses" > "$work/a.rows"
@@ -115,7 +127,7 @@ print(f"sweep a: {len(runs)} runs on {sorted(hosts)}, {len(pairs)} pairs on diff
 PY
 
 # 2. SIGKILL while two trials run, then --resume.
-job=$(FAKE_HANG_AT=1024,2048 FAKE_LOG="$work/b.log" submit b)
+job=$(FAKE_HANG_AT=1024,2048 FAKE_LOG="$work/b.log" submit b --slots 3)
 hanging_started() {  # the two running trials' ranks started (a trial's run dir is runs/b/<id>)
   local out n=0
   for out in $(count "$work/b.db" "SELECT '$work/runs/b/' || id || '/out' FROM trials
@@ -127,7 +139,7 @@ hanging_started() {  # the two running trials' ranks started (a trial's run dir 
 for _ in $(seq 240); do  # the three others done, the two hanging ones started
   done_trials=$(count "$work/b.db" "SELECT count(*) FROM trials WHERE status != 'running'")
   [ "${done_trials:-0}" -ge 3 ] && hanging_started && break
-  job_gone "$job" && fail "sweep b ended early: $(tail -3 "$(sweep_log b "$job")")"
+  job_gone "$job" && fail "sweep b ended early: $(tail -3 "$work/runs/b/sweep-$job.log")"
   sleep 0.5
 done
 running=$(count "$work/b.db" "SELECT group_concat(seqlen) FROM (SELECT seqlen FROM trials
@@ -138,9 +150,9 @@ kill -KILL "$pid"
 wait_job "$job" 60
 [ "$(query "$work/b.db" 'PRAGMA integrity_check')" = ok ] || fail "database b damaged"
 : > "$work/b2.log"
-job=$(FAKE_LOG="$work/b2.log" submit b --resume)
+job=$(FAKE_LOG="$work/b2.log" submit b --slots 3 --resume)
 wait_job "$job" 180
-log=$(sweep_log b "$job")
+log=$work/runs/b/sweep-$job.log
 grep -q "(resumed)" "$log" || fail "sweep b did not resume: $(tail -3 "$log")"
 grep -q "sweep b finished" "$log" || fail "resumed sweep b: $(tail -5 "$log")"
 again=$(query "$work/b.db" "SELECT run_dir || '/out' FROM trials WHERE seqlen IN (1024, 2048)
@@ -152,18 +164,19 @@ diff "$work/a.rows" "$work/b.rows" || fail "sweep b after --resume differs from 
 echo "sweep b: SIGKILL with 1024 and 2048 running, --resume ran those two, same statuses"
 
 # 3. n2 fails under a trial.
-job=$(FAKE_HANG_ON=n2 FAKE_LOG="$work/c.log" submit c)
+job=$(FAKE_HANG_ON=n2 FAKE_LOG="$work/c.log" batch c)
 for _ in $(seq 240); do
   grep -q '^start .* n2 ' "$work/c.log" 2> /dev/null && break
-  job_gone "$job" && fail "sweep c ended early: $(tail -3 "$(sweep_log c "$job")")"
+  job_gone "$job" && fail "sweep c ended early: $(tail -3 "$work/c-$job.log")"
   sleep 0.5
 done
 grep -q '^start .* n2 ' "$work/c.log" || fail "no trial of sweep c started on n2"
 "$slurm_local" node-down n2 "$slurm_dir"
 down_at=$(date +%s.%N)
 wait_job "$job" 240
-log=$(sweep_log c "$job")
+log=$work/c-$job.log
 grep -q "sweep c finished" "$log" || fail "sweep c after node-down n2: $(tail -5 "$log")"
+grep -q "3 slots" "$log" || fail "slots auto is not 3 slots on 3 nodes: $(head -3 "$log")"
 grep -E "slot .*n2.* taken out of use" "$log" || fail "no line says n2's slot is out of use: $(tail -5 "$log")"
 # The trial that was on n2 ran again on another node, and the database says so.
 n2_out=$(awk '$1 == "start" && $3 == "n2" { print $2; exit }' "$work/c.log")
