@@ -354,9 +354,8 @@ TEST_F(RunnerKeys, SlotsAndIsolation) {
       parse(bad);
       ADD_FAILURE() << bad << " accepted";
     } catch (const UserError& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("r.yaml: slots: expected a whole number >= 1 or auto", 0),
-                0u)
-          << e.what();
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("r.yaml: slots: expected a whole number >= 1 or auto", 0), 0u) << what;
     }
   }
   try {

@@ -703,11 +703,13 @@ TEST_F(SweepCliTest, TwoSlotsFindWhatOneFindsSideBySide) {
   EXPECT_EQ(bad.err, "error: --slots: expected a whole number >= 1 or auto, got '0'\n");
   EXPECT_FALSE(fs::exists(db_));
   const fs::path log = dir_ / "fake.log";
-  const std::string env = "FAKE_SLEEP=0.1 FAKE_LOG='" + log.string() + "'";
-  const Result one = tune(sweep_args("--name one --slots 1"), env);
+  const Result one =
+      tune(sweep_args("--name one --slots 1"), "FAKE_SLEEP=0.1 FAKE_LOG='" + log.string() + "'");
   ASSERT_EQ(one.status, 0) << one.out << one.err;
   fs::remove(log);
-  const Result two = tune(sweep_args("--name two"), env);
+  // Each trial lasts 0.3 s: the next one starts on the other slot well within it.
+  const Result two =
+      tune(sweep_args("--name two"), "FAKE_SLEEP=0.3 FAKE_LOG='" + log.string() + "'");
   ASSERT_EQ(two.status, 0) << two.out << two.err;
   EXPECT_NE(two.out.find("2 slots (cores "), std::string::npos) << two.out;
 
@@ -770,7 +772,7 @@ TEST_F(SweepCliTest, TwoSlotsFindWhatOneFindsSideBySide) {
   std::string shared = kSlotsExperiment;
   shared += "isolation: shared\n";
   std::ofstream(experiment_) << shared;
-  const Result three = tune(sweep_args("--name shared"), "FAKE_SLEEP=0.1");
+  const Result three = tune(sweep_args("--name shared"), "FAKE_SLEEP=0.3");
   ASSERT_EQ(three.status, 0) << three.out << three.err;
   const auto shared_trials = trials("shared");
   EXPECT_EQ(outcomes(shared_trials), outcomes(one_trials));

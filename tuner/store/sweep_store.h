@@ -1,6 +1,6 @@
 // Sweeps and trials in the results database (records in trial_record.h, schema
-// versions 2, 4 and 6 in migrations.cpp). Every write is one transaction, so a killed sweep leaves each
-// trial either absent, `running` (re-run by --resume) or complete with its steps and phases.
+// versions 2, 4 and 6 in migrations.cpp). Every write is one transaction, so a killed sweep leaves
+// each trial either absent, `running` (re-run by --resume) or complete with its steps and phases.
 // Errors are UserError naming the database file (database.h). Optional fields and "" timestamps
 // are stored as NULL; SQLite stores NaN as NULL too, so a NaN optional reads back as nullopt and
 // a NaN TrialStep field (a NULL column) reads back as NaN.

@@ -53,7 +53,9 @@ int64_t resolve_slot_count(int64_t requested, const SlotNeeds& needs, const Slot
 std::string cores_label(const std::vector<int>& cores) {
   if (cores.empty()) return "cores";
   bool consecutive = true;
-  for (size_t i = 1; i < cores.size(); ++i) consecutive = consecutive && cores[i] == cores[i - 1] + 1;
+  for (size_t i = 1; i < cores.size(); ++i) {
+    consecutive = consecutive && cores[i] == cores[i - 1] + 1;
+  }
   if (consecutive) {
     return "cores " + std::to_string(cores.front()) + "-" + std::to_string(cores.back());
   }
@@ -114,8 +116,8 @@ std::vector<Slot> split_slots(int64_t count, const SlotNeeds& needs, const SlotR
     next += size;
     slot.threads_per_rank = std::max<int64_t>(1, size / needs.world_size);
     if (needs.device == "cuda") {
-      const std::vector<std::string> devices(have.cuda_devices.begin() + i * needs.world_size,
-                                             have.cuda_devices.begin() + (i + 1) * needs.world_size);
+      const auto first = have.cuda_devices.begin() + i * needs.world_size;
+      const std::vector<std::string> devices(first, first + needs.world_size);
       slot.cuda_devices = joined(devices);
       slot.label = "cuda " + slot.cuda_devices;
     } else {
@@ -171,7 +173,9 @@ std::vector<std::string> allocation_nodes() {
   const char* list = std::getenv("SLURM_JOB_NODELIST");
   if (list == nullptr || *list == '\0') return {};
   std::string quoted = "'";
-  for (const char* c = list; *c; ++c) quoted += *c == '\'' ? std::string("'\\''") : std::string(1, *c);
+  for (const char* c = list; *c; ++c) {
+    quoted += *c == '\'' ? std::string("'\\''") : std::string(1, *c);
+  }
   quoted += "'";
   return parse_hostnames(output_of("scontrol show hostnames " + quoted));
 }
