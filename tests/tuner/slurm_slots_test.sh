@@ -93,6 +93,8 @@ YAML
 job=$(FAKE_SLEEP=2 FAKE_LOG="$work/a.log" submit a --slots 3)
 grep -q "^#SBATCH --nodes=3$" "$work/runs/a/sweep.sbatch" ||
   fail "sweep a's job does not hold 3 nodes: $(cat "$work/runs/a/sweep.sbatch")"
+grep -q "^#SBATCH --no-kill$" "$work/runs/a/sweep.sbatch" ||
+  fail "sweep a's job of 3 slots would end with a failed node: $(cat "$work/runs/a/sweep.sbatch")"
 wait_job "$job" 180
 log=$work/runs/a/sweep-$job.log
 grep -q "sweep a finished" "$log" || fail "sweep a: $(tail -5 "$log")"

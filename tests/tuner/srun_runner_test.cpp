@@ -308,6 +308,9 @@ TEST(Sbatch, ScriptAndJobId) {
   job.gpus_per_node = 4;  // a CUDA sweep asks for one GPU per rank
   EXPECT_NE(launch::sbatch_script(job).find("#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\n"),
             std::string::npos);
+  job.no_kill = true;  // a sweep on several node slots outlives a failed node
+  EXPECT_NE(launch::sbatch_script(job).find("#SBATCH --output=/runs/sweep-%j.log\n#SBATCH --no-kill\n"),
+            std::string::npos);
   EXPECT_EQ(launch::parse_sbatch_job_id("Submitted batch job 123\n"), "123");
   EXPECT_EQ(launch::parse_sbatch_job_id("77;cluster\n"), "77");
   EXPECT_FALSE(launch::parse_sbatch_job_id("sbatch: error: invalid partition").has_value());

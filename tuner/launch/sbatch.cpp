@@ -26,6 +26,7 @@ std::string sbatch_script(const SbatchJob& job) {
   }
   if (job.time_limit_min > 0) text += "#SBATCH --time=" + std::to_string(job.time_limit_min) + "\n";
   if (!job.output.empty()) text += "#SBATCH --output=" + job.output + "\n";
+  if (job.no_kill) text += "#SBATCH --no-kill\n";
   text += "set -euo pipefail\n";
   for (const std::string& line : job.body) text += line + "\n";
   return text;

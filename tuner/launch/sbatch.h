@@ -14,12 +14,13 @@ struct SbatchJob {
   int gpus_per_node = 0;              // --gpus-per-node; 0 = none asked (CPU jobs)
   int time_limit_min = 0;             // --time in minutes; 0 = the partition's default
   std::string output;                 // --output pattern ("%j" = job id); "" = SLURM's default
+  bool no_kill = false;               // --no-kill: a failed node leaves the job (not ends it)
   std::vector<std::string> comments;  // "# " lines under the shebang, above the #SBATCH block
   std::vector<std::string> body;      // shell lines after the #SBATCH block, as written
 };
 
 // `#!/usr/bin/env bash`, the comments, `#SBATCH --job-name / --nodes / --ntasks-per-node /
-// [--gpus-per-node] / [--time] / [--output]` lines, `set -euo pipefail`, then the body. Pure.
+// [--gpus-per-node] / [--time] / [--output] / [--no-kill]` lines, `set -euo pipefail`, then the body. Pure.
 // REQUIRES: nodes >= 1, ntasks_per_node >= 1, job_name non-empty.
 std::string sbatch_script(const SbatchJob& job);
 

@@ -294,8 +294,16 @@ int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
 
   launch::SbatchJob job;
   job.job_name = "ulysses-sweep-" + name;
-  // Slots of an allocation are node sets: the job holds `nodes` for each (auto: one slot).
-  job.nodes = static_cast<int>(e.nodes * std::max<int64_t>(1, e.slots));
+  // Slots of an allocation are node sets: the job holds `nodes` for each; auto, as many as the
+  // hardware profile's nodes hold (inside the job, auto then finds that many). With several, a
+  // node that fails leaves the job (--no-kill) and the sweep retires its slot, instead of SLURM
+  // cancelling the whole sweep.
+  const int64_t slots =
+      e.slots > 0 ? e.slots
+                  : std::max<int64_t>(1, calibrate::load_hardware_profile(e.hardware_path).nodes /
+                                             e.nodes);
+  job.nodes = static_cast<int>(e.nodes * slots);
+  job.no_kill = slots > 1;
   job.ntasks_per_node = static_cast<int>(e.world_size / e.nodes);
   if (e.device == "cuda") job.gpus_per_node = job.ntasks_per_node;  // one GPU per rank
   if (e.budget.wall_clock_s > 0) {  // the budget, one more trial and a margin
