@@ -421,6 +421,41 @@ TEST(Supervisor, IgnoredSigtermEscalatesToSigkill) {
   kill_leftovers({stubborn_pid});
 }
 
+// A caller that has SIGINT / SIGTERM / SIGCHLD blocked (a sweep blocks them in every slot thread)
+// still starts its children with them unblocked, so that the SIGTERM that stops a child on a
+// failure or a timeout is delivered, not held until the SIGKILL after the grace period. The
+// children are programs run directly (a shell resets its mask and would hide it).
+TEST(Supervisor, ChildrenStartWithTheStopSignalsUnblocked) {
+  TempDir temp;
+  sigset_t stop, previous;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGCHLD);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &stop, &previous), 0);
+  ProcessSpec mask({"/bin/grep", "^SigBlk:", "/proc/self/status"}, current_environment());
+  mask.stdout_path = (temp.path() / "mask").string();
+  const auto printed = supervise({mask}, {});
+  // A sleeper stopped when the other process fails: by our SIGTERM, not by the SIGKILL after it.
+  SupervisorOptions options;
+  options.grace_s = 30;
+  const auto stopped = supervise(
+      {ProcessSpec({"/bin/sleep", "300"}, current_environment()), shell("sleep 0.2; exit 5")},
+      options);
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+
+  EXPECT_EQ(printed.exit_status, 0);
+  const std::string line = read_text(temp.path() / "mask");
+  ASSERT_NE(line.find(':'), std::string::npos) << line;
+  const unsigned long long bits = std::stoull(line.substr(line.find(':') + 1), nullptr, 16);
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD}) {
+    EXPECT_EQ(bits & (1ull << (sig - 1)), 0u) << "signal " << sig << " blocked: " << line;
+  }
+  EXPECT_EQ(stopped.exit_status, 5);
+  ASSERT_EQ(stopped.exits.size(), 2u);
+  EXPECT_EQ(stopped.exits[0].signal, SIGTERM) << "the sleeper was not stopped by the SIGTERM";
+}
+
 TEST(Supervisor, SignalDeathAndExecFailure) {
   const auto killed = supervise({shell("kill -KILL $$")}, {});
   ASSERT_TRUE(killed.first_failure.has_value());

@@ -136,7 +136,14 @@ void redirect(int fd, int target) {
   if (getppid() != parent) _exit(127);  // the supervisor died before prctl took effect
   redirect(stdout_fd, STDOUT_FILENO);
   redirect(stderr_fd, STDERR_FILENO);
-  pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  // The caller's mask, less the signals the supervisor sends or waits for: a caller that had
+  // them blocked already (a sweep's slot threads block them for the whole sweep) must not pass
+  // that on through execve, or the child never sees the SIGTERM that asks it to stop.
+  sigset_t child_mask = mask;
+  sigdelset(&child_mask, SIGINT);
+  sigdelset(&child_mask, SIGTERM);
+  sigdelset(&child_mask, SIGCHLD);
+  pthread_sigmask(SIG_SETMASK, &child_mask, nullptr);
   execve(spec.argv[0], spec.argv.data(), spec.envp.data());
   const char* prefix = "launch: cannot execute ";
   [[maybe_unused]] ssize_t ignored = write(STDERR_FILENO, prefix, strlen(prefix));

@@ -91,9 +91,11 @@ struct SupervisionResult {
 // child cannot be created (children already started are killed and reaped first). An exec
 // failure in the child shows as a child exiting 127 (the reason on its stderr).
 // REQUIRES: specs non-empty, every argv non-empty; options.grace_s >= 0, options.timeout_s >= 0;
-// called from the process's main thread while no other thread of the process can take SIGINT,
-// SIGTERM or SIGCHLD (they are blocked in the calling thread meanwhile and the previous signal
-// mask is restored on return).
+// no thread of the process may take SIGINT, SIGTERM or SIGCHLD meanwhile (they are blocked in the
+// calling thread, and the previous signal mask is restored on return). Several threads may each
+// supervise their own children at once when every thread has them blocked (a sweep's slots):
+// each then polls for its children's exits. Children start with the caller's mask less those
+// three.
 SupervisionResult supervise(const std::vector<ProcessSpec>& specs,
                             const SupervisorOptions& options);
 
