@@ -12,6 +12,9 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "tuner/search/engine.h"
 #include "tuner/search/knowledge.h"
@@ -600,6 +603,51 @@ TEST(SearchEngine, WorkersSkipWhatFinishedRunsImply) {
       EXPECT_FALSE(q_fits) << describe(s, p) << " ran though " << describe(s, q) << " fits at "
                            << length;
     }
+  }
+}
+
+// Concurrent, recording which unit took each decision: budget_left() is asked, under the engine's
+// lock, as a grid unit decides to start its run, and run() follows in the same thread.
+struct DecisionOrder : Concurrent {
+  using Concurrent::Concurrent;
+  std::mutex order_mutex;
+  std::vector<std::thread::id> deciders;
+  std::map<std::thread::id, std::pair<Point, int64_t>> unit_of;
+  bool budget_left() override {
+    std::lock_guard<std::mutex> lock(order_mutex);
+    deciders.push_back(std::this_thread::get_id());
+    return true;
+  }
+  RunOutcome run(const Point& p, int64_t length, bool probe) override {
+    {
+      std::lock_guard<std::mutex> lock(order_mutex);
+      unit_of[std::this_thread::get_id()] = {p, length};
+    }
+    return Concurrent::run(p, length, probe);
+  }
+};
+
+// Units take their first decision in the one-worker order, whichever of the started threads
+// gets the engine's lock first (else, on --resume, where replayed runs end at once, a later
+// unit's result could decide an earlier one).
+TEST(SearchEngine, WorkersDecideInTheOneWorkerOrder) {
+  Space s = test_space();
+  s.lengths = {4096, 8192};
+  Options one;
+  one.method = "grid";
+  Concurrent serial(s);
+  serial.overlap = 1;
+  run_search(s, one, serial);
+  std::vector<std::pair<Point, int64_t>> expected;
+  for (const auto& [p, length, probe] : serial.runs) expected.emplace_back(p, length);
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    DecisionOrder host(s);
+    Options six = one;
+    six.workers = host.overlap = 6;
+    run_search(s, six, host);
+    std::vector<std::pair<Point, int64_t>> decided;
+    for (const std::thread::id& id : host.deciders) decided.push_back(host.unit_of.at(id));
+    ASSERT_EQ(decided, expected) << "repeat " << repeat;
   }
 }
 

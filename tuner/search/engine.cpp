@@ -73,6 +73,7 @@ class Engine {
     std::vector<std::thread> threads;
     int active = 0;
     std::unique_lock<std::mutex> lock(mutex_);
+    next_decider_ = 0;
     // Waits for `ready` while calling Host::idle about every 0.1 s; an exception from it stops
     // the search.
     auto wait = [&](const std::function<bool()>& ready) {
@@ -103,13 +104,18 @@ class Engine {
       ++active;
       threads.emplace_back([this, &units, &done, &active, k] {
         std::unique_lock<std::mutex> unit_lock(mutex_);
+        // Units decide in start order: a unit takes its first decision (skip, or start a run)
+        // only after every earlier unit took its own, whichever thread gets the lock first.
+        wake_.wait(unit_lock, [&] { return stopped_ || next_decider_ == k; });
         lock_ = &unit_lock;
+        holds_ticket_ = true;
         try {
           if (!stopped_) units[k].body();
         } catch (...) {
           if (!error_) error_ = std::current_exception();
           stopped_ = true;
         }
+        pass_ticket();
         lock_ = nullptr;
         done[k] = 1;
         --active;
@@ -401,8 +407,17 @@ class Engine {
     return false;
   }
 
+  // The calling unit has taken its first decision: the next unit may take its own.
+  void pass_ticket() {
+    if (!holds_ticket_) return;
+    holds_ticket_ = false;
+    ++next_decider_;
+    wake_.notify_all();
+  }
+
   // Runs p at index i through the host without the engine's lock (other units decide meanwhile).
   RunOutcome execute(const Point& p, int i, bool probe) {
+    pass_ticket();
     lock_->unlock();
     RunOutcome out;
     try {
@@ -430,8 +445,12 @@ class Engine {
   const int n_;
   // Guards everything below; held by the unit that decides (lock_ is its lock, one per thread).
   std::mutex mutex_;
-  std::condition_variable wake_;  // a unit ended
+  std::condition_variable wake_;  // a unit ended, or passed its ticket
   static thread_local std::unique_lock<std::mutex>* lock_;
+  // Several workers: the index of the unit whose turn it is to take its first decision, and
+  // whether the calling thread's unit still holds that turn.
+  size_t next_decider_ = 0;
+  static thread_local bool holds_ticket_;
   Knowledge knowledge_;
   std::set<std::pair<Point, int>> measured_;  // real runs that fit: (point, length index)
   Summary summary_;
@@ -443,6 +462,7 @@ class Engine {
 };
 
 thread_local std::unique_lock<std::mutex>* Engine::lock_ = nullptr;
+thread_local bool Engine::holds_ticket_ = false;
 
 }  // namespace
 

@@ -22,8 +22,9 @@
 // decided in one go from what FINISHED runs say: a (point, length) of the grid, of the
 // throughput search and of the curve; a point's whole length search (probe bisection, bisection,
 // in its order) in the max-length search. Units start in the order the one-worker search takes
-// them, at most `workers` at once, and a unit starts only once every earlier unit whose runs
-// could decide it has finished:
+// them, at most `workers` at once, and take their first decision (skip, or start a run) in that
+// order too, whichever thread gets the lock first; a unit starts only once every earlier unit
+// whose runs could decide it has finished:
 //   throughput: (p, L) waits for every earlier (q, L') with L' <= L where q saves at least as
 //     much as p (its out-of-memory implies p's), and, at L' == L, every q that p cannot be faster
 //     than (its fit dominates p);
