@@ -231,9 +231,10 @@ def run_case(args, config, length, steps, tag, timeout, limit_gib=0.0):
     if args.device == "cuda":
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     elif limit_gib:
-        # The CPU cap is on address space: keep glibc from reserving 64 MiB per thread's arena,
-        # which would count against it by chance of scheduling, on both sides alike.
-        env.setdefault("MALLOC_ARENA_MAX", "2")
+        # The CPU cap is on address space: keep glibc from reserving 64 MiB for another arena,
+        # which it does when a thread finds the arena busy, so by chance of scheduling (with 2
+        # allowed, a 0.1 GiB cap failed at the first length on a loaded machine); on both sides.
+        env.setdefault("MALLOC_ARENA_MAX", "1")
     rec = {"kind": "run", "config": config, "side": "ours" if config in OURS else "theirs",
            "device": args.device, "dtype": args.dtype, "length": length, "steps": steps,
            "warmup_steps": min(args.warmup, steps - 1), "limit_gib": limit_gib, "tag": tag}

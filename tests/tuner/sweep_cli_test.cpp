@@ -707,9 +707,10 @@ TEST_F(SweepCliTest, TwoSlotsFindWhatOneFindsSideBySide) {
       tune(sweep_args("--name one --slots 1"), "FAKE_SLEEP=0.1 FAKE_LOG='" + log.string() + "'");
   ASSERT_EQ(one.status, 0) << one.out << one.err;
   fs::remove(log);
-  // Each trial lasts 0.3 s: the next one starts on the other slot well within it.
+  // Each trial lasts 1 s: the next one starts on the other slot well within it, also when a
+  // loaded machine delays a thread or a process start by a good part of a second.
   const Result two =
-      tune(sweep_args("--name two"), "FAKE_SLEEP=0.3 FAKE_LOG='" + log.string() + "'");
+      tune(sweep_args("--name two"), "FAKE_SLEEP=1 FAKE_LOG='" + log.string() + "'");
   ASSERT_EQ(two.status, 0) << two.out << two.err;
   EXPECT_NE(two.out.find("2 slots (cores "), std::string::npos) << two.out;
 
@@ -772,7 +773,7 @@ TEST_F(SweepCliTest, TwoSlotsFindWhatOneFindsSideBySide) {
   std::string shared = kSlotsExperiment;
   shared += "isolation: shared\n";
   std::ofstream(experiment_) << shared;
-  const Result three = tune(sweep_args("--name shared"), "FAKE_SLEEP=0.3");
+  const Result three = tune(sweep_args("--name shared"), "FAKE_SLEEP=1");
   ASSERT_EQ(three.status, 0) << three.out << three.err;
   const auto shared_trials = trials("shared");
   EXPECT_EQ(outcomes(shared_trials), outcomes(one_trials));
