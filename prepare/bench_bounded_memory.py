@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -579,7 +580,9 @@ def main():
                          args.parquet_mb))
         if args.text_mb:
             plan.append(("text", f"{args.text_mb:g} MB of text files", args.text_mb))
-        command = " ".join(["prepare/bench_bounded_memory.py"] + sys.argv[1:])
+        # --work's directory is this machine's: the report shows it as DIR.
+        argv = ["DIR" if args.work and a == args.work else a for a in sys.argv[1:]]
+        command = " ".join(["prepare/bench_bounded_memory.py"] + argv)
         runs = []
         for number, (kind, label, size) in enumerate(plan):
             corpus = os.path.join(work, f"corpus{number}" + {"jsonl": ".jsonl", "parquet":
@@ -606,7 +609,9 @@ def main():
                     run["check"] = {"verdict": f"FAILED: {error}"}
             else:
                 with open(os.path.join(work, f"prepare{number}.log"), encoding="utf-8") as log:
-                    run["check"] = {"verdict": "no output: " + log.read()[-300:].replace("\n", " ")}
+                    # File paths cut to their names: the report says nothing of this machine.
+                    tail = re.sub(r"(?:/[^/\s\"',]+)+/", "", log.read()[-300:])
+                    run["check"] = {"verdict": "no output: " + tail.replace("\n", " ")}
             print(f"{label}: {json.dumps(run)}", file=sys.stderr, flush=True)
             runs.append(run)
             if not args.keep:
