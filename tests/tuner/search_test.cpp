@@ -3,15 +3,20 @@
 // apply to), failed runs that bound nothing, invalid points, budget. Each smart search must reach
 // the grid's answer with fewer runs.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -680,6 +685,38 @@ TEST(SearchEngine, AnExceptionInAWorkerStopsTheSearch) {
   // the third, the one beside it, and at most the one started in the window
   EXPECT_LE(host.runs.size(), 5u);
   EXPECT_EQ(host.in_flight, 0);
+}
+
+// Runs a two-worker search with address space for one thread's stack (8 MiB by default) but
+// not for a second, and exits: 3 when the search threw std::system_error, 0 when it did not, 5
+// when the cap could not be set (a process ended by std::terminate fails the test).
+[[noreturn]] void search_with_room_for_one_thread() {
+  Space s = test_space();
+  s.lengths = {4096, 8192};
+  Concurrent host(s);
+  Options o;
+  o.method = "grid";
+  o.workers = 2;
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0;
+  statm >> pages;
+  const rlim_t cap = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) +
+                     (rlim_t{12} << 20);
+  const rlimit limit{cap, cap};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(5);
+  try {
+    run_search(s, o, host);
+  } catch (const std::system_error&) {
+    std::_Exit(3);
+  }
+  std::_Exit(0);
+}
+
+// A worker thread that cannot be made stops the search with that error once the units started
+// have ended, instead of ending the process (std::terminate for a thread left joinable).
+TEST(SearchEngine, AWorkerThatCannotStartStopsTheSearchWithItsError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(search_with_room_for_one_thread(), testing::ExitedWithCode(3), "");
 }
 
 }  // namespace

@@ -102,25 +102,34 @@ class Engine {
       });
       if (stopped_) break;
       ++active;
-      threads.emplace_back([this, &units, &done, &active, k] {
-        std::unique_lock<std::mutex> unit_lock(mutex_);
-        // Units decide in start order: a unit takes its first decision (skip, or start a run)
-        // only after every earlier unit took its own, whichever thread gets the lock first.
-        wake_.wait(unit_lock, [&] { return stopped_ || next_decider_ == k; });
-        lock_ = &unit_lock;
-        holds_ticket_ = true;
-        try {
-          if (!stopped_) units[k].body();
-        } catch (...) {
-          if (!error_) error_ = std::current_exception();
-          stopped_ = true;
-        }
-        pass_ticket();
-        lock_ = nullptr;
-        done[k] = 1;
+      // A thread that cannot be made (the system's limits) stops the search as an exception in
+      // a unit does: the units started go on to their end and the error reaches the caller.
+      try {
+        threads.emplace_back([this, &units, &done, &active, k] {
+          std::unique_lock<std::mutex> unit_lock(mutex_);
+          // Units decide in start order: a unit takes its first decision (skip, or start a run)
+          // only after every earlier unit took its own, whichever thread gets the lock first.
+          wake_.wait(unit_lock, [&] { return stopped_ || next_decider_ == k; });
+          lock_ = &unit_lock;
+          holds_ticket_ = true;
+          try {
+            if (!stopped_) units[k].body();
+          } catch (...) {
+            if (!error_) error_ = std::current_exception();
+            stopped_ = true;
+          }
+          pass_ticket();
+          lock_ = nullptr;
+          done[k] = 1;
+          --active;
+          wake_.notify_all();
+        });
+      } catch (...) {
         --active;
-        wake_.notify_all();
-      });
+        if (!error_) error_ = std::current_exception();
+        stopped_ = true;
+        wake_.notify_all();  // units waiting for their ticket see the stop
+      }
     }
     wait([&] { return active == 0; });
     lock.unlock();
