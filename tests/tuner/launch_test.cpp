@@ -29,6 +29,7 @@
 #include "config/run_config.h"
 #include "tuner/launch/free_port.h"
 #include "tuner/launch/launch_plan.h"
+#include "tuner/launch/signal_block.h"
 #include "tuner/launch/supervisor.h"
 
 namespace fs = std::filesystem;
@@ -725,6 +726,33 @@ TEST(LaunchPrint, PrintedTorchrunLineRuns) {
   EXPECT_NE(out.find("step 2/2"), std::string::npos) << out << err;
   EXPECT_TRUE(fs::exists(temp.path() / "run" / "summary.json"));
   EXPECT_EQ(err.find("failed to bind"), std::string::npos) << err;
+}
+
+// A stop that came while the signals were blocked is taken by release() (this process goes on)
+// and the mask is put back as it was; without release() the same signal would end the process.
+TEST(SignalBlock, ReleaseTakesAStopThatCameWhileBlockedAndRestoresTheMask) {
+  sigset_t before;
+  pthread_sigmask(SIG_SETMASK, nullptr, &before);
+  ASSERT_FALSE(sigismember(&before, SIGTERM));
+  {
+    SignalBlock block;
+    raise(SIGCHLD);
+    raise(SIGTERM);  // to this thread, which blocks it: pending
+    EXPECT_EQ(block.release(), SIGTERM);
+    EXPECT_EQ(block.release(), 0);  // once only
+  }
+  sigset_t after;
+  pthread_sigmask(SIG_SETMASK, nullptr, &after);
+  EXPECT_FALSE(sigismember(&after, SIGTERM));
+  EXPECT_FALSE(sigismember(&after, SIGINT));
+  {
+    SignalBlock block;
+    EXPECT_EQ(block.release(), 0);  // nothing came
+  }
+  SignalBlock not_blocking(false);
+  pthread_sigmask(SIG_SETMASK, nullptr, &after);
+  EXPECT_FALSE(sigismember(&after, SIGINT));
+  EXPECT_EQ(not_blocking.release(), 0);
 }
 
 }  // namespace

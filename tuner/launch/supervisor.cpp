@@ -21,6 +21,7 @@
 #include <c10/util/Exception.h>
 
 #include "common/error.h"
+#include "tuner/launch/signal_block.h"
 
 namespace ulysses::launch {
 namespace {
@@ -94,28 +95,6 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   unsigned signals_sent = 0;  // bit s set once signal s (< 32) was sent to the child's group
-};
-
-// Blocks SIGINT, SIGTERM and SIGCHLD in the calling thread for its lifetime.
-class SignalBlock {
- public:
-  SignalBlock() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGCHLD);
-    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
-  }
-  ~SignalBlock() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
-  SignalBlock(const SignalBlock&) = delete;
-  SignalBlock& operator=(const SignalBlock&) = delete;
-
-  const sigset_t& set() const { return set_; }
-  const sigset_t& previous() const { return previous_; }
-
- private:
-  sigset_t set_;
-  sigset_t previous_;
 };
 
 // In the child: makes `fd` (an OutputFiles descriptor, or -1 = keep) the child's `target` fd.

@@ -3,13 +3,12 @@
 #include "tuner/sweep/sweep_command.h"
 
 #include <CLI/CLI.hpp>
-#include <pthread.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstdio>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -27,6 +26,7 @@
 #include "tuner/experiment/trial_space.h"
 #include "tuner/launch/launch_plan.h"
 #include "tuner/launch/sbatch.h"
+#include "tuner/launch/signal_block.h"
 #include "tuner/search/engine.h"
 #include "tuner/store/store.h"
 #include "tuner/store/sweep_store.h"
@@ -240,30 +240,6 @@ std::vector<trial::Slot> sweep_slots(const experiment::Experiment& e) {
   return trial::split_slots(trial::resolve_slot_count(e.slots, needs, have), needs, have);
 }
 
-// Blocks SIGINT, SIGTERM and SIGCHLD in the calling thread (and the threads it creates) for its
-// lifetime when `block`; restores the mask.
-class SignalsBlocked {
- public:
-  explicit SignalsBlocked(bool block) : block_(block) {
-    if (!block_) return;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGCHLD);
-    pthread_sigmask(SIG_BLOCK, &set, &previous_);
-  }
-  ~SignalsBlocked() {
-    if (block_) pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  SignalsBlocked(const SignalsBlocked&) = delete;
-  SignalsBlocked& operator=(const SignalsBlocked&) = delete;
-
- private:
-  bool block_;
-  sigset_t previous_{};
-};
-
 // --submit: this sweep as one sbatch job of the experiment's size (see sweep_command.h).
 int submit_sweep(const SweepOptions& options, const experiment::Experiment& e,
                  const std::string& name, const std::string& trainer, bool resume) {
@@ -469,7 +445,7 @@ int run_sweep(const SweepOptions& options) {
   engine_options.workers = static_cast<int>(slots.size());
   // Several slots: trials are supervised on one thread per slot, so SIGINT, SIGTERM and SIGCHLD
   // are blocked in every thread and taken by the supervisions or by SweepHost::idle.
-  const SignalsBlocked blocked(slots.size() > 1);
+  launch::SignalBlock blocked(slots.size() > 1);
   search::Summary summary;
   int status = kExitOk;
   // The engine's summary goes with an exception: then what the host counted up to it.
@@ -509,9 +485,17 @@ int run_sweep(const SweepOptions& options) {
     sweep.status = "failed";
     summary = counted_so_far();
     store_summary();
+    blocked.release();  // a stop asked for now would end the process before the error is printed
     throw;
   }
   store_summary();
+  // A SIGINT or SIGTERM that came once the sweep had nothing left to stop (after its last trial,
+  // while it stored the summary) is taken here: its default action would end the process with
+  // the sweep finished but its result unprinted.
+  if (const int late = blocked.release(); late != 0 && sweep.status == "finished") {
+    std::fprintf(stderr, "sweep %s: %s came after the last trial had ended; nothing was stopped\n",
+                 name.c_str(), late == SIGINT ? "SIGINT" : "SIGTERM");
+  }
 
   std::printf(
       "sweep %s %s: %lld trials run (%lld of them probes), %lld pruned, %lld skipped, %lld invalid "
