@@ -2,37 +2,28 @@
 // DeepSpeed's ZeRO-Offload does: each parameter's host AdamW update starts on a host thread as
 // soon as its gradient is final for the step, and the step commits after the norm is known.
 #pragma once
-#include <c10/core/Event.h>
-
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "memory/activation_checkpoint.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "zero/ahead_update_worker.h"
 #include "zero/grad_buffers.h"
 
 namespace ulysses::train {
 
-// Zero stage 0, optimizer and gradients on the host (GradientBuffers on_host, AdamW kHost).
-// When a parameter's gradient is final, one worker thread beside the autograd thread computes its
-// part of the gradient norm (host_gradient_square_sums) and updates it as if nothing clipped
-// (AdamW::update_ahead, keeping its old state, and uploading its weights); finish_step then adds
-// the norm up in host_gradient_norm's order and lets AdamW::finish_ahead commit (no clip), redo
-// the update with the clip factor from the kept state (clip), or undo it (non-finite norm). So the
-// weights, moments and norm equal those of host_gradient_norm, clip_coefficient and AdamW::step
-// after backward bit for bit.
+// Zero stage 0, optimizer and gradients on the host (GradientBuffers on_host, AdamW kHost), one
+// AheadUpdateWorker entry per parameter: each parameter is updated ahead (and its part of the
+// gradient norm taken) once its gradient is final; finish_step adds the norm up in
+// host_gradient_norm's order and lets AdamW::finish_ahead commit, redo the update with the clip
+// factor or undo it. So the weights, moments and norm equal those of host_gradient_norm,
+// clip_coefficient and AdamW::step after backward bit for bit.
 // A gradient is final:
 //  - in a world of 1, after its decoder layer's backward of the step's last micro-batch (the
 //    layer hooks: reduce_layer, armed by compute_gradients), if its sum is then on the host
-//    (GradientBuffers::host_sum_ready; on a GPU after the copy's event);
+//    (GradientBuffers::host_sum_ready; the worker first waits for the copy's event on a GPU);
 //  - in a larger world, once its sum over the world has landed (GradientBuffers::all_reduce's
 //    on_summed): those updates overlap the sums of the later buckets, not backward, which the
 //    host sums follow.
@@ -68,40 +59,17 @@ class OverlappedHostUpdate : public memory::LayerParameterHooks {
 
   // Milliseconds of the optimizer's host work done before finish_step was called (during
   // backward and the gradient sum), summed over every step.
-  double ms_before_backward_end() const { return ms_ahead_; }
+  double ms_before_backward_end() const { return worker_.ms_before_backward_end(); }
   // Parameters updated ahead in the last step.
-  int64_t last_step_updated_ahead() const { return last_ahead_; }
+  int64_t last_step_updated_ahead() const { return worker_.last_step_updated_ahead(); }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  struct Task {
-    std::vector<size_t> indices;
-    std::vector<c10::Event> copies;  // to wait for before reading the gradients (GPU)
-  };
-  void hand_on(std::vector<size_t> indices, std::vector<c10::Event> copies);
-  void work();
-  void wait_idle();
-
   GradientBuffers& buffers_;
   AdamW& adamw_;
   int64_t world_size_;
-  int64_t threads_;
   std::vector<std::pair<size_t, size_t>> layer_params_;  // per layer: [first, last) of params
   bool armed_ = false;
-  double lr_ = 0.0;
-  std::vector<bool> handed_;                  // per parameter: given to the worker this step
-  std::vector<std::vector<double>> sums_;     // per parameter: its chunks' sums of squares
-  // The worker and its queue (everything below mutex_ is guarded by it).
-  std::mutex mutex_;
-  std::condition_variable wake_, idle_;
-  std::deque<Task> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals_;  // worker busy spans
-  std::thread worker_;
-  double ms_ahead_ = 0.0;
-  int64_t last_ahead_ = 0;
+  AheadUpdateWorker worker_;  // entry i: parameter i, its gradient buffers_.grads()[i]
 };
 
 }  // namespace ulysses::train

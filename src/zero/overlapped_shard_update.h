@@ -2,23 +2,17 @@
 // (optim.overlap_host_update): each shard's host AdamW update starts on a host thread as soon as
 // the shard's gradient sum has landed, and the step commits after the norm is known.
 #pragma once
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
-#include <utility>
 #include <vector>
 
+#include "zero/ahead_update_worker.h"
 #include "zero/grad_buffers.h"
 #include "zero/zero_optimizer.h"
 
 namespace ulysses::train {
 
 // ZeroOptimizer with the optimizer offloaded and every gradient shard in host memory
-// (ZeroOptimizer::overlap_applies). A shard is final:
+// (ZeroOptimizer::overlap_applies), one AheadUpdateWorker entry per shard. A shard is final:
 //  - stage 1 (flat layout): once the flat's all-reduce has summed every bucket up to the end of
 //    this rank's shard (on_summed, given to ZeroOptimizer::reduce_gradients: the buckets started
 //    during backward and then the rest, waited for in the flat's order), so its update overlaps
@@ -26,15 +20,13 @@ namespace ulysses::train {
 //  - stages 2 and 3 (parameter layout): once its unit's reduce-scatter of the step's last
 //    micro-batch has landed (ZeroPartition::set_on_reduced, armed by compute_gradients; a tied
 //    embedding after both of its units'), during the backward of the units below.
-// One worker thread then computes the shard's part of the norm (host_gradient_square_sums: its
-// 64K-element chunks' fp64 sums of squares) and updates it as if nothing clipped
-// (AdamW::update_ahead, keeping its old masters and moments; at stage 3 the weight shards, which
-// no gather reads again in this step). finish_step adds the norm up as ZeroOptimizer::clip does
-// (shards in order, chunks in order, one all-reduce), then AdamW::finish_ahead commits (no clip),
-// redoes the update from the kept state with the clip factor (clip) or undoes it (not finite),
-// and ZeroOptimizer::publish_step gathers or uploads the shards as step() does. So the norm,
-// weights and moments equal clip() then step() bit for bit, with every collective in the same
-// order on every rank (the worker runs none).
+// The worker then updates it ahead (at stage 3 the weight shards, which no gather reads again in
+// this step) and takes its part of the norm. finish_step adds the norm up as ZeroOptimizer::clip
+// does (shards in order, chunks in order, one all-reduce), then AdamW::finish_ahead commits (no
+// clip), redoes the update from the kept state with the clip factor (clip) or undoes it (not
+// finite), and ZeroOptimizer::publish_step gathers or uploads the shards as step() does. So the
+// norm, weights and moments equal clip() then step() bit for bit, with every collective in the
+// same order on every rank (the worker runs none).
 // Not thread-safe apart from that worker; holds references to `zero` (which must outlive it).
 class OverlappedShardUpdate {
  public:
@@ -65,39 +57,20 @@ class OverlappedShardUpdate {
 
   // Milliseconds of the optimizer's host work done before finish_step was called (during
   // backward and the gradient reduction), summed over every step.
-  double ms_before_backward_end() const { return ms_ahead_; }
+  double ms_before_backward_end() const { return worker_.ms_before_backward_end(); }
   // Shards updated ahead in the last step.
-  int64_t last_step_updated_ahead() const { return last_ahead_; }
+  int64_t last_step_updated_ahead() const { return worker_.last_step_updated_ahead(); }
   // Shards (AdamW entries) this rank updates per step.
   int64_t shards() const { return static_cast<int64_t>(grads_.size()); }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  void hand_on(std::vector<size_t> shards);
-  void work();
-  void wait_idle();
-
   ZeroOptimizer& zero_;
   AdamW& adamw_;
-  int64_t threads_;
   std::vector<at::Tensor> grads_;           // [S_f] per shard: zero_.shard_grads()
   std::vector<int64_t> reductions_needed_;  // parameter layout: per shard, its units
   bool armed_ = false;
-  double lr_ = 0.0;
-  std::vector<bool> handed_;               // per shard: given to the worker this step
-  std::vector<int64_t> reductions_seen_;   // per shard: its reductions while armed
-  std::vector<std::vector<double>> sums_;  // per shard: its chunks' sums of squares
-  // The worker and its queue (everything below mutex_ is guarded by it).
-  std::mutex mutex_;
-  std::condition_variable wake_, idle_;
-  std::deque<std::vector<size_t>> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals_;  // worker busy spans
-  std::thread worker_;
-  double ms_ahead_ = 0.0;
-  int64_t last_ahead_ = 0;
+  std::vector<int64_t> reductions_seen_;  // per shard: its reductions while armed
+  AheadUpdateWorker worker_;              // entry f: shard f, its gradient grads_[f]
 };
 
 }  // namespace ulysses::train
