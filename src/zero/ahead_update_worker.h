@@ -33,12 +33,14 @@ namespace ulysses::train {
 // every rank.
 // The first error of an update ahead ends the step's work ahead (later tasks are skipped);
 // wait_and_norm undoes what was updated ahead and rethrows it.
-// Invariants: handed(i) for every entry in a task queued or done this step; sums[i] written only
-// by the worker for a handed entry, and read only when the worker is idle.
+// Invariants: handed(i) for every entry in a task queued or done this step; sums_[i] is written
+// by the worker for a handed entry, by wait_and_norm for the others, and read only while the
+// worker is idle.
 // Not thread-safe apart from its own thread; holds a reference to `adamw`.
 class AheadUpdateWorker {
  public:
-  // Entry i's gradient (undefined: none this step); read by the worker and by wait_and_norm.
+  // Entry i's gradient (undefined: none this step), the same tensor from the entry's hand_on to
+  // the end of the step; called on the worker thread and by wait_and_norm.
   using GradientFn = std::function<at::Tensor(size_t)>;
   // The gradient norm from every entry's chunks' sums of squares ([n], entry order).
   using NormOfSumsFn = std::function<double(const std::vector<std::vector<double>>&)>;

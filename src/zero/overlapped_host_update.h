@@ -15,10 +15,10 @@
 namespace ulysses::train {
 
 // Zero stage 0, optimizer and gradients on the host (GradientBuffers on_host, AdamW kHost), one
-// AheadUpdateWorker entry per parameter: each parameter is updated ahead (and its part of the
-// gradient norm taken) once its gradient is final; finish_step adds the norm up in
-// host_gradient_norm's order and lets AdamW::finish_ahead commit, redo the update with the clip
-// factor or undo it. So the weights, moments and norm equal those of host_gradient_norm,
+// AheadUpdateWorker entry per parameter: each parameter is updated ahead (its weights uploaded)
+// and its part of the gradient norm taken once its gradient is final; finish_step adds the norm
+// up in host_gradient_norm's order and lets AdamW::finish_ahead commit, redo the update with the
+// clip factor or undo it. So the weights, moments and norm equal those of host_gradient_norm,
 // clip_coefficient and AdamW::step after backward bit for bit.
 // A gradient is final:
 //  - in a world of 1, after its decoder layer's backward of the step's last micro-batch (the
