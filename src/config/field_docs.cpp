@@ -83,6 +83,11 @@ const std::map<std::string, std::string>& meanings() {
       {"model.load",
        "A Hugging Face model directory (config.json + *.safetensors): shapes from config.json, "
        "weights from the safetensors; not combinable with preset. \"\" = random init."},
+      {"model.fused_kernels",
+       "RMSNorm and SwiGLU (silu(gate) * up, also in the tiled MLP) through fused CUDA kernels "
+       "where the tensors allow (bf16/fp16, contiguous, hidden sizes the kernels take), the ATen "
+       "ops otherwise. Needs train.device cuda and a build with the kernels (a CUDA LibTorch and "
+       "nvcc)."},
       {"mesh.sp",
        "Sequence-parallel degree: ranks that share one sequence (Ulysses all-to-all, times "
        "mesh.sp_ring ring attention). SP groups are contiguous ranks."},

@@ -43,6 +43,7 @@ void for_each_model_field(M& m, Visit&& visit) {
   visit("bos_token_id", m.bos_token_id);
   visit("eos_token_id", m.eos_token_id);
   visit("load", m.load);
+  visit("fused_kernels", m.fused_kernels);
 }
 
 // Calls visit(section, key, field) for every key of the run config. C is RunConfig or

@@ -239,6 +239,8 @@ void validate_run(const RunConfig& c) {
   require(!(c.memory.precision == "bf16-states" && c.zero.stage != 0), "memory.precision",
           "bf16-states needs zero.stage 0 (ZeRO stages 1-3 keep fp32 master shards; use bf16)");
   non_negative("memory.limit_gib", c.memory.limit_gib);
+  require(!(cpu && c.model.fused_kernels), "model.fused_kernels",
+          "true needs train.device cuda (the fused kernels are CUDA kernels)");
 
   one_of("attention.backend", c.attention.backend, {"auto", "math", "flash", "efficient", "cudnn"});
   require(!cpu || c.attention.backend == "auto" || c.attention.backend == "math",

@@ -66,6 +66,7 @@ inline void expect_same_shapes(const ModelOptions& a, const ModelOptions& b) {
   EXPECT_EQ(a.rope_truncate, b.rope_truncate);
   EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.fused_kernels, b.fused_kernels);
   EXPECT_EQ(a.init_std, b.init_std);
   EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);

@@ -182,6 +182,24 @@ TEST(ConfigErrors, Bf16NeedsCuda) {
   EXPECT_EQ(c.memory.precision, "bf16");
 }
 
+// The fused RMSNorm/SwiGLU kernels are CUDA kernels: off by default, refused on CPU.
+TEST(ConfigErrors, FusedKernelsNeedCuda) {
+  EXPECT_FALSE(parse_run_config_yaml("").model.fused_kernels);
+  expect_errors({{"model: {fused_kernels: true}\n",
+                  {},
+                  "model.fused_kernels: true needs train.device cuda (the fused kernels are CUDA "
+                  "kernels)"},
+                 {"", {"model.fused_kernels=true"},
+                  "model.fused_kernels: true needs train.device cuda (the fused kernels are CUDA "
+                  "kernels)"},
+                 {"model: {fused_kernels: maybe}\n",
+                  {},
+                  "model.fused_kernels: expected true or false, got 'maybe'"}});
+  const RunConfig c =
+      parse_run_config_yaml("model: {fused_kernels: true}\ntrain: {device: cuda}\n");
+  EXPECT_TRUE(c.model.fused_kernels);
+}
+
 // bf16-states (bf16 gradients and moments, no masters) runs where AdamW updates the bf16
 // parameters themselves: not on CPU, not offloaded, not at ZeRO stages 1-3.
 TEST(ConfigErrors, Bf16StatesNeedsCudaStageZeroAndNoOffload) {

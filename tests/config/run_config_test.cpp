@@ -175,6 +175,7 @@ RunConfig every_field_changed() {
   m.rope_truncate = false;
   m.rms_norm_eps = 3.3e-6;
   m.tie_embeddings = true;
+  m.fused_kernels = true;
   m.init_seed = 99;
   m.init_std = 0.0125;
   m.max_position_embeddings = 65536;
