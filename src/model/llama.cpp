@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "kernels/fused_kernels.h"
 #include "model/plain_layers.h"
 #include "model/sdpa_attention.h"
 #include "model/weight_init.h"
@@ -25,6 +26,11 @@ config::ModelOptions checked_options(config::ModelOptions o) {
   positive(o.vocab_size, "vocab_size");
   if (!(o.rms_norm_eps > 0)) throw UserError("model.rms_norm_eps: must be > 0");
   if (!(o.init_std >= 0)) throw UserError("model.init_std: must be >= 0");
+  if (o.fused_kernels && !kernels::fused_kernels_built()) {
+    throw UserError(
+        "model.fused_kernels: true needs a build with the fused CUDA kernels (a CUDA LibTorch "
+        "and nvcc); this one has none");
+  }
   o.head_dim = resolved_head_dim(o);
   return o;
 }
@@ -35,7 +41,7 @@ LlamaModelImpl::LlamaModelImpl(const config::ModelOptions& o) : rotary_(o) {
   embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_layers; ++i) layers->push_back(LlamaDecoderLayer(o));
-  norm = register_module("norm", RMSNorm(o.hidden_size, o.rms_norm_eps));
+  norm = register_module("norm", RMSNorm(o.hidden_size, o.rms_norm_eps, o.fused_kernels));
 }
 
 LlamaDecoderLayer LlamaModelImpl::layer(int64_t index) const {

@@ -7,9 +7,10 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const config::ModelOptions& o) {
   // HF registers self_attn, mlp, input_layernorm, post_attention_layernorm in this order.
   self_attn = register_module("self_attn", LlamaAttention(o));
   mlp = register_module("mlp", LlamaMLP(o));
-  input_layernorm = register_module("input_layernorm", RMSNorm(o.hidden_size, o.rms_norm_eps));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", RMSNorm(o.hidden_size, o.rms_norm_eps));
+  input_layernorm = register_module(
+      "input_layernorm", RMSNorm(o.hidden_size, o.rms_norm_eps, o.fused_kernels));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", RMSNorm(o.hidden_size, o.rms_norm_eps, o.fused_kernels));
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,

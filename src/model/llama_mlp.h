@@ -1,5 +1,6 @@
 // SwiGLU MLP of a Llama decoder layer, HF names gate_proj/up_proj/down_proj, no biases:
-// down_proj(silu(gate_proj(x)) * up_proj(x)).
+// down_proj(silu(gate_proj(x)) * up_proj(x)). With model.fused_kernels, silu(gate) * up runs as
+// one fused CUDA kernel (and its backward as one) where the tensors allow.
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -11,7 +12,8 @@ namespace ulysses::model {
 
 class LlamaMLPImpl : public torch::nn::Module {
  public:
-  // Shapes from options.hidden_size (h) and options.intermediate_size (ffn).
+  // Shapes from options.hidden_size (h) and options.intermediate_size (ffn); the fused SwiGLU
+  // kernels where options.fused_kernels and kernels::swiglu_fusable(gate, up) hold.
   explicit LlamaMLPImpl(const config::ModelOptions& options);
 
   // x [..., h] -> [..., h]. Row-wise independent, so it may be applied to any tile of tokens.
@@ -20,6 +22,7 @@ class LlamaMLPImpl : public torch::nn::Module {
   Linear gate_proj{nullptr};  // weight [ffn, h]
   Linear up_proj{nullptr};    // weight [ffn, h]
   Linear down_proj{nullptr};  // weight [h, ffn]
+  bool fused_kernels = false;
 };
 TORCH_MODULE(LlamaMLP);
 

@@ -3,6 +3,7 @@
 
 #include <torch/autograd.h>
 
+#include "kernels/fused_kernels.h"
 #include "model/plain_layers.h"
 
 namespace ulysses::model {
@@ -24,10 +25,17 @@ at::Tensor normalized(const at::Tensor& xc, const at::Tensor& inv_rms, at::Scala
 // dtype), the weight and 1/rms [..., 1] in the compute dtype: the composed ops would save an fp32
 // copy of a bf16 x and the normalized x besides. The backward recomputes what it needs from those
 // and rounds where autograd through the composed ops rounds: the gradient of the normalized x in
-// x's dtype, the gradient of x once at the end.
+// x's dtype, the gradient of x once at the end. fused: the fused CUDA kernels compute the same
+// (kernels::rms_norm_forward/backward; their 1/rms is [rows] rather than [..., 1]).
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight, double eps) {
+                            const at::Tensor& weight, double eps, bool fused) {
+    ctx->saved_data["fused"] = fused;
+    if (fused) {
+      kernels::RmsNormOutput out = kernels::rms_norm_forward(x, weight, eps);
+      ctx->save_for_backward({x, weight, out.inv_rms});
+      return out.y;
+    }
     const at::Tensor xc = in_compute_dtype(x);                                       // [..., h]
     const at::Tensor inv_rms = at::rsqrt(xc.pow(2).mean(-1, /*keepdim=*/true) + eps);  // [..., 1]
     ctx->save_for_backward({x, weight, inv_rms});
@@ -41,6 +49,11 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor& weight = saved[1];
     const at::Tensor& inv_rms = saved[2];
     const at::Tensor& grad = grads[0];  // [..., h], the output's dtype
+    if (ctx->saved_data["fused"].toBool()) {
+      kernels::RmsNormGrads fused = kernels::rms_norm_backward(
+          grad, x, weight, inv_rms, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      return {fused.grad_x, fused.grad_weight, at::Tensor(), at::Tensor()};
+    }
     const at::Tensor xc = in_compute_dtype(x);
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(1)) {
@@ -56,13 +69,14 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       const at::Tensor mean_gx = (g * xc).mean(-1, /*keepdim=*/true);               // [..., 1]
       grad_x = (inv_rms * g - xc * (inv_rms.pow(3) * mean_gx)).to(x.scalar_type());
     }
-    return {grad_x, grad_weight, at::Tensor()};
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-RMSNormImpl::RMSNormImpl(int64_t hidden_size, double eps_value) : eps(eps_value) {
+RMSNormImpl::RMSNormImpl(int64_t hidden_size, double eps_value, bool fused)
+    : eps(eps_value), fused_kernels(fused) {
   TORCH_CHECK(hidden_size > 0 && eps_value > 0, "RMSNorm: hidden_size and eps must be positive");
   at::Tensor ones = new_parameter({hidden_size});
   if (!ShapesOnlyScope::active()) ones.fill_(1.0);
@@ -70,7 +84,9 @@ RMSNormImpl::RMSNormImpl(int64_t hidden_size, double eps_value) : eps(eps_value)
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  return RmsNormFunction::apply(x, weight, eps);
+  const bool fused = fused_kernels && kernels::rms_norm_fusable(x, weight) &&
+                     (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+  return RmsNormFunction::apply(x, weight, eps, fused);
 }
 
 }  // namespace ulysses::model

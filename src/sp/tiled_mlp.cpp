@@ -4,6 +4,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kernels/fused_kernels.h"
 #include "model/graph_only_forward.h"
 #include "sp/sequence_tiled_compute.h"
 #include "sp/wide_matmul.h"
@@ -21,10 +22,19 @@ struct MlpWeights {
   at::Tensor down;  // [h, ffn]
 };
 
+// True when silu(gate) * up and its backward go through the fused kernels (LlamaMLPImpl's choice).
+bool use_fused(bool fused, const at::Tensor& gate, const at::Tensor& up) {
+  const bool half = gate.scalar_type() == at::kBFloat16 || gate.scalar_type() == at::kHalf;
+  return fused && half && kernels::swiglu_fusable(gate, up);
+}
+
 // LlamaMLPImpl::forward with the same ops, so that a tile's output equals the untiled one's rows.
 // x [..., h] -> [..., h]
-at::Tensor swiglu(const at::Tensor& x, const MlpWeights& w) {
-  return at::linear(at::silu(at::linear(x, w.gate)) * at::linear(x, w.up), w.down);
+at::Tensor swiglu(const at::Tensor& x, const MlpWeights& w, bool fused) {
+  if (!fused) return at::linear(at::silu(at::linear(x, w.gate)) * at::linear(x, w.up), w.down);
+  const at::Tensor gate = at::linear(x, w.gate), up = at::linear(x, w.up);  // [..., ffn]
+  if (use_fused(fused, gate, up)) return at::linear(kernels::swiglu_forward(gate, up), w.down);
+  return at::linear(at::silu(gate) * up, w.down);
 }
 
 // The gradient sums of the weights over the tiles: [param shape] in the weights' dtype, or fp32
@@ -33,12 +43,29 @@ struct WeightGradSums {
   at::Tensor gate, up, down;
 };
 
+// tile_backward after gate and up [n, ffn] with the fused kernels: down's input recomputed by
+// swiglu_forward, both element-wise gradients by one swiglu_backward.
+at::Tensor tile_backward_fused(const at::Tensor& x, const at::Tensor& grad_out,
+                               const MlpWeights& w, WeightGradSums& sums, const at::Tensor& gate,
+                               const at::Tensor& up) {
+  if (sums.down.defined()) {
+    add_matmul_(sums.down, grad_out.t(), kernels::swiglu_forward(gate, up));  // [h, ffn]
+  }
+  kernels::SwigluGrads g = kernels::swiglu_backward(at::mm(grad_out, w.down), gate, up);
+  if (sums.up.defined()) add_matmul_(sums.up, g.grad_up.t(), x);  // [ffn, h]
+  at::Tensor grad_x = at::mm(g.grad_up, w.up);                     // [n, h]
+  g.grad_up.reset();
+  if (sums.gate.defined()) add_matmul_(sums.gate, g.grad_gate.t(), x);  // [ffn, h]
+  return grad_x.addmm_(g.grad_gate, w.gate);                            // [n, h]
+}
+
 // One tile's backward: recomputes the tile's activations and adds its weight gradients to `sums`.
 // Returns the tile's input gradient. x, grad_out [n, h] -> [n, h]
 at::Tensor tile_backward(const at::Tensor& x, const at::Tensor& grad_out, const MlpWeights& w,
-                         WeightGradSums& sums) {
+                         WeightGradSums& sums, bool fused) {
   const at::Tensor gate = at::mm(x, w.gate.t());  // [n, ffn]
   const at::Tensor up = at::mm(x, w.up.t());      // [n, ffn]
+  if (use_fused(fused, gate, up)) return tile_backward_fused(x, grad_out, w, sums, gate, up);
   at::Tensor act = at::silu(gate);                // [n, ffn]
   at::Tensor product = act * up;                  // [n, ffn] down_proj's input
   if (sums.down.defined()) add_matmul_(sums.down, grad_out.t(), product);  // [h, ffn]
@@ -60,7 +87,7 @@ struct TiledMlpFunction : public torch::autograd::Function<TiledMlpFunction> {
   // model/graph_only_forward.h), since backward needs only x.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate,
                             const at::Tensor& up, const at::Tensor& down, int64_t tiles,
-                            bool compute_output) {
+                            bool compute_output, bool fused) {
     const MlpWeights w{gate, up, down};
     at::Tensor out;  // [bs, T, h]
     if (!compute_output) {
@@ -69,7 +96,7 @@ struct TiledMlpFunction : public torch::autograd::Function<TiledMlpFunction> {
       out = at::empty(x.sizes(), x.options());
       for (const SequenceTile& tile : sequence_tiles(x.size(1), tiles)) {
         at::Tensor rows = out.narrow(1, tile.start, tile.length);  // [bs, T_i, h]
-        rows.copy_(swiglu(x.narrow(1, tile.start, tile.length), w));
+        rows.copy_(swiglu(x.narrow(1, tile.start, tile.length), w, fused));
       }
     }
     ctx->save_for_backward({x});
@@ -79,11 +106,12 @@ struct TiledMlpFunction : public torch::autograd::Function<TiledMlpFunction> {
     ctx->saved_data["up"] = up;
     ctx->saved_data["down"] = down;
     ctx->saved_data["tiles"] = tiles;
+    ctx->saved_data["fused"] = fused;
     return out;
   }
 
   // grads[0] [bs, T, h] -> {d x [bs, T, h], d gate, d up, d down (fp32 sums for bf16 weights; the
-  // engine converts them to the weights' dtype), none, none}.
+  // engine converts them to the weights' dtype), none, none, none}.
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     TORCH_CHECK(ctx->saved_data.count("gate") == 1,
                 "tiled_mlp: backward can run only once (retain_graph is not supported)");
@@ -91,9 +119,10 @@ struct TiledMlpFunction : public torch::autograd::Function<TiledMlpFunction> {
     const MlpWeights w{ctx->saved_data["gate"].toTensor(), ctx->saved_data["up"].toTensor(),
                        ctx->saved_data["down"].toTensor()};
     const int64_t tiles = ctx->saved_data["tiles"].toInt();
+    const bool fused = ctx->saved_data["fused"].toBool();
     ctx->saved_data.clear();
     const at::Tensor& grad_out = grads[0];  // [bs, T, h]
-    tensor_list result(6);
+    tensor_list result(7);
     if (!grad_out.defined()) return result;
 
     const std::vector<SequenceTile> cuts = sequence_tiles(x.size(1), tiles);
@@ -114,7 +143,7 @@ struct TiledMlpFunction : public torch::autograd::Function<TiledMlpFunction> {
       const at::Tensor grad_tile = grad_out.narrow(1, tile.start, tile.length)
                                        .to(x.scalar_type())
                                        .reshape({-1, hidden});  // [bs*T_i, h]
-      at::Tensor grad_x_tile = tile_backward(x_tile, grad_tile, w, sums);  // [bs*T_i, h]
+      at::Tensor grad_x_tile = tile_backward(x_tile, grad_tile, w, sums, fused);  // [bs*T_i, h]
       if (grad_x.defined()) {
         grad_x.narrow(1, tile.start, tile.length)
             .copy_(grad_x_tile.view({batch, tile.length, hidden}));
@@ -138,7 +167,8 @@ at::Tensor tiled_mlp(model::LlamaMLPImpl& mlp, const at::Tensor& x, int64_t tile
               "tiled_mlp: the MLP's projections must have no bias");
   const bool graph_only = at::GradMode::is_enabled() && model::GraphOnlyForward::active();
   return TiledMlpFunction::apply(x, mlp.gate_proj->weight, mlp.up_proj->weight,
-                                 mlp.down_proj->weight, tiles, !graph_only);  // [bs, T, h]
+                                 mlp.down_proj->weight, tiles, !graph_only,
+                                 mlp.fused_kernels);  // [bs, T, h]
 }
 model::MlpRunner tiled_mlp_runner(int64_t tiles) {
   TORCH_CHECK(tiles >= 1, "tiled_mlp_runner: tiles must be >= 1, got ", tiles);
