@@ -21,8 +21,10 @@
 # Stages, in order of value; each gets the time that is left (up to its own cap), and one that
 # cannot have its minimum is skipped with a line saying so; a stage still running at the deadline
 # is stopped and recorded as cut, with what it wrote so far:
-#   build      scripts/build-gpu.sh: the three programs and the CUDA unit tests, one ninja run
-#   unit       the CUDA unit tests (VarlenFlash, SdpSelection)
+#   build      scripts/build-gpu.sh: the three programs, the CUDA unit tests and kernels_bench,
+#              one ninja run
+#   unit       the CUDA unit tests (VarlenFlash, SdpSelection, FusedKernelsCuda), then
+#              bench/kernels (the fused kernels against ATen, one JSON line per op and pass)
 #   smoke      scripts/gpu-smoke.sh, the runs that fit: each SDPA kernel, ALST features, packed
 #   multirank  the multi-rank paths against their single-process runs (scripts/campaign/
 #              multirank.py: ring 2 x 2 on packed documents, uneven heads straddling GQA groups,
@@ -113,7 +115,8 @@ fi
 # runs 180 s (the 32K ALST run is the longest), the sweep's 12 trials 169 s. Estimated from
 # those: the ten comparison runs within 250 s, leaving the 8-trial sweep 105-135 s (8K trials
 # ~6 s, 64K ~22 s, then recommend, report and plan --fit); maxlen and deepspeed run only with
-# what is left.
+# what is left. The unit stage's FusedKernelsCuda tests and kernels_bench are not measured yet
+# (estimated: under 20 s together; 90 shapes up to 8192 x 8192 with fp64 references).
 CAP=(        0     40   30    60        250     0     0      0)   # 0: all that is left
 # Where a stage skipped for time is run in full (said in summary.md).
 declare -A ELSEWHERE=([maxlen]="scripts/gpu-campaign.sh runs it: compare-maxlen-ours, compare-maxlen-theirs")
@@ -129,7 +132,8 @@ EOF
 has_deepspeed() { [ "$dry" = 0 ] && "$python" -c 'import deepspeed' > /dev/null 2>&1; }
 
 stage_build() {
-  local targets=(--target ulysses_train --target ulysses_tune --target ulysses_bench)
+  local targets=(--target ulysses_train --target ulysses_tune --target ulysses_bench
+                 --target kernels_bench)
   if [ "$dry" = 1 ]; then  # builds nothing: shows the commands, checks the existing binaries
     x "$root/scripts/build-gpu.sh" --python "$python" ${deps:+--deps "$deps"} --tests \
       "${targets[@]}" --target model_unit_tests --print "$build" || return 1
@@ -162,7 +166,15 @@ stage_unit() {
   local tests
   tests=$(find "$build" -name model_unit_tests -type f -perm -u+x 2> /dev/null | head -n1)
   [ -n "$tests" ] || skip_stage "no model_unit_tests in $build (the build had no GoogleTest)"
-  x "$tests" --gtest_filter='VarlenFlash.*:SdpSelection.*' --gtest_output="xml:$dir/unit.xml"
+  local rc=0
+  x "$tests" --gtest_filter='VarlenFlash.*:SdpSelection.*:FusedKernelsCuda.*' \
+    --gtest_output="xml:$dir/unit.xml" || rc=1
+  # The fused kernels' timings (a CPU build has none to time).
+  if [ "$dry" = 0 ]; then
+    x "$bin/kernels_bench" > "$dir/kernels-bench.jsonl" || rc=1
+    cat "$dir/kernels-bench.jsonl"
+  fi
+  return $rc
 }
 
 stage_smoke() {
