@@ -146,7 +146,8 @@ def ours_config(args, length, steps, run_dir, limit_gib):
     if args.peak:
         profile.append(f"peak_tflops: {args.peak}")
     text = (f"# written by bench/compare/compare.py\n"
-            f"model: {{load: {json.dumps(args.model_dir)}}}\n"
+            f"model: {{load: {json.dumps(args.model_dir)}"
+            f"{', fused_kernels: true' if args.ours_fused else ''}}}\n"
             f"mesh: {{sp: 1, dp: 1}}\n"
             f"sequence: {{length: {length}, micro_batch: 1, grad_accum: 1}}\n"
             f"data: {{source: {json.dumps('tokens:' + args.tokens)}, "
@@ -240,6 +241,7 @@ def run_case(args, config, length, steps, tag, timeout, limit_gib=0.0):
            "warmup_steps": min(args.warmup, steps - 1), "limit_gib": limit_gib, "tag": tag}
     if config in OURS:
         rec["precision"] = args.ours_precision
+        rec["fused_kernels"] = args.ours_fused
     if config in OURS:
         cmd = [os.path.join(args.bin, "ulysses-train"), "--config",
                ours_config(args, length, steps, run_dir, limit_gib)]
@@ -390,8 +392,9 @@ def table(records):
     if env:
         e = env[-1]
         ours_precision = e.get("ours_precision", e["dtype"])
+        fused = ", model.fused_kernels true" if e.get("ours_fused_kernels") else ""
         lines += [f"Device {e['device']} ({e.get('device_name', '')}), {e['dtype']} "
-                  f"(ours: memory.precision {ours_precision}), model "
+                  f"(ours: memory.precision {ours_precision}{fused}), model "
                   f"{e['model']} ({e['parameters'] / 1e6:.1f} M parameters), peak "
                   f"{e['peak_tflops'] or 'unknown'} TFLOP/s per device; torch {e.get('torch')}, "
                   f"transformers {e.get('transformers')}, DeepSpeed "
@@ -502,6 +505,8 @@ def cmd_run(args):
     # Ours under --dtype bf16: memory.precision bf16 (fp32 gradient sums, masters and moments) or
     # bf16-states (bf16 gradients and moments, no masters: transformers' numerics).
     args.ours_precision = args.ours_precision or args.dtype
+    if args.ours_fused and args.device != "cuda":
+        sys.exit("error: --ours-fused needs --device cuda (the fused kernels are CUDA kernels)")
     if args.dtype == "fp32" and args.ours_precision != "fp32":
         sys.exit(f"error: --ours-precision {args.ours_precision} needs --dtype bf16")
     if args.dtype == "bf16" and args.ours_precision == "fp32":
@@ -576,7 +581,7 @@ def cmd_run(args):
     parameters = int(flops_per_token(args.shape, 0) / 6 + (0 if tied else v * h) +
                      h * (2 * args.shape["num_hidden_layers"] + 1))
     env = {"kind": "env", "device": args.device, "dtype": args.dtype,
-           "ours_precision": args.ours_precision,
+           "ours_precision": args.ours_precision, "ours_fused_kernels": args.ours_fused,
            "model": args.model if not args.model.lstrip().startswith("{") else "inline",
            "shape": args.shape, "parameters": parameters, "peak_tflops": args.peak,
            "configs": args.configs, "lengths": args.lengths, "reps": args.reps,
@@ -611,6 +616,9 @@ def main():
                         "fp32 gradient sums, master weights and AdamW moments; bf16-states keeps "
                         "bf16 gradients and moments and no masters, as theirs does (peaks compare "
                         "one to one; not with ours-alst, whose offloaded optimizer keeps masters)")
+    r.add_argument("--ours-fused", action="store_true",
+                   help="ours with model.fused_kernels true (the fused RMSNorm and SwiGLU CUDA "
+                        "kernels; needs --device cuda)")
     r.add_argument("--model", default="llama-3.2-1b",
                    help="profiles/models preset, a profile path, or a JSON object of "
                         "LlamaConfig fields")
