@@ -19,6 +19,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "comm/mesh.h"
@@ -33,6 +35,7 @@
 #include "optim/cpu_adam.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "zero/ahead_update_worker.h"
 #include "zero/gradient_step.h"
 #include "zero/layer_all_reduce.h"
 #include "zero/overlapped_host_update.h"
@@ -451,6 +454,78 @@ TEST(OptimizerOffload, StagedUploadsEqualTheDirectPassBitForBit) {
     EXPECT_TRUE(state[i].second.equal(ref_state[i].second)) << state[i].first;
   }
   EXPECT_THROW(staged.set_upload_staging_bytes(8), c10::Error);
+}
+
+// The first error of an update ahead ends the step's work ahead: wait_and_norm puts back every
+// parameter updated ahead (weights, masters, moments, step counts) and rethrows it. The next step
+// then equals a plain step of an optimizer that never saw the failed one, bit for bit.
+TEST(AheadUpdateWorker, AFailedUpdateAheadIsUndoneAndRethrown) {
+  const auto make = [] {
+    at::manual_seed(5);
+    return train::NamedTensors{{"a", at::randn({300}).to(at::kBFloat16)},
+                               {"b", at::randn({7, 5}).to(at::kBFloat16)},
+                               {"c", at::randn({100})}};
+  };
+  train::NamedTensors plain_params = make();
+  train::NamedTensors params = make();
+  train::AdamW plain(plain_params, optim_options(), train::OptimizerPlacement::kHost);
+  train::AdamW ahead(params, optim_options(), train::OptimizerPlacement::kHost);
+  std::vector<at::Tensor> grads;
+  at::manual_seed(6);
+  for (const auto& [name, p] : params) grads.push_back(at::randn(p.sizes()));  // fp32
+  const auto copies = [](const train::NamedTensors& named) {
+    std::vector<at::Tensor> out;
+    for (const auto& [name, t] : named) out.push_back(t.clone());
+    return out;
+  };
+  const auto expect_equal = [](const train::NamedTensors& got,
+                               const std::vector<at::Tensor>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(got[i].second.equal(want[i])) << what << " " << got[i].first;
+    }
+  };
+  const std::vector<at::Tensor> weights_before = copies(params);
+  const std::vector<at::Tensor> state_before = copies(ahead.state_tensors());
+
+  bool fail = true;
+  bool a_was_updated = false;  // when b's update began: "a" had been updated ahead
+  train::AheadUpdateWorker worker(
+      ahead,
+      [&](size_t i) {
+        if (fail && i == 1) {
+          a_was_updated = !params[0].second.equal(weights_before[0]);
+          throw std::runtime_error("no gradient for b");
+        }
+        return grads[i];
+      },
+      /*threads=*/0);
+  const double lr = 1e-2;
+  worker.begin_step(lr);
+  worker.hand_on({0});  // updated ahead, then undone
+  worker.hand_on({1});  // fails
+  worker.hand_on({2});  // skipped after the failure
+  try {
+    worker.wait_and_norm(train::host_gradient_norm_of_sums);
+    ADD_FAILURE() << "wait_and_norm did not rethrow the worker's error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "no gradient for b");
+  }
+  EXPECT_TRUE(a_was_updated);
+  expect_equal(params, weights_before, "weights after the failed step:");
+  expect_equal(ahead.state_tensors(), state_before, "state after the failed step:");
+  EXPECT_EQ(ahead.step_count(), 0);
+
+  fail = false;
+  worker.begin_step(lr);
+  worker.hand_on({0, 1});
+  const double norm = worker.wait_and_norm(train::host_gradient_norm_of_sums);
+  EXPECT_EQ(norm, train::host_gradient_norm(grads));
+  ahead.finish_ahead(lr, grads, 1.0, /*skip=*/false);
+  plain.step(lr, grads, 1.0);
+  EXPECT_EQ(worker.last_step_updated_ahead(), 2);
+  expect_equal(params, copies(plain_params), "weights after the next step:");
+  expect_equal(ahead.state_tensors(), copies(plain.state_tensors()), "state after the next step:");
 }
 
 // bf16 parameters: fp32 master weights and moments (on the device or offloaded) follow an fp32
