@@ -12,6 +12,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace ulysses::kernels::cuda {
 
@@ -79,15 +82,28 @@ void dispatch_dtype(at::ScalarType dtype, const char* what, Fn&& fn) {
 }
 
 // Blocks of `threads` that fill the current device at the kernel's occupancy, at most `work`
-// (at least 1).
+// (at least 1). The occupancy is asked once per kernel, block size and device (a cache).
 template <typename Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, int64_t work) {
-  int per_sm = 0;
-  int sms = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                                        c10::cuda::current_device()));
-  return std::max<int64_t>(1, std::min<int64_t>(work, int64_t{std::max(per_sm, 1)} * sms));
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int64_t> cache;  // -> blocks per device
+  const int device = c10::cuda::current_device();
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, device);
+  int64_t full = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = cache.find(key);
+    if (found != cache.end()) full = found->second;
+  }
+  if (full == 0) {
+    int per_sm = 0, sms = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    full = int64_t{std::max(per_sm, 1)} * sms;
+    const std::lock_guard<std::mutex> lock(mutex);
+    cache[key] = full;
+  }
+  return std::max<int64_t>(1, std::min(work, full));
 }
 
 }  // namespace ulysses::kernels::cuda
