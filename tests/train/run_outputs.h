@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,14 +32,26 @@ inline void train_on_ranks(const config::RunConfig& c) {
   });
 }
 
-// <temp>/ulysses-<prefix>-<name>: the same path in the parent and its rank children, created
-// fresh by the parent only.
+// <temp>/ulysses-<prefix>-<name>-<pid>: the same path in the parent and its rank children
+// (run_ranks spawns them itself, so <pid> is the parent's in both), created fresh by the parent
+// only and removed when it exits; distinct between test processes that run the same case at once
+// (the instruction-set variants of an executable run beside its own tests).
 inline std::string shared_dir(const std::string& prefix, const std::string& name) {
+  const bool child = in_rank_child();
   const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("ulysses-" + prefix + "-" + name);
-  if (!in_rank_child()) {
+      std::filesystem::temp_directory_path() /
+      ("ulysses-" + prefix + "-" + name + "-" + std::to_string(child ? ::getppid() : ::getpid()));
+  if (!child) {
+    // Removes every directory made here when the test process exits.
+    static struct Made {
+      std::vector<std::filesystem::path> dirs;
+      ~Made() {
+        for (const auto& d : dirs) remove_tree(d);
+      }
+    } made;
     remove_tree(dir);
     std::filesystem::create_directories(dir);
+    made.dirs.push_back(dir);
   }
   return dir.string();
 }
