@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/fused_kernels.h"
+#include "kernels/swiglu.h"
 #include "model/rms_norm.h"
 
 #ifdef ULYSSES_WITH_CUDA

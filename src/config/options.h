@@ -50,7 +50,7 @@ struct ModelOptions {
   int64_t bos_token_id = 1;         // 0 <= id < vocab_size
   int64_t eos_token_id = 2;         // 0 <= id < vocab_size
   std::string load;                 // HF model dir (config.json + *.safetensors), "" = random init
-  // RMSNorm and SwiGLU through the fused CUDA kernels (kernels/fused_kernels.h) where the tensors
+  // RMSNorm and SwiGLU through the fused CUDA kernels (src/kernels/) where the tensors
   // allow (CUDA, bf16/fp16, contiguous, supported sizes); the ATen ops otherwise. Needs
   // train.device cuda and a build with the kernels.
   bool fused_kernels = false;

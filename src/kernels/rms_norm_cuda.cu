@@ -1,5 +1,5 @@
-// Fused RMSNorm forward and backward (see fused_kernels.h). The ATen path it replaces is
-// RmsNormFunction in model/rms_norm.cpp. A block takes whole rows (grid-stride over the rows),
+// Fused RMSNorm forward and backward (see rms_norm.h). The ATen path it replaces is beside it:
+// RmsNormFunction in rms_norm.cpp. A block takes whole rows (grid-stride over the rows),
 // each thread a fixed set of columns (RowPlan) held in registers: one read of x per pass, the
 // weight read once per block, the row statistic by a block sum in a fixed order.
 #include <ATen/ATen.h>
@@ -8,7 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/cuda_common.cuh"
-#include "kernels/fused_kernels.h"
+#include "kernels/rms_norm.h"
 
 namespace ulysses::kernels {
 namespace {

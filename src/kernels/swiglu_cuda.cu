@@ -1,5 +1,5 @@
-// Fused SwiGLU forward and backward (see fused_kernels.h). The ATen path it replaces is
-// at::silu(gate) * up in model/llama_mlp.cpp (autograd through silu and mul for backward).
+// Fused SwiGLU forward and backward (see swiglu.h). The ATen path it replaces is beside it in
+// swiglu.cpp: at::silu(gate) * up (autograd through silu and mul for backward).
 // Element-wise, 16-byte loads where every tensor is 16-byte aligned and the element count a
 // multiple of the vector width (one element per thread step otherwise), grid-stride loops.
 #include <ATen/ATen.h>
@@ -10,7 +10,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda_common.cuh"
-#include "kernels/fused_kernels.h"
+#include "kernels/swiglu.h"
 
 namespace ulysses::kernels {
 namespace {

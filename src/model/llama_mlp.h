@@ -13,7 +13,7 @@ namespace ulysses::model {
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   // Shapes from options.hidden_size (h) and options.intermediate_size (ffn); the fused SwiGLU
-  // kernels where options.fused_kernels and kernels::swiglu_fusable(gate, up) hold.
+  // kernels where options.fused_kernels and kernels::swiglu_uses_kernels hold (kernels/swiglu.h).
   explicit LlamaMLPImpl(const config::ModelOptions& options);
 
   // x [..., h] -> [..., h]. Row-wise independent, so it may be applied to any tile of tokens.

@@ -1,7 +1,7 @@
 // RMSNorm as in HF LlamaRMSNorm: y = weight * (x / sqrt(mean(x^2) + eps)), computed in fp32 for
 // fp16/bf16 inputs (in the input dtype otherwise) and returned in the input dtype. For backward
 // it keeps only x, the weight and 1/rms per token (4 B in fp32). With fused_kernels it runs the
-// fused CUDA kernels (kernels/fused_kernels.h) where they take the tensors, the same numerics.
+// fused CUDA kernels where they take the tensors, the same numerics (the op: kernels/rms_norm.h).
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>

@@ -4,7 +4,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "kernels/fused_kernels.h"
+#include "kernels/swiglu.h"
 #include "model/graph_only_forward.h"
 #include "sp/sequence_tiled_compute.h"
 #include "sp/wide_matmul.h"
@@ -22,19 +22,10 @@ struct MlpWeights {
   at::Tensor down;  // [h, ffn]
 };
 
-// True when silu(gate) * up and its backward go through the fused kernels (LlamaMLPImpl's choice).
-bool use_fused(bool fused, const at::Tensor& gate, const at::Tensor& up) {
-  const bool half = gate.scalar_type() == at::kBFloat16 || gate.scalar_type() == at::kHalf;
-  return fused && half && kernels::swiglu_fusable(gate, up);
-}
-
 // LlamaMLPImpl::forward with the same ops, so that a tile's output equals the untiled one's rows.
 // x [..., h] -> [..., h]
-at::Tensor swiglu(const at::Tensor& x, const MlpWeights& w, bool fused) {
-  if (!fused) return at::linear(at::silu(at::linear(x, w.gate)) * at::linear(x, w.up), w.down);
-  const at::Tensor gate = at::linear(x, w.gate), up = at::linear(x, w.up);  // [..., ffn]
-  if (use_fused(fused, gate, up)) return at::linear(kernels::swiglu_forward(gate, up), w.down);
-  return at::linear(at::silu(gate) * up, w.down);
+at::Tensor mlp_rows(const at::Tensor& x, const MlpWeights& w, bool fused) {
+  return at::linear(kernels::swiglu(at::linear(x, w.gate), at::linear(x, w.up), fused), w.down);
 }
 
 // The gradient sums of the weights over the tiles: [param shape] in the weights' dtype, or fp32
@@ -65,7 +56,9 @@ at::Tensor tile_backward(const at::Tensor& x, const at::Tensor& grad_out, const 
                          WeightGradSums& sums, bool fused) {
   const at::Tensor gate = at::mm(x, w.gate.t());  // [n, ffn]
   const at::Tensor up = at::mm(x, w.up.t());      // [n, ffn]
-  if (use_fused(fused, gate, up)) return tile_backward_fused(x, grad_out, w, sums, gate, up);
+  if (kernels::swiglu_uses_kernels(fused, gate, up)) {
+    return tile_backward_fused(x, grad_out, w, sums, gate, up);
+  }
   at::Tensor act = at::silu(gate);                // [n, ffn]
   at::Tensor product = act * up;                  // [n, ffn] down_proj's input
   if (sums.down.defined()) add_matmul_(sums.down, grad_out.t(), product);  // [h, ffn]
@@ -96,7 +89,7 @@ struct TiledMlpFunction : public torch::autograd::Function<TiledMlpFunction> {
       out = at::empty(x.sizes(), x.options());
       for (const SequenceTile& tile : sequence_tiles(x.size(1), tiles)) {
         at::Tensor rows = out.narrow(1, tile.start, tile.length);  // [bs, T_i, h]
-        rows.copy_(swiglu(x.narrow(1, tile.start, tile.length), w, fused));
+        rows.copy_(mlp_rows(x.narrow(1, tile.start, tile.length), w, fused));
       }
     }
     ctx->save_for_backward({x});

@@ -24,8 +24,8 @@ namespace ulysses::sp {
 // runs (a ZeRO gather before the recompute is seen).
 // Inside a model::GraphOnlyForward with grad mode on (a checkpointed layer's recompute) the tiles
 // do not run: the result is zeros of x's shape with the graph above, since nobody reads it.
-// With mlp.fused_kernels, silu(gate) * up and its backward run through the fused CUDA kernels
-// where they take the tile's tensors (kernels/fused_kernels.h), as in LlamaMLPImpl::forward.
+// With model.fused_kernels, silu(gate) * up and its backward run through the fused CUDA kernels
+// where they take the tile's tensors (kernels/swiglu.h), as in LlamaMLPImpl::forward.
 // REQUIRES: tiles >= 1; the projections have no bias; x has T >= 1 and the weights' dtype.
 at::Tensor tiled_mlp(model::LlamaMLPImpl& mlp, const at::Tensor& x, int64_t tiles);
 

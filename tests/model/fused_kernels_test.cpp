@@ -1,5 +1,5 @@
-// The fused RMSNorm and SwiGLU kernels (kernels/fused_kernels.h) against the ATen path beside each
-// (model/rms_norm.cpp, model/llama_mlp.cpp) and against fp64 references of plain at:: ops, forward
+// The fused RMSNorm and SwiGLU kernels (src/kernels/) against the ATen path beside each
+// (kernels/rms_norm.cpp, kernels/swiglu.cpp) and against fp64 references of plain at:: ops, forward
 // and backward; a 2-layer Llama's training losses with model.fused_kernels on and off. The CUDA
 // cases skip without a GPU or without the kernels; the CPU cases hold what every build promises.
 #include <gtest/gtest.h>
@@ -12,6 +12,8 @@
 
 #include "common/error.h"
 #include "kernels/fused_kernels.h"
+#include "kernels/rms_norm.h"
+#include "kernels/swiglu.h"
 #include "model/llama.h"
 #include "model/llama_mlp.h"
 #include "model/lm_loss.h"
