@@ -3,8 +3,8 @@
 # Python already has (on a GPU node: its CUDA build, with NCCL), installing nothing and needing no
 # root. Prints `ulysses-train --version` at the end (a CUDA build: "nccl yes, cuda yes").
 #
-# Usage: scripts/build-gpu.sh [--python PY] [--deps PREFIX] [--tests] [--target T]... [--print]
-#                             [BUILD_DIR]
+# Usage: scripts/build-gpu.sh [--python PY] [--deps PREFIX] [--tests] [--target T]...
+#                             [--no-fused-kernels] [--print] [BUILD_DIR]
 #   BUILD_DIR      build directory (default: build); one configured against another PyTorch is
 #                  refused (pass another directory)
 #   --python PY    the Python whose torch to build against (default: $PYTHON, else python3)
@@ -14,6 +14,8 @@
 #   --target T     build only these targets (repeatable; default: the three programs, or
 #                  everything with --tests), e.g. `--tests --target ulysses_train --target
 #                  model_unit_tests` for the programs and one test suite in one ninja run
+#   --no-fused-kernels  build without the fused CUDA kernels (src/kernels/; the model keeps its
+#                  ATen ops and refuses model.fused_kernels), also where nvcc is found
 #   --print        print the cmake commands and run nothing
 # Environment: JOBS (default: the number of cores), CUDA_HOME (the CUDA toolkit; default: the
 # nvcc on PATH, else /usr/local/cuda), TORCH_CUDA_ARCH_LIST (default: the GPU's, else 9.0).
@@ -21,13 +23,14 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
-deps="" tests=OFF print=0 build="" targets=()
+deps="" tests=OFF print=0 build="" targets=() fused_kernels=ON
 while [ $# -gt 0 ]; do
   case $1 in
     --python) python=${2:?--python PY}; shift 2 ;;
     --deps) deps=${2:?--deps PREFIX}; shift 2 ;;
     --tests) tests=ON; shift ;;
     --target) targets+=("${2:?--target T}"); shift 2 ;;
+    --no-fused-kernels) fused_kernels=OFF; shift ;;
     --print) print=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "build-gpu: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -62,7 +65,8 @@ if [ -n "$deps" ]; then
   prefixes+=";$deps"
 fi
 args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefixes"
-      -DULYSSES_PYTHON="$(command -v "$python")" -DULYSSES_BUILD_TESTS=$tests)
+      -DULYSSES_PYTHON="$(command -v "$python")" -DULYSSES_BUILD_TESTS=$tests
+      -DULYSSES_ENABLE_FUSED_KERNELS=$fused_kernels)
 command -v ninja > /dev/null && args+=(-G Ninja)
 
 # 3. CUDA: the toolkit (nvcc, headers) that LibTorch's CMake files need, and NCCL's header.
