@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/fused_kernels.h"
+#include "kernels/tensor_checks.h"
 
 namespace ulysses::kernels {
 namespace {
@@ -18,19 +19,9 @@ namespace {
 constexpr int64_t kMaxThreads = 512;     // the kernels' __launch_bounds__
 constexpr int64_t kMaxRowElements = 32;  // iters * vec: registers per array and thread
 
-bool supported_dtype(at::ScalarType t) {
-  return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat;
-}
-
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
-bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
-
 // x [..., h] in the compute dtype: fp32 for fp16/bf16 inputs, the input's dtype otherwise.
 at::Tensor in_compute_dtype(const at::Tensor& x) {
-  return is_half(x.scalar_type()) ? x.to(at::kFloat) : x;
+  return is_half_dtype(x.scalar_type()) ? x.to(at::kFloat) : x;
 }
 
 // The normalized input in x's dtype, as HF: normalized in the compute dtype, then cast back.
@@ -90,16 +81,10 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
-#ifndef ULYSSES_FUSED_KERNELS
-[[noreturn]] void not_built(const char* what) {
-  TORCH_CHECK(false, what, ": this build has no fused CUDA kernels (not built with CUDA and nvcc)");
-}
-#endif
-
 }  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool fused) {
-  const bool use_kernels = fused && is_half(x.scalar_type()) && rms_norm_fusable(x, weight);
+  const bool use_kernels = fused && is_half_dtype(x.scalar_type()) && rms_norm_fusable(x, weight);
   return RmsNormFunction::apply(x, weight, eps, use_kernels);
 }
 
@@ -126,23 +111,26 @@ RowPlan rms_norm_row_plan(int64_t h, int64_t element_size, bool aligned) {
 bool rms_norm_fusable(const at::Tensor& x, const at::Tensor& weight) {
   if (!fused_kernels_built() || !x.defined() || !weight.defined()) return false;
   if (!x.is_cuda() || weight.device() != x.device()) return false;
-  if (!supported_dtype(x.scalar_type()) || weight.scalar_type() != x.scalar_type()) return false;
+  if (!kernel_dtype(x.scalar_type()) || weight.scalar_type() != x.scalar_type()) return false;
   if (x.dim() < 1 || weight.dim() != 1 || x.size(-1) != weight.size(0) || x.numel() == 0) {
     return false;
   }
   if (!x.is_contiguous() || !weight.is_contiguous()) return false;
-  return rms_norm_row_plan(x.size(-1), x.element_size(), aligned16(x) && aligned16(weight))
-      .supported();
+  return rms_norm_plan(x, weight).supported();
+}
+
+RowPlan rms_norm_plan(const at::Tensor& x, const at::Tensor& weight) {
+  return rms_norm_row_plan(x.size(-1), x.element_size(), aligned16(x) && aligned16(weight));
 }
 
 #ifndef ULYSSES_FUSED_KERNELS
 RmsNormOutput rms_norm_forward(const at::Tensor&, const at::Tensor&, double) {
-  not_built("rms_norm_forward");
+  refuse_without_kernels("rms_norm_forward");
 }
 
 RmsNormGrads rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                const at::Tensor&, bool, bool) {
-  not_built("rms_norm_backward");
+  refuse_without_kernels("rms_norm_backward");
 }
 #endif
 

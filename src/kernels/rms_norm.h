@@ -36,6 +36,10 @@ struct RowPlan {
 // REQUIRES: h >= 1, element_size in {2, 4}.
 RowPlan rms_norm_row_plan(int64_t h, int64_t element_size, bool aligned);
 
+// The plan for x [..., h] and weight [h] as they lie in memory (the alignment of both).
+// REQUIRES: x and weight of one dtype, bf16, fp16 or fp32; weight.size(0) == x.size(-1).
+RowPlan rms_norm_plan(const at::Tensor& x, const at::Tensor& weight);
+
 // True when rms_norm_forward/backward take x [..., h] and weight [h]: this build has the kernels,
 // both on one CUDA device, one dtype (bf16, fp16 or fp32), contiguous, a supported row plan.
 bool rms_norm_fusable(const at::Tensor& x, const at::Tensor& weight);

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/rms_norm.h"
+#include "kernels/tensor_checks.h"
 
 namespace ulysses::kernels {
 namespace {
@@ -179,13 +180,6 @@ void with_dtype_and_plan(const at::Tensor& x, const RowPlan& plan, const char* w
   });
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-RowPlan plan_for(const at::Tensor& x, const at::Tensor& weight) {
-  return rms_norm_row_plan(x.size(-1), x.element_size(),
-                           aligned16(x.data_ptr()) && aligned16(weight.data_ptr()));
-}
-
 }  // namespace
 
 RmsNormOutput rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -194,7 +188,7 @@ RmsNormOutput rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, do
   const c10::cuda::CUDAGuard guard(x.device());
   const int h = static_cast<int>(x.size(-1));
   const int64_t rows = x.numel() / h;
-  const RowPlan plan = plan_for(x, weight);
+  const RowPlan plan = rms_norm_plan(x, weight);
   RmsNormOutput out{at::empty_like(x), at::empty({rows}, x.options().dtype(at::kFloat))};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   with_dtype_and_plan(x, plan, "rms_norm_forward", [&](auto tag, auto vec, auto iters) {
@@ -226,8 +220,8 @@ RmsNormGrads rms_norm_backward(const at::Tensor& grad_y_in, const at::Tensor& x,
               "rms_norm_backward: inv_rms must be fp32 [", rows, "]");
   // The plan took x's and the weight's alignment; a gradient at an odd offset is copied.
   at::Tensor grad_y = grad_y_in.contiguous();
-  if (!aligned16(grad_y.data_ptr())) grad_y = grad_y.clone();
-  const RowPlan plan = plan_for(x, weight);
+  if (!aligned16(grad_y)) grad_y = grad_y.clone();
+  const RowPlan plan = rms_norm_plan(x, weight);
   RmsNormGrads grads;
   if (need_grad_x) grads.grad_x = at::empty_like(x);
   if (!need_grad_x && !need_grad_weight) return grads;

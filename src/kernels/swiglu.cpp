@@ -9,13 +9,10 @@
 #include <cstdint>
 
 #include "kernels/fused_kernels.h"
+#include "kernels/tensor_checks.h"
 
 namespace ulysses::kernels {
 namespace {
-
-bool supported_dtype(at::ScalarType t) {
-  return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat;
-}
 
 // silu(gate) * up through the fused kernels: saves gate and up only (the ATen ops save silu's
 // output besides), the backward one kernel for both gradients. gate, up [..., ffn] -> [..., ffn]
@@ -34,17 +31,10 @@ struct FusedSwigluFunction : public torch::autograd::Function<FusedSwigluFunctio
   }
 };
 
-#ifndef ULYSSES_FUSED_KERNELS
-[[noreturn]] void not_built(const char* what) {
-  TORCH_CHECK(false, what, ": this build has no fused CUDA kernels (not built with CUDA and nvcc)");
-}
-#endif
-
 }  // namespace
 
 bool swiglu_uses_kernels(bool fused, const at::Tensor& gate, const at::Tensor& up) {
-  const bool half = gate.scalar_type() == at::kBFloat16 || gate.scalar_type() == at::kHalf;
-  return fused && half && swiglu_fusable(gate, up);
+  return fused && is_half_dtype(gate.scalar_type()) && swiglu_fusable(gate, up);
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
@@ -55,16 +45,16 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
 bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up) {
   if (!fused_kernels_built() || !gate.defined() || !up.defined()) return false;
   if (!gate.is_cuda() || up.device() != gate.device()) return false;
-  if (!supported_dtype(gate.scalar_type()) || up.scalar_type() != gate.scalar_type()) return false;
+  if (!kernel_dtype(gate.scalar_type()) || up.scalar_type() != gate.scalar_type()) return false;
   if (gate.sizes() != up.sizes() || gate.numel() == 0) return false;
   return gate.is_contiguous() && up.is_contiguous();
 }
 
 #ifndef ULYSSES_FUSED_KERNELS
-at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { not_built("swiglu_forward"); }
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { refuse_without_kernels("swiglu_forward"); }
 
 SwigluGrads swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
-  not_built("swiglu_backward");
+  refuse_without_kernels("swiglu_backward");
 }
 #endif
 

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/swiglu.h"
+#include "kernels/tensor_checks.h"
 
 namespace ulysses::kernels {
 namespace {
@@ -65,10 +66,6 @@ __global__ void __launch_bounds__(kThreads)
     store<T, kVec>(grad_gate + v * kVec, dg);
     store<T, kVec>(grad_up + v * kVec, du);
   }
-}
-
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
 // Calls fn(T{}, std::integral_constant<int, vec>, vectors, blocks) for the dtype T of the tensors
