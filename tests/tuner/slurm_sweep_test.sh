@@ -3,10 +3,12 @@
 # (scripts/slurm-local.sh), then
 #   1. a hanging trial (fake trainer) submitted with `sweep --submit` is killed by its step's time
 #      limit and classified `timeout` (runs while 2. runs: it sleeps);
-#   2. the quickstart sweep (its model, base and limit; grid over the points whose status does not
-#      depend on the run: the longest length where sp 2 / 4 fit with tiled loss and run out of
-#      memory without; the full smart search's boundary trials flip between two local runs) with
-#      runner local;
+#   2. the quickstart sweep (its model, base and limit; grid over points whose status does not
+#      depend on the run: sp 4 at 4096 tokens, with activation offload and without, fits with the
+#      tiled loss far below the limit (50.3 of 67.6 MB in each of 32 local runs) and runs out of
+#      memory without it; sp 2's tiled point at that length peaked between 50.3 and 61.1 MB in
+#      identical runs and once went out of memory, and the full smart search's boundary trials flip
+#      between runs) with runner local;
 #   3. the same sweep submitted with `--submit --runner srun`, `scancel`ed after a few trials (the
 #      database stays intact, the sweep `interrupted`, or still `running` when SLURM's SIGKILL
 #      came before the sweep could record it; --resume takes either), then resubmitted with `--resume`;
@@ -73,8 +75,9 @@ awk '/^space:/ { skip = 1; next } skip && /^$/ { skip = 0; next } !skip' \
   "$root/experiments/quickstart-cpu.yaml" | sed 's/^search: .*/search: {method: grid}/' > "$work/q.yaml"
 cat >> "$work/q.yaml" << YAML
 space:
-  mesh.sp: [2, 4]
+  mesh.sp: [4]
   memory.tiled_loss: [1, 8]
+  memory.offload: [none, activations]
   sequence.length: [4096]
 YAML
 "$tune" sweep "$work/q.yaml" --name q --db "$work/local.db" --runs-dir "$work/local-runs" \
