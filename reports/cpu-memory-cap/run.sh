@@ -25,15 +25,12 @@ space:
   sequence.length: [4096]
 YAML
 for variant in default fixed-256k; do
+  allocator=()  # the environment of the sweep and its trials' ranks
+  [ "$variant" = fixed-256k ] && allocator=(MALLOC_MMAP_THRESHOLD_=262144)
   for i in $(seq "$runs"); do
     dir=$out/$variant-$i
-    if [ "$variant" = fixed-256k ]; then
-      MALLOC_MMAP_THRESHOLD_=262144 "$bin/ulysses-tune" sweep "$out/grid.yaml" --name q \
-        --db "$dir.db" --runs-dir "$dir" > "$dir.log" 2>&1
-    else
-      "$bin/ulysses-tune" sweep "$out/grid.yaml" --name q --db "$dir.db" --runs-dir "$dir" \
-        > "$dir.log" 2>&1
-    fi
+    env "${allocator[@]}" "$bin/ulysses-tune" sweep "$out/grid.yaml" --name q --db "$dir.db" \
+      --runs-dir "$dir" > "$dir.log" 2>&1
   done
 done
 "$python" - "$out" "$runs" << 'PY'

@@ -51,7 +51,9 @@ bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up) {
 }
 
 #ifndef ULYSSES_FUSED_KERNELS
-at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { refuse_without_kernels("swiglu_forward"); }
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) {
+  refuse_without_kernels("swiglu_forward");
+}
 
 SwigluGrads swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   refuse_without_kernels("swiglu_backward");
